@@ -1,0 +1,1 @@
+"""Pydantic models of specs and configs, and pyarrow schemas of every Parquet artifact."""

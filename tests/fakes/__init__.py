@@ -1,0 +1,1 @@
+"""Test doubles (fake servers and clients) shared by the querylab test suite."""
