@@ -1,0 +1,64 @@
+"""End to end through Prefect: datasets → trials (mapped batches) → report, and the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from querylab.cli import main
+
+
+@pytest.fixture(scope="module")
+def oracle_run(prefect_harness, settings):
+    from flows.benchmark import benchmark
+
+    return benchmark(
+        run_id="flow-test", agents=["oracle"], n_trials=2, batch_size=5,
+        artifacts_root=settings.artifacts,
+    )
+
+
+def test_oracle_scores_one_on_every_query(oracle_run):
+    trials = pl.read_parquet(oracle_run["trials"]["trials"])
+    assert trials.height == (6 + 5) * 2
+    assert set(trials["dataset"]) == {"movies", "stocks"}
+    assert trials["is_correct"].all(), trials.filter(~pl.col("is_correct"))
+    assert set(trials["terminate_reason"]) == {"return_answer"}
+    per_query = pl.read_parquet(oracle_run["report"]["pass_at_k"])
+    assert per_query.filter(pl.col("k") == 1)["pass_at_k"].to_list() == [1.0] * 11
+    assert oracle_run["report"]["failed"] == []
+    calls = pl.read_parquet(oracle_run["trials"]["tool_calls"])
+    # every trial used both of its dataset's databases and ended with return_answer
+    assert calls.group_by("trial_key").agg(pl.col("tool").last())["tool"].unique().to_list() == [
+        "return_answer"
+    ]
+    assert calls.filter(pl.col("tool") == "query_db").height == 2 * trials.height
+    md = Path(oracle_run["report"]["markdown"]).read_text()
+    assert "| oracle | movies" in md and "pass@2" in md
+
+
+def test_rerun_skips_finished_batches(oracle_run, settings):
+    from flows.trials import run_trials
+
+    batches = sorted(Path(oracle_run["trials"]["trials"]).parent.glob("batches/*.trials.parquet"))
+    assert len(batches) == 3 + 2  # movies 12 trials, stocks 10, in batches of 5
+    before = {b: b.stat().st_mtime_ns for b in batches}
+    out = run_trials(
+        "flow-test", oracle_run["manifests"], ["oracle"], 2, 5, settings.artifacts
+    )
+    assert {b: b.stat().st_mtime_ns for b in batches} == before
+    assert pl.read_parquet(out["trials"]).equals(pl.read_parquet(oracle_run["trials"]["trials"]))
+
+
+def test_cli_run_prints_pass_at_k_and_artifacts(prefect_harness, settings, capsys):
+    status = main(["run", "--dataset", "stocks", "--trials", "1", "--run-id", "cli-test"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "| oracle | stocks" in out and "pass@1" in out
+    assert "trials.parquet" in out and "report.md" in out
+    report_path = next(line.split()[-1] for line in out.splitlines() if line.startswith("report:"))
+    assert Path(report_path).exists()
+    # the report can be recomputed from the artifacts alone
+    assert main(["report", "--run-id", "cli-test"]) == 0
