@@ -21,7 +21,9 @@ def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
 
 #: One row per trial (agent × dataset × query × trial index). ``trial_key`` is
 #: ``"<agent>|<dataset>|<query_id>|<trial>"``; latency in seconds; tokens as reported by the API
-#: (0 for offline agents).
+#: (0 for offline agents); ``cached_tokens`` is the part of the prompt tokens the provider served
+#: from its prompt cache; ``cost_usd`` the sum of the trial's ``llm_calls`` costs (0 for offline
+#: agents and response-cache hits).
 TRIALS = _schema(
     "trials",
     [
@@ -40,7 +42,34 @@ TRIALS = _schema(
         pa.field("n_tool_calls", pa.int32(), nullable=False),
         pa.field("prompt_tokens", pa.int64(), nullable=False),
         pa.field("completion_tokens", pa.int64(), nullable=False),
+        pa.field("cached_tokens", pa.int64(), nullable=False),
+        pa.field("cost_usd", pa.float64(), nullable=False),
         pa.field("latency_s", pa.float64(), nullable=False),
+    ],
+)
+
+#: One row per model call of a trial, in call order: tokens as reported by the API, cost in USD
+#: (tokens × the configured price per million; 0 on a response-cache hit), latency in seconds,
+#: ``attempts`` HTTP attempts including infrastructure retries, ``n_tool_calls`` tool calls the
+#: response asked for. ``base_url`` never carries credentials.
+LLM_CALLS = _schema(
+    "llm_calls",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("trial_key", pa.string(), nullable=False),
+        pa.field("call_index", pa.int32(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("base_url", pa.string()),
+        pa.field("prompt_tokens", pa.int64(), nullable=False),
+        pa.field("cached_tokens", pa.int64(), nullable=False),
+        pa.field("completion_tokens", pa.int64(), nullable=False),
+        pa.field("cost_usd", pa.float64(), nullable=False),
+        pa.field("latency_s", pa.float64(), nullable=False),
+        pa.field("finish_reason", pa.string()),
+        pa.field("n_tool_calls", pa.int32(), nullable=False),
+        pa.field("attempts", pa.int32(), nullable=False),
+        pa.field("cache_hit", pa.bool_(), nullable=False),
+        pa.field("error", pa.string()),
     ],
 )
 
@@ -80,7 +109,7 @@ PASS_AT_K = _schema(
     ],
 )
 
-ALL = {s.metadata[b"artifact"].decode(): s for s in (TRIALS, TOOL_CALLS, PASS_AT_K)}
+ALL = {s.metadata[b"artifact"].decode(): s for s in (TRIALS, TOOL_CALLS, LLM_CALLS, PASS_AT_K)}
 
 
 def check_schema(table: pa.Table, expected: pa.Schema, source: str) -> pa.Table:

@@ -117,15 +117,33 @@ class StepSpec(_Strict):
     args: dict[str, Any]
 
 
+#: Operations a query can require of a trajectory (``requires.operations``):
+#: ``join_reformatted_key`` — join on keys written differently per database;
+#: ``extract_from_text`` — read a structured value out of free text;
+#: ``use_adjusted_close`` — use split/dividend-adjusted prices, not raw closes;
+#: ``domain_knowledge`` — apply a domain definition not stated in the data (e.g. "Fresh" ≥ 60).
+OPERATIONS = ("join_reformatted_key", "extract_from_text", "use_adjusted_close", "domain_knowledge")
+
+
+class RequiresSpec(_Strict):
+    """What a correct trajectory needs: ``sources`` as ``"<database>.<table>"`` (tables or
+    collections, at least one) and ``operations`` from :data:`OPERATIONS`. Used by the
+    failure-mode classifier (FM3 wrong data source, FM4 wrong implementation)."""
+
+    sources: list[str] = Field(min_length=1)
+    operations: list[str] = Field(default_factory=list)
+
+
 class QuerySpec(_Strict):
-    """A benchmark question with its ground truth, validator and reference solution."""
+    """A benchmark question with its ground truth, validator, reference solution and the
+    sources/operations it requires."""
 
     id: str
     question: str
+    requires: RequiresSpec
     ground_truth: GroundTruthSpec
     validator: ValidatorSpec
     reference: list[StepSpec] = Field(min_length=1)
-    tags: list[str] = Field(default_factory=list)
 
 
 class DatasetSpec(_Strict):

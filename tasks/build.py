@@ -249,7 +249,7 @@ def build_dataset_artifacts(
                 "question": q.question,
                 "validator": q.validator.model_dump(),
                 "reference": [s.model_dump() for s in q.reference],
-                "tags": q.tags,
+                "requires": q.requires.model_dump(),
                 "ground_truth": truth[q.id],
             }
             for q in spec.queries

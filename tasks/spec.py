@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from schemas.spec import DatasetSpec, FormatOp, SourceSpec, SplitOp, TextOp
+from schemas.spec import OPERATIONS, DatasetSpec, FormatOp, SourceSpec, SplitOp, TextOp
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
@@ -112,6 +112,19 @@ def _cross_check(spec: DatasetSpec, path: Path) -> None:
         if q.id in ids:
             raise SpecError(path, f"queries[{i}].id", f"duplicate query id {q.id!r}")
         ids.add(q.id)
+        placed = {f"{pl.database}.{pl.name}" for pl in spec.placements}
+        for j, source in enumerate(q.requires.sources):
+            if source not in placed:
+                raise SpecError(
+                    path, f"queries[{i}].requires.sources[{j}]",
+                    f"unknown source {source!r}; placed tables are {sorted(placed)}",
+                )
+        for j, op in enumerate(q.requires.operations):
+            if op not in OPERATIONS:
+                raise SpecError(
+                    path, f"queries[{i}].requires.operations[{j}]",
+                    f"unknown operation {op!r}; known: {list(OPERATIONS)}",
+                )
         for j, step in enumerate(q.reference):
             db = step.args.get("db")
             if step.tool == "query_db" and db not in spec.databases:

@@ -150,6 +150,8 @@ def run_trial_batch(run_id: str, artifacts_root: str, batch: dict) -> str:
                 "n_tool_calls": len(outcome.tool_calls),
                 "prompt_tokens": outcome.prompt_tokens,
                 "completion_tokens": outcome.completion_tokens,
+                "cached_tokens": 0,
+                "cost_usd": 0.0,
                 "latency_s": outcome.latency_s,
             }
         )
