@@ -1127,25 +1127,28 @@ def postgres_database_dsn(server_url: str, dbname: str, create: bool = False) ->
     return dsn
 
 
-_mongomock_client = None
-_mongomock_client_lock = threading.Lock()
+_mongo_clients: dict[str | None, Any] = {}
+_mongo_clients_lock = threading.Lock()
 
 
 def mongo_client(mongo_uri: str | None):
-    """``pymongo.MongoClient(mongo_uri)`` when ``mongo_uri`` (``QUERYLAB_MONGO_URI``) is
-    given, else the ONE process-wide ``mongomock.MongoClient()`` (created on first use). Data in
-    the mongomock client lives only as long as the process."""
-    global _mongomock_client
-    if mongo_uri:
-        import pymongo
+    """One client per process and URI: ``pymongo.MongoClient(mongo_uri)`` when ``mongo_uri``
+    (``QUERYLAB_MONGO_URI``) is given, else a process-wide ``mongomock.MongoClient()``. Both
+    are thread-safe to share (pymongo pools connections). Data in the mongomock client lives
+    only as long as the process."""
+    with _mongo_clients_lock:
+        client = _mongo_clients.get(mongo_uri or None)
+        if client is None:
+            if mongo_uri:
+                import pymongo
 
-        return pymongo.MongoClient(mongo_uri)
-    with _mongomock_client_lock:
-        if _mongomock_client is None:
-            import mongomock
+                client = pymongo.MongoClient(mongo_uri)
+            else:
+                import mongomock
 
-            _mongomock_client = mongomock.MongoClient()
-        return _mongomock_client
+                client = mongomock.MongoClient()
+            _mongo_clients[mongo_uri or None] = client
+        return client
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,8 +1,11 @@
 """Artifact storage: the system of record under ``QUERYLAB_ARTIFACTS``.
 
-URIs are plain strings: a local path (``./artifacts/runs/r1/trials/trials.parquet``) or, later,
-``s3://bucket/prefix/...``. Writes are atomic: a local write goes to a temporary file in the same
-directory and is renamed over the target, so readers never see half a file.
+URIs are plain strings: a local path (``./artifacts/runs/r1/trials/trials.parquet``) or
+``s3://bucket/prefix/...`` (boto3; the endpoint comes from ``AWS_ENDPOINT_URL`` for MinIO or a test
+server, credentials from the usual AWS chain — never from artifacts). Writes are atomic: a local
+write goes to a temporary file in the same directory and is renamed over the target; an S3 write
+is a single PUT, or a multipart upload above :data:`MULTIPART_THRESHOLD` bytes, and S3 makes the
+object visible only once complete. Readers never see half a file.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import io
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +24,57 @@ import pyarrow.parquet as pq
 from schemas.artifacts import check_schema
 
 
+#: Objects larger than this (bytes) are uploaded to S3 in parts of this size.
+MULTIPART_THRESHOLD = 64 * 1024 * 1024
+
+
 class StorageError(OSError):
     """An artifact could not be read or written; the message names the URI."""
 
 
-def _is_remote(uri: str) -> bool:
-    return "://" in uri and not uri.startswith("file://")
+def is_s3(uri: str) -> bool:
+    """True for ``s3://bucket/key`` URIs."""
+    return uri.startswith("s3://")
 
 
 def _local(uri: str) -> Path:
-    if _is_remote(uri):
-        raise StorageError(f"{uri}: only local artifact roots are supported in this version")
+    if "://" in uri and not uri.startswith("file://"):
+        raise StorageError(f"{uri}: unsupported artifact URI scheme (use a path or s3://)")
     return Path(uri.removeprefix("file://"))
+
+
+_S3_LOCK = threading.Lock()
+_S3_CLIENT = None
+
+
+def _s3():
+    """One boto3 S3 client per process (boto3 clients are thread-safe)."""
+    global _S3_CLIENT
+    with _S3_LOCK:
+        if _S3_CLIENT is None:
+            import boto3
+
+            _S3_CLIENT = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+        return _S3_CLIENT
+
+
+def reset_s3_client() -> None:
+    """Forget the cached S3 client (after changing ``AWS_*`` environment variables)."""
+    global _S3_CLIENT
+    with _S3_LOCK:
+        _S3_CLIENT = None
+
+
+def _split(uri: str) -> tuple[str, str]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    if not bucket:
+        raise StorageError(f"{uri}: no bucket in S3 URI")
+    return bucket, key
+
+
+def _is_missing(exc: Exception) -> bool:
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+    return code in ("404", "NoSuchKey", "NotFound")
 
 
 def join(root: str, *parts: str) -> str:
@@ -44,11 +87,35 @@ def join(root: str, *parts: str) -> str:
 
 def exists(uri: str) -> bool:
     """True when an artifact exists at ``uri``."""
+    if is_s3(uri):
+        from botocore.exceptions import ClientError
+
+        bucket, key = _split(uri)
+        try:
+            _s3().head_object(Bucket=bucket, Key=key)
+            return True
+        except ClientError as exc:
+            if _is_missing(exc):
+                return False
+            raise StorageError(f"{uri}: {exc}") from exc
     return _local(uri).exists()
 
 
 def write_bytes(uri: str, data: bytes) -> str:
-    """Write ``data`` atomically to ``uri`` (temp file + rename); returns ``uri``."""
+    """Write ``data`` atomically to ``uri`` (temp file + rename, or one S3 PUT / multipart
+    upload above :data:`MULTIPART_THRESHOLD`); returns ``uri``."""
+    if is_s3(uri):
+        from boto3.s3.transfer import TransferConfig
+
+        bucket, key = _split(uri)
+        config = TransferConfig(
+            multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_THRESHOLD
+        )
+        try:
+            _s3().upload_fileobj(io.BytesIO(data), bucket, key, Config=config)
+        except Exception as exc:
+            raise StorageError(f"{uri}: write failed: {exc}") from exc
+        return uri
     path = _local(uri)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -64,6 +131,15 @@ def write_bytes(uri: str, data: bytes) -> str:
 
 def read_bytes(uri: str) -> bytes:
     """Read a whole artifact; raises StorageError naming ``uri`` when it is missing."""
+    if is_s3(uri):
+        from botocore.exceptions import ClientError
+
+        bucket, key = _split(uri)
+        try:
+            return _s3().get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as exc:
+            reason = "artifact not found" if _is_missing(exc) else str(exc)
+            raise StorageError(f"{uri}: {reason}") from exc
     try:
         return _local(uri).read_bytes()
     except FileNotFoundError as exc:
@@ -72,6 +148,16 @@ def read_bytes(uri: str) -> bytes:
 
 def list_uris(prefix: str, suffix: str = "") -> list[str]:
     """All artifact URIs under ``prefix`` ending in ``suffix``, sorted."""
+    if is_s3(prefix):
+        bucket, key = _split(prefix)
+        key = key.rstrip("/") + "/" if key else ""
+        pages = _s3().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key)
+        return sorted(
+            f"s3://{bucket}/{o['Key']}"
+            for page in pages
+            for o in page.get("Contents", [])
+            if o["Key"].endswith(suffix) and not o["Key"].rsplit("/", 1)[-1].startswith(".")
+        )
     root = _local(prefix)
     if not root.exists():
         return []
