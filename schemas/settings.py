@@ -34,7 +34,7 @@ class Settings(BaseModel):
     openai_api_key: str | None = Field(default=None, repr=False)
 
     @classmethod
-    def from_env(cls) -> "Settings":
+    def from_env(cls) -> Settings:
         """Read settings from the environment (unset or empty variables keep the defaults)."""
         env = os.environ
 

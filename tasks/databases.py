@@ -510,7 +510,26 @@ def _sqlite_authorizer(action: int, *_args: Any) -> int:
     return sqlite3.SQLITE_OK if action in _SQLITE_ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
 
 
-class SQLiteDatabase(Database):
+class _SQLDatabase(Database):
+    """A SQL engine: ``query`` checks the SQL is read-only (sqlglot, dialect = ``engine``)
+    before running it; engines add their own read-only protections in ``_execute``."""
+
+    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
+        """See :meth:`Database.query` (SQL text in the engine's dialect)."""
+        sql = _sql_text(query)
+        _check_max_rows(max_rows)
+        check_read_only_sql(sql, self.engine)
+        return self._run_checked(sql, max_rows)
+
+    def _run_checked(self, sql: str, max_rows: int) -> QueryResult:
+        return self._execute(sql, max_rows)
+
+    @abc.abstractmethod
+    def _execute(self, sql: str, max_rows: int) -> QueryResult:
+        """Run ``sql`` without the parser check (engine-side protections only)."""
+
+
+class SQLiteDatabase(_SQLDatabase):
     """A SQLite file, opened read-only (URI ``file:...?mode=ro``) on every call.
 
     ``path``: the database file (must exist; QueryError otherwise on use).
@@ -554,13 +573,6 @@ class SQLiteDatabase(Database):
             raise QueryError(f"SQLite error: {_short(e)}") from None
         finally:
             conn.close()
-
-    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
-        """See :meth:`Database.query` (dialect ``sqlite``)."""
-        sql = _sql_text(query)
-        _check_max_rows(max_rows)
-        check_read_only_sql(sql, "sqlite")
-        return self._execute(sql, max_rows)
 
     def _execute(self, sql: str, max_rows: int) -> QueryResult:
         """Run ``sql`` without the parser check (engine-side protections only)."""
@@ -637,7 +649,7 @@ def _duckdb_forget(path: pathlib.Path) -> None:
             pass
 
 
-class DuckDBDatabase(Database):
+class DuckDBDatabase(_SQLDatabase):
     """A DuckDB file opened with ``read_only=True``; ONE connection per (process, path) is
     cached and every call uses its own ``cursor()``, so instances are thread-safe.
 
@@ -687,13 +699,6 @@ class DuckDBDatabase(Database):
             raise QueryError(f"DuckDB error: {_short(e)}") from None
         finally:
             cur.close()
-
-    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
-        """See :meth:`Database.query` (dialect ``duckdb``)."""
-        sql = _sql_text(query)
-        _check_max_rows(max_rows)
-        check_read_only_sql(sql, "duckdb")
-        return self._execute(sql, max_rows)
 
     def _execute(self, sql: str, max_rows: int) -> QueryResult:
         """Run ``sql`` without the parser check (engine-side protections only)."""
@@ -757,7 +762,7 @@ def _pg_message(e: Exception, sql: str | None = None, offset: int = 0) -> str:
     return _short("\n".join(parts), max_lines=4)
 
 
-class PostgresDatabase(Database):
+class PostgresDatabase(_SQLDatabase):
     """A PostgreSQL database (schema ``public``) reached through ``dsn`` (URI or key=value).
 
     Each thread gets its own connection (``threading.local``), opened with
@@ -849,11 +854,7 @@ class PostgresDatabase(Database):
 
         return self._run(fn)
 
-    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
-        """See :meth:`Database.query` (dialect ``postgres``)."""
-        sql = _sql_text(query)
-        _check_max_rows(max_rows)
-        check_read_only_sql(sql, "postgres")
+    def _run_checked(self, sql: str, max_rows: int) -> QueryResult:
         return self._select(sql, max_rows)
 
     def _execute(self, sql: str, max_rows: int) -> QueryResult:

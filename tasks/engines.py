@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from prefect import task
 import pyarrow as pa
+from prefect import task
 
 from schemas.settings import Settings
 from tasks import storage

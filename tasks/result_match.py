@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import itertools
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +36,7 @@ def normalize_value(value: Any, digits: int = 6) -> Any:
         return float(value)
     if isinstance(value, (int, float, decimal.Decimal)):
         f = float(value)
-        return round(f, digits) if f == f else "NaN"
+        return "NaN" if math.isnan(f) else round(f, digits)
     if isinstance(value, (dt.date, dt.datetime, dt.time)):
         return value.isoformat()
     if isinstance(value, (bytes, bytearray, memoryview)):

@@ -23,7 +23,6 @@ import pyarrow.parquet as pq
 
 from schemas.artifacts import check_schema
 
-
 #: Objects larger than this (bytes) are uploaded to S3 in parts of this size.
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
 

@@ -1,0 +1,1 @@
+"""querylab test suite (a package, so `tests.fakes` wins over any installed `tests`)."""
