@@ -62,3 +62,20 @@ def test_cli_run_prints_pass_at_k_and_artifacts(prefect_harness, settings, capsy
     assert Path(report_path).exists()
     # the report can be recomputed from the artifacts alone
     assert main(["report", "--run-id", "cli-test"]) == 0
+
+
+def test_oracle_failure_is_named_and_fails_the_run(capsys):
+    from querylab.cli import _print_report
+
+    rep = {
+        "table": "| agent | dataset | pass@1 |",
+        "failed": [{"agent": "oracle", "dataset": "movies", "query_id": "q_bad", "n": 5, "c": 0}],
+        "markdown": "r.md",
+        "pass_at_k": "p.parquet",
+    }
+    assert _print_report(rep, ["oracle"]) == 1
+    out = capsys.readouterr().out
+    assert "oracle movies/q_bad: 0/5 correct" in out and "ORACLE FAILED" in out
+    # an LLM agent failing queries is a result, not a dataset bug
+    rep["failed"][0]["agent"] = "openai:m"
+    assert _print_report(rep, ["openai:m"]) == 0
