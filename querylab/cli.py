@@ -1,4 +1,4 @@
-"""``querylab`` command line: ``run`` (end-to-end benchmark), ``build``, ``report``."""
+"""querylab command line: run (end-to-end benchmark), build (datasets), report (from artifacts)."""
 
 from __future__ import annotations
 
@@ -21,14 +21,24 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit status 2."""
+
+
 def _print_report(rep: dict, agents: list[str]) -> int:
+    """Print a report dict (see ``flows.report.report``); 1 when the oracle failed a query."""
     print("\npass@k (mean over queries per dataset; ALL rows: over all queries / over datasets)")
     print(rep["table"])
+    if rep.get("per_query_table"):
+        print("\npass@1 per query")
+        print(rep["per_query_table"])
     status = 0
     if rep["failed"]:
         print("\nQueries with failed trials:")
         for f in rep["failed"]:
             print(f"  {f['agent']} {f['dataset']}/{f['query_id']}: {f['c']}/{f['n']} correct")
+        for agent, error in (rep.get("errors") or {}).items():
+            print(f"  {agent}: trials ended with an error, e.g. {error}")
         if any(f["agent"] == "oracle" for f in rep["failed"]):
             print("ORACLE FAILED: the queries above are dataset bugs (the reference solution "
                   "does not reproduce the ground truth).")
@@ -37,14 +47,60 @@ def _print_report(rep: dict, agents: list[str]) -> int:
     return status
 
 
+def _with_run_details(rep: dict, root: str, run_id: str) -> dict:
+    """Add the per-query pass@1 table and each erroring agent's first error to a report."""
+    import polars as pl
+
+    from schemas import artifacts
+    from tasks import storage
+
+    trials = pl.from_arrow(
+        storage.read_parquet(
+            storage.join(root, "runs", run_id, "trials", "trials.parquet"), artifacts.TRIALS
+        )
+    )
+    per_query = (
+        trials.group_by("agent", "dataset", "query_id")
+        .agg(pl.len().alias("n"), pl.col("is_correct").sum().alias("c"))
+        .with_columns((pl.col("c") / pl.col("n")).alias("pass@1"))
+        .sort("agent", "dataset", "query_id")
+    )
+    errors = (
+        trials.filter(pl.col("error").is_not_null())
+        .group_by("agent").agg(pl.col("error").first())
+    )
+    with pl.Config(
+        tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True,
+        tbl_hide_dataframe_shape=True, tbl_rows=-1, float_precision=3, fmt_str_lengths=80,
+    ):
+        table = str(per_query)
+    return {**rep, "per_query_table": table, "errors": dict(errors.iter_rows())}
+
+
+def _check_datasets(names: list[str] | None) -> None:
+    from flows.datasets import dataset_flows
+
+    known = dataset_flows()
+    unknown = [n for n in names or [] if n not in known]
+    if unknown:
+        raise UsageError(f"unknown dataset(s) {unknown}; have {sorted(known)}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    """``querylab run``: validate the options, run the benchmark flow, print the report."""
     from flows.benchmark import benchmark
     from schemas.settings import Settings
+    from tasks.trials import parse_agent
 
     settings = Settings.from_env()
     root = args.artifacts or settings.artifacts
     run_id = args.run_id or new_run_id()
     agents = args.agent or ["oracle"]
+    for agent in agents:
+        parse_agent(agent)
+    _check_datasets(args.dataset)
+    if args.trials < 1 or args.batch_size < 1:
+        raise UsageError("--trials and --batch-size must be at least 1")
     print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
           f"artifacts in {root}")
     out = benchmark(
@@ -55,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         artifacts_root=root,
     )
-    status = _print_report(out["report"], agents)
+    status = _print_report(_with_run_details(out["report"], root, run_id), agents)
     print(f"trials:    {out['trials']['trials']}\ntool calls: {out['trials']['tool_calls']}")
     for uri in out["manifests"]:
         print(f"dataset:   {uri}")
@@ -63,22 +119,28 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    """``querylab build``: build and load datasets; prints each manifest URI."""
     from flows.datasets import dataset_flows
 
+    _check_datasets(args.dataset)
     flows = dataset_flows()
     for name in args.dataset or list(flows):
-        if name not in flows:
-            print(f"unknown dataset {name!r}; have {sorted(flows)}", file=sys.stderr)
-            return 2
         print(flows[name](artifacts_root=args.artifacts, source_dir=args.source_dir))
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    """``querylab report``: recompute a run's report from its artifacts alone."""
     from flows.report import report
+    from schemas.settings import Settings
+    from tasks import storage
 
-    rep = report(args.run_id, artifacts_root=args.artifacts)
-    return _print_report(rep, [])
+    root = args.artifacts or Settings.from_env().artifacts
+    trials = storage.join(root, "runs", args.run_id, "trials", "trials.parquet")
+    if not storage.exists(trials):
+        raise UsageError(f"no run {args.run_id!r} under {root} (missing {trials})")
+    rep = report(args.run_id, artifacts_root=root)
+    return _print_report(_with_run_details(rep, root, args.run_id), [])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     rp.set_defaults(func=cmd_report)
 
     args = p.parse_args(argv)
-    return args.func(args)
+    from schemas.artifacts import ArtifactSchemaError
+    from tasks.spec import SpecError
+    from tasks.storage import StorageError
+    from tasks.trials import AgentConfigError
+
+    try:
+        return args.func(args)
+    except (UsageError, AgentConfigError, SpecError, StorageError, ArtifactSchemaError) as exc:
+        print(f"querylab {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

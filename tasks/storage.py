@@ -42,6 +42,15 @@ def _local(uri: str) -> Path:
     return Path(uri.removeprefix("file://"))
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: Mode of written files: what ``open()`` would give (0666 minus the umask), not mkstemp's 0600.
+_FILE_MODE = 0o666 & ~_current_umask()
+
 _S3_LOCK = threading.Lock()
 _S3_CLIENT = None
 
@@ -121,6 +130,7 @@ def write_bytes(uri: str, data: bytes) -> str:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

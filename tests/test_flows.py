@@ -34,7 +34,13 @@ def test_oracle_scores_one_on_every_query(oracle_run):
     assert calls.group_by("trial_key").agg(pl.col("tool").last())["tool"].unique().to_list() == [
         "return_answer"
     ]
-    assert calls.filter(pl.col("tool") == "query_db").height == 2 * trials.height
+    dbs = (
+        calls.filter(pl.col("tool") == "query_db")
+        .with_columns(pl.col("arguments").str.json_path_match("$.db").alias("db"))
+        .group_by("trial_key")
+        .agg(pl.col("db").n_unique())
+    )
+    assert dbs.height == trials.height and dbs["db"].to_list() == [2] * trials.height
     md = Path(oracle_run["report"]["markdown"]).read_text()
     assert "| oracle | movies" in md and "pass@2" in md
 
@@ -58,6 +64,7 @@ def test_cli_run_prints_pass_at_k_and_artifacts(prefect_harness, settings, capsy
     assert status == 0
     assert "| oracle | stocks" in out and "pass@1" in out
     assert "trials.parquet" in out and "report.md" in out
+    assert "pass@1 per query" in out and "| oracle | stocks  | nyse_drawdown_2008" in out
     report_path = next(line.split()[-1] for line in out.splitlines() if line.startswith("report:"))
     assert Path(report_path).exists()
     # the report can be recomputed from the artifacts alone
@@ -79,3 +86,19 @@ def test_oracle_failure_is_named_and_fails_the_run(capsys):
     # an LLM agent failing queries is a result, not a dataset bug
     rep["failed"][0]["agent"] = "openai:m"
     assert _print_report(rep, ["openai:m"]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--agent", "foo"], "unknown agent 'foo'"),
+        (["run", "--dataset", "nope"], "unknown dataset(s) ['nope']"),
+        (["run", "--trials", "0"], "--trials and --batch-size must be at least 1"),
+        (["report", "--run-id", "no-such-run"], "no run 'no-such-run'"),
+        (["build", "nope"], "unknown dataset(s) ['nope']"),
+    ],
+)
+def test_cli_rejects_bad_input_in_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -68,3 +68,13 @@ def test_large_s3_object_uses_multipart(s3_root, monkeypatch):
     head = storage._s3().head_object(Bucket=bucket, Key=key)
     assert head["ETag"].strip('"').endswith("-3")  # multipart ETag: <md5>-<parts>
     assert storage.read_bytes(uri) == data
+
+
+def test_local_files_get_the_usual_permissions(tmp_path):
+    import os
+    import stat
+
+    mask = os.umask(0)
+    os.umask(mask)
+    uri = storage.write_bytes(str(tmp_path / "a" / "x.bin"), b"1")
+    assert stat.S_IMODE(os.stat(uri).st_mode) == 0o666 & ~mask
