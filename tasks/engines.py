@@ -132,6 +132,7 @@ class _HiddenCollections(MongoDatabase):
     """A MongoDatabase that hides querylab's own marker collection from agents."""
 
     def list_tables(self):
+        """Collections with their fields, without querylab's ``_querylab*`` markers."""
         return [t for t in super().list_tables() if not t.name.startswith("_querylab")]
 
 
