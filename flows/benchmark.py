@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
-from flows.datasets import dataset_flows
+from flows.datasets import dataset_flows, default_datasets
 from flows.report import report
 from flows.trials import run_trials
 from schemas.settings import Settings
@@ -19,11 +19,13 @@ def benchmark(
     batch_size: int = 25,
     artifacts_root: str | None = None,
 ) -> dict:
-    """Build ``datasets`` (default: all shipped), run ``agents`` (default: oracle) ``n_trials``
-    times per query, and report pass@k. Returns the manifest, trial and report URIs."""
+    """Build ``datasets`` (default: :func:`flows.datasets.default_datasets` — the PyPI datasets,
+    plus the shared-data ones when ``QUERYLAB_SHARED_DATA`` / ``../shared/data`` exists, with a
+    warning naming those skipped), run ``agents`` (default: oracle) ``n_trials`` times per
+    query, and report pass@k. Returns the manifest, trial and report URIs."""
     root = artifacts_root or Settings.from_env().artifacts
     flows = dataset_flows()
-    names = datasets or list(flows)
+    names = datasets or default_datasets(get_run_logger().warning)
     unknown = [n for n in names if n not in flows]
     if unknown:
         raise ValueError(f"unknown datasets {unknown}; have {sorted(flows)}")

