@@ -1,0 +1,86 @@
+"""Text-to-SQL on complex workloads: SQL complexity of corpora, TPC-DS generation with
+validation and retries, and Spider execution accuracy. Flows compose tasks of
+:mod:`tasks.text2sql`; every path is a parameter (nothing is copied into the repository)."""
+
+from __future__ import annotations
+
+from prefect import flow, unmapped
+
+from schemas.settings import Settings
+from schemas.text2sql import CorpusSpec, GenerationConfig
+from tasks.corpora import tpcds_gold_queries
+from tasks.text2sql import (
+    analyse_generations,
+    combine_generations,
+    complexity_report,
+    corpus_features,
+    plan_generation_batches,
+    prepare_tpcds_postgres,
+    run_generation_batch,
+    spider_execution_accuracy,
+)
+
+
+@flow(name="sql-complexity")
+def sql_complexity(
+    run_id: str,
+    corpora: list[dict],
+    artifacts_root: str | None = None,
+) -> dict:
+    """Features of every query of every corpus (one mapped task per corpus), then the complexity
+    table and the six histograms. ``corpora``: :class:`schemas.text2sql.CorpusSpec` dicts, e.g.
+    ``[{"name": "tpcds"}, {"name": "spider", "path": ".../spider_dev_gold.sql"}]``.
+    Returns the URIs of :func:`tasks.text2sql.complexity_report` plus ``"features"``."""
+    root = artifacts_root or Settings.from_env().artifacts
+    specs = [CorpusSpec.model_validate(c).model_dump() for c in corpora]
+    if not specs:
+        raise ValueError("no corpora given")
+    names = [s["name"] for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate corpus names {names}")
+    futures = corpus_features.map(unmapped(run_id), unmapped(root), specs)
+    uris = [f.result() for f in futures]
+    return {**complexity_report(run_id, root, uris), "features": uris}
+
+
+@flow(name="text2sql-generation")
+def text2sql_generation(
+    run_id: str,
+    generators: list[str],
+    descriptions_path: str,
+    query_ids: list[str] | None = None,
+    config: dict | None = None,
+    batch_size: int = 10,
+    artifacts_root: str | None = None,
+) -> dict:
+    """Generate SQL for TPC-DS queries with every generator (``oracle``, ``openai:<model>``,
+    ``replay:<path>``), mapped over (generator × query) batches; validate by ``EXPLAIN`` on the
+    TPC-DS schema in PostgreSQL with up to ``config.max_retries`` retries; write
+    ``generations.parquet`` and the paper's tables. ``query_ids`` default: all 99. A re-run with
+    the same ``run_id`` skips finished batches. Returns ``{"generations": uri, ...}`` (see
+    :func:`tasks.text2sql.analyse_generations`)."""
+    root = artifacts_root or Settings.from_env().artifacts
+    cfg = GenerationConfig.model_validate(config or {}).model_dump(mode="json")
+    gold_ids = list(tpcds_gold_queries())
+    batches = plan_generation_batches(generators, query_ids or gold_ids, batch_size, gold_ids)
+    prepare_tpcds_postgres()  # the schema exists before the batches run concurrently
+    futures = run_generation_batch.map(
+        unmapped(run_id), unmapped(root), batches, unmapped(descriptions_path), unmapped(cfg)
+    )
+    generations = combine_generations(run_id, root, [f.result() for f in futures])
+    return {"generations": generations, **analyse_generations(run_id, root, generations)}
+
+
+@flow(name="spider-execution-accuracy")
+def spider_ex(
+    run_id: str,
+    predictions_path: str,
+    gold_path: str,
+    spider_dir: str,
+    db_dir: str | None = None,
+    artifacts_root: str | None = None,
+) -> dict:
+    """Execution accuracy of a Spider predictions file (see
+    :func:`tasks.text2sql.spider_execution_accuracy`)."""
+    root = artifacts_root or Settings.from_env().artifacts
+    return spider_execution_accuracy(run_id, root, predictions_path, gold_path, spider_dir, db_dir)
