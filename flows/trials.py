@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow, unmapped
 
 from schemas.settings import Settings
-from tasks.trials import combine_trials, plan_batches, run_trial_batch
+from tasks.trials import combine_trials, describe_agents, plan_batches, run_trial_batch
 
 
 @flow(name="trials")
@@ -16,11 +16,19 @@ def run_trials(
     n_trials: int = 5,
     batch_size: int = 25,
     artifacts_root: str | None = None,
+    agent_options: dict | None = None,
 ) -> dict[str, str]:
-    """Run every trial (finished batches are skipped); returns the trials/tool_calls URIs."""
+    """Check the agents (fails before any trial when one cannot run), run every trial
+    (finished batches and checkpointed trials are skipped) and combine the batches.
+
+    ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits, retries, sampling,
+    cache, sandbox limits). Returns the URIs of ``trials``, ``tool_calls``, ``llm_calls`` and
+    ``agents`` (agents.json).
+    """
     root = artifacts_root or Settings.from_env().artifacts
-    batches = plan_batches(manifest_uris, agents, n_trials, batch_size)
+    agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options)
+    batches = plan_batches(manifest_uris, agents, n_trials, batch_size, agent_options)
     futures = run_trial_batch.map(unmapped(run_id), unmapped(root), batches)
     for future in futures:
         future.result()
-    return combine_trials(run_id, root, [b["key"] for b in batches])
+    return {**combine_trials(run_id, root, [b["key"] for b in batches]), "agents": agents_uri}

@@ -89,6 +89,7 @@ def _check_datasets(names: list[str] | None) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """``querylab run``: validate the options, run the benchmark flow, print the report."""
     from flows.benchmark import benchmark
+    from querylab import cmd_agents
     from schemas.settings import Settings
     from tasks.trials import parse_agent
 
@@ -110,9 +111,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         n_trials=args.trials,
         batch_size=args.batch_size,
         artifacts_root=root,
+        agent_options=cmd_agents.agent_options_from_args(args),
     )
     status = _print_report(_with_run_details(out["report"], root, run_id), agents)
-    print(f"trials:    {out['trials']['trials']}\ntool calls: {out['trials']['tool_calls']}")
+    for name in ("trials", "tool_calls", "llm_calls", "agents"):
+        if name in out["trials"]:
+            print(f"{name + ':':<11}{out['trials'][name]}")
     for uri in out["manifests"]:
         print(f"dataset:   {uri}")
     return status
@@ -120,9 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     """``querylab build``: build and load datasets; prints each manifest URI."""
-    from flows.datasets import dataset_flows
-
-    from flows.datasets import default_datasets
+    from flows.datasets import dataset_flows, default_datasets
 
     _check_datasets(args.dataset)
     flows = dataset_flows()
@@ -147,17 +149,24 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``querylab`` console script; returns the exit status."""
+    from querylab import cmd_agents, cmd_datasets, cmd_equivalence, cmd_text2sql
+
     _prefect_defaults()
     p = argparse.ArgumentParser(prog="querylab", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="build datasets, run agent trials, print pass@k")
-    r.add_argument("--agent", action="append", help="oracle (default) or openai:<model>; repeat")
+    r.add_argument(
+        "--agent", action="append",
+        help="oracle (default), openai:<model> (see `querylab models`), replay:<answers.json>; "
+        "repeat for several agents",
+    )
     r.add_argument("--dataset", action="append", help="dataset name (default: all); repeat")
     r.add_argument("--trials", type=int, default=5, help="trials per query (default 5)")
     r.add_argument("--batch-size", type=int, default=25, help="trials per mapped task")
     r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
+    cmd_agents.add_agent_options(r)
     r.set_defaults(func=cmd_run)
 
     b = sub.add_parser("build", help="build and load datasets only")
@@ -171,9 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     rp.set_defaults(func=cmd_report)
 
-    from querylab import cmd_datasets, cmd_text2sql
-
-    for module in (cmd_datasets, cmd_text2sql):
+    for module in (cmd_agents, cmd_datasets, cmd_equivalence, cmd_text2sql):
         module.register(sub)
 
     args = p.parse_args(argv)

@@ -51,7 +51,8 @@ TRIALS = _schema(
 #: One row per model call of a trial, in call order: tokens as reported by the API, cost in USD
 #: (tokens × the configured price per million; 0 on a response-cache hit), latency in seconds,
 #: ``attempts`` HTTP attempts including infrastructure retries, ``n_tool_calls`` tool calls the
-#: response asked for. ``base_url`` never carries credentials.
+#: response asked for; ``priced`` false when the model has no price in the models table (its
+#: ``cost_usd`` is then 0, not measured). ``base_url`` never carries credentials.
 LLM_CALLS = _schema(
     "llm_calls",
     [
@@ -69,6 +70,7 @@ LLM_CALLS = _schema(
         pa.field("n_tool_calls", pa.int32(), nullable=False),
         pa.field("attempts", pa.int32(), nullable=False),
         pa.field("cache_hit", pa.bool_(), nullable=False),
+        pa.field("priced", pa.bool_()),
         pa.field("error", pa.string()),
     ],
 )

@@ -2,12 +2,17 @@
 
 - ``oracle``: runs the query's reference solution through the same :class:`ToolBox` and returns
   the output of its last step (offline, deterministic; must score 1.0).
-- ``openai:<model>``: a ReAct loop over OpenAI Chat Completions tool calling, through the
-  ``openai`` client with a configurable ``base_url`` (OpenAI, vLLM, Ollama, OpenRouter, ...).
+- ``openai:<model>``: a ReAct loop over OpenAI Chat Completions tool calling through
+  :class:`tasks.llm.ChatModel` (the ``openai`` client at the model's ``base_url``, with
+  querylab's infrastructure retries and response cache).
+- ``replay:<file>``: recorded answers (see :mod:`tasks.replay`).
 
-Terminate reasons: ``return_answer`` (the agent answered), ``no_tool_call`` (the model replied
-with text and no tool call; its text is taken as the answer), ``max_iterations``, ``error``
-(the API failed or the reference solution broke).
+Terminate reasons (a trial's ``terminate_reason``; see :data:`TERMINATE_REASONS`):
+``return_answer``, ``no_tool_call`` (text reply without a tool call; the text is the answer),
+``replay`` / ``no_answer`` (replay agent), and the runtime failures (DAB's FM5)
+``max_iterations``, ``max_wall_time``, ``max_tool_calls_per_turn``, ``token_budget``,
+``context_window``, ``api_error`` (infrastructure retries exhausted or a non-retryable API
+error) and ``error`` (a configuration or harness error, or a failing reference solution).
 """
 
 from __future__ import annotations
@@ -16,9 +21,29 @@ import json
 import time
 from dataclasses import dataclass, field
 
-import openai
-
+from schemas.models import AgentOptions
+from tasks.llm import ChatModel, LLMCallError, LLMCallRecord
 from tasks.tools import TOOL_SCHEMAS, ToolBox, ToolOutcome
+
+#: Every terminate reason with its meaning.
+TERMINATE_REASONS: dict[str, str] = {
+    "return_answer": "the agent called return_answer",
+    "no_tool_call": "the model replied with text and no tool call; its text is the answer",
+    "replay": "a recorded answer was scored (replay agent)",
+    "no_answer": "the replay file has no answer for this trial",
+    "max_iterations": "the model-call limit per trial was reached",
+    "max_wall_time": "the wall-time limit per trial was reached",
+    "max_tool_calls_per_turn": "one model response asked for more tool calls than allowed",
+    "token_budget": "the trial's prompt + completion token budget was used up",
+    "context_window": "the conversation no longer fits the model's context window",
+    "api_error": "the model API failed (retries exhausted, or a non-retryable error)",
+    "error": "configuration or harness error, or a failing reference solution",
+}
+#: Terminate reasons that are runtime failures (DAB failure mode FM5).
+RUNTIME_FAILURES = frozenset(
+    {"max_iterations", "max_wall_time", "max_tool_calls_per_turn", "token_budget",
+     "context_window", "api_error", "error"}
+)
 
 SYSTEM_PROMPT = """You are a data agent. Answer the user's question using the databases below.
 Use the tools: list_db to see databases and schemas, query_db to run one read-only query,
@@ -45,7 +70,9 @@ class ToolCallRecord:
 @dataclass
 class TrialOutcome:
     """The result of one trial: answer text (or None), terminate reason, error message, token
-    counts, number of model calls, the tool-call trajectory, and wall time in seconds."""
+    counts (sums over the model calls; ``cached_tokens`` is the prompt-cache part of the prompt
+    tokens), ``cost_usd`` (sum of the calls' costs), number of model calls, the tool-call
+    trajectory, the model-call records and wall time in seconds."""
 
     answer: str | None
     terminate_reason: str
@@ -55,6 +82,18 @@ class TrialOutcome:
     completion_tokens: int = 0
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     latency_s: float = 0.0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+    llm_calls: list[LLMCallRecord] = field(default_factory=list)
+
+    def add_call(self, rec: LLMCallRecord) -> None:
+        """Count one model call (its tokens and cost) in the totals."""
+        self.llm_calls.append(rec)
+        self.n_llm_calls += 1
+        self.prompt_tokens += rec.prompt_tokens
+        self.completion_tokens += rec.completion_tokens
+        self.cached_tokens += rec.cached_tokens
+        self.cost_usd += rec.cost_usd
 
 
 def system_prompt(manifest: dict) -> str:
@@ -93,69 +132,114 @@ def run_oracle(toolbox: ToolBox, reference: list[dict]) -> TrialOutcome:
     )
 
 
-def _assistant_message(msg) -> dict:
-    out: dict = {"role": "assistant", "content": msg.content}
-    if msg.tool_calls:
-        out["tool_calls"] = [
-            {
-                "id": tc.id,
-                "type": "function",
-                "function": {"name": tc.function.name, "arguments": tc.function.arguments},
-            }
-            for tc in msg.tool_calls
-        ]
-    return out
+def _tool_call_parts(tc, turn: int, i: int) -> tuple[str, str, str]:
+    """``(call_id, name, arguments)`` of a returned tool call; a missing id (some local
+    servers) becomes ``call_<turn>_<i>``."""
+    fn = getattr(tc, "function", None)
+    if fn is not None:
+        name, args = fn.name or "", fn.arguments or ""
+    else:  # a non-function (custom) tool call: reported to the model as an unknown tool
+        custom = getattr(tc, "custom", None)
+        name, args = getattr(custom, "name", "") or "", getattr(custom, "input", "") or ""
+    return tc.id or f"call_{turn}_{i}", name, args
 
 
 def run_react(
-    client: openai.OpenAI,
-    model: str,
+    chat: ChatModel,
     toolbox: ToolBox,
     question: str,
     system: str,
-    max_iterations: int = 100,
-    temperature: float | None = None,
+    trial: int = 0,
+    options: AgentOptions | None = None,
 ) -> TrialOutcome:
-    """ReAct loop: ask the model, run the tool calls it returns, feed results back.
+    """ReAct loop: ask the model, run the tool calls it returns in order, feed results back.
 
-    Stops when the model calls ``return_answer`` (its ``answer``), replies without a tool call
-    (its text becomes the answer, ``no_tool_call``), after ``max_iterations`` model calls, or
-    when the API raises (``error``, message recorded). Tool errors go back to the model.
+    ``trial`` is the trial index (part of the response-cache key); ``options`` the limits
+    (default: ``chat.options``). Ends with ``return_answer`` (its ``answer``), ``no_tool_call``
+    (the reply text becomes the answer), or a limit: ``max_iterations`` model calls,
+    ``max_wall_time`` (checked before every model and tool call; also bounds request timeouts
+    and execute_python), ``max_tool_calls_per_turn`` (none of that turn's calls is run),
+    ``token_budget`` (checked before each call), ``context_window`` (the estimated prompt —
+    last call's prompt + completion tokens + 1 token per 4 new characters — exceeds the model's
+    window, or the API said so), ``api_error``. Tool errors (bad SQL, malformed JSON
+    arguments, unknown tool) go back to the model and the trial continues.
     """
-    start = time.perf_counter()
+    o = options or chat.options
+    start = time.monotonic()
+    deadline = start + o.max_wall_time_s
+    toolbox.deadline = deadline
     messages: list[dict] = [
         {"role": "system", "content": system},
         {"role": "user", "content": question},
     ]
     result = TrialOutcome(None, "max_iterations")
-    extra = {} if temperature is None else {"temperature": temperature}
-    for turn in range(max_iterations):
-        try:
-            resp = client.chat.completions.create(
-                model=model, messages=messages, tools=TOOL_SCHEMAS, **extra
-            )
-        except openai.OpenAIError as exc:
-            result.terminate_reason, result.error = "error", f"{type(exc).__name__}: {exc}"
+    window = chat.resolved.context_window
+    context_tokens, new_chars = 0, len(system) + len(question)
+
+    def stop(reason: str, error: str | None = None) -> None:
+        result.terminate_reason, result.error = reason, error
+
+    for turn in range(o.max_iterations):
+        if time.monotonic() >= deadline:
+            stop("max_wall_time", f"wall time of {o.max_wall_time_s:g} s used up")
             break
-        result.n_llm_calls += 1
-        if resp.usage is not None:
-            result.prompt_tokens += resp.usage.prompt_tokens or 0
-            result.completion_tokens += resp.usage.completion_tokens or 0
+        used = result.prompt_tokens + result.completion_tokens
+        if o.max_total_tokens is not None and used >= o.max_total_tokens:
+            stop("token_budget", f"{used} tokens used of a budget of {o.max_total_tokens}")
+            break
+        estimate = context_tokens + new_chars // 4
+        if window is not None and estimate > window:
+            stop("context_window",
+                 f"the next prompt (~{estimate} tokens) exceeds the context window ({window})")
+            break
+        try:
+            resp, rec = chat.complete(messages, TOOL_SCHEMAS, trial, turn, deadline)
+        except LLMCallError as exc:
+            result.add_call(exc.record)
+            stop(exc.reason, str(exc))
+            break
+        result.add_call(rec)
+        context_tokens, new_chars = rec.prompt_tokens + rec.completion_tokens, 0
         msg = resp.choices[0].message
         if not msg.tool_calls:
-            result.answer, result.terminate_reason = msg.content, "no_tool_call"
+            result.answer = msg.content
+            stop("no_tool_call")
             break
-        messages.append(_assistant_message(msg))
+        if len(msg.tool_calls) > o.max_tool_calls_per_turn:
+            stop("max_tool_calls_per_turn",
+                 f"{len(msg.tool_calls)} tool calls in one turn; the limit is "
+                 f"{o.max_tool_calls_per_turn}")
+            break
+        parts = [_tool_call_parts(tc, turn, i) for i, tc in enumerate(msg.tool_calls)]
+        messages.append(
+            {
+                "role": "assistant",
+                "content": msg.content,
+                "tool_calls": [
+                    {"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
+                    for cid, n, a in parts
+                ],
+            }
+        )
         final: ToolOutcome | None = None
-        for tc in msg.tool_calls:
-            out = toolbox.call(tc.function.name, tc.function.arguments or "", tc.id)
+        for cid, name, args in parts:
+            if time.monotonic() >= deadline:
+                stop("max_wall_time", f"wall time of {o.max_wall_time_s:g} s used up")
+                break
+            out = toolbox.call(name, args, cid)
             result.tool_calls.append(ToolCallRecord(turn=turn, outcome=out))
             if out.is_final:
                 final = out
                 break
-            messages.append({"role": "tool", "tool_call_id": tc.id, "content": out.content})
+            messages.append({"role": "tool", "tool_call_id": cid, "content": out.content})
+            new_chars += len(out.content)
         if final is not None:
-            result.answer, result.terminate_reason = final.answer, "return_answer"
+            result.answer = final.answer
+            stop("return_answer")
             break
-    result.latency_s = time.perf_counter() - start
+        if result.terminate_reason == "max_wall_time":
+            break
+    else:
+        result.error = f"{o.max_iterations} model calls made without an answer"
+    result.latency_s = time.monotonic() - start
     return result

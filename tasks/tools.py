@@ -2,23 +2,32 @@
 the per-trial :class:`ToolBox` that executes them.
 
 Results of ``query_db`` and ``execute_python`` are kept as variables ``var_<call_id>`` (DAB's
-convention): the model sees a preview, and later ``execute_python`` code sees the full value.
+convention; characters of the call id other than letters, digits and ``_`` become ``_``): the
+model sees a preview, and later ``execute_python`` code sees the full value. Large results are
+saved to files in the trial's working directory (``vars/var_<call_id>.json``,
+``results/<call_id>.stdout.txt``) and the preview says where (an ``execute_python`` variable
+holds the first 100,000 characters of its output; the saved file holds all of it). Tool
+messages are JSON of at most ``max_content_chars`` characters: previews are cut to fit.
 A tool's failure (bad SQL, unknown table, refused write, Python exception, timeout) is returned
 to the model as an error message; it never ends the trial.
+
+``list_db``, ``query_db`` and ``return_answer`` run in-process (databases are opened once per
+process and shared); ``execute_python`` runs each cell in a separate, resource-limited process
+(:mod:`tasks.sandbox`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tasks.databases import Database, QueryError
+from tasks.sandbox import Sandbox, SandboxError, thread_sandbox
 
 TOOL_SCHEMAS: list[dict] = [
     {
@@ -64,7 +73,9 @@ TOOL_SCHEMAS: list[dict] = [
             "description": (
                 "Run Python 3 code in a fresh process; print what you need. Results of earlier "
                 "tool calls are available as variables var_<call_id> (query rows are a list of "
-                "dicts). Standard library, pandas, polars and pyarrow are importable."
+                "dicts). Standard library, pandas, polars and pyarrow are importable. Limits: "
+                "wall-clock time, memory and CPU per call; no state is kept between calls "
+                "except files in the working directory."
             ),
             "parameters": {
                 "type": "object",
@@ -89,18 +100,27 @@ TOOL_SCHEMAS: list[dict] = [
 
 TOOL_NAMES = [t["function"]["name"] for t in TOOL_SCHEMAS]
 
-_PRELUDE = """
-import glob as _g, json as _j, os as _o
-for _f in sorted(_g.glob(_o.path.join("vars", "var_*.json"))):
-    with open(_f) as _fh:
-        globals()[_o.path.basename(_f)[:-5]] = _j.load(_fh)
-del _g, _j, _o, _f
-exec(compile(open("cell.py").read(), "cell.py", "exec"))
-"""
+_NON_WORD = re.compile(r"\W")
+_TABLES: dict[int, tuple[Database, list]] = {}
+_TABLES_LOCK = threading.Lock()
 
-#: Environment variables passed to ``execute_python``; everything else (API keys, cloud
-#: credentials, database URLs) is stripped.
-_PYTHON_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+def cached_tables(db: Database) -> list:
+    """``db.list_tables()``, computed once per open database (they are read-only, so their
+    tables, columns and row counts cannot change while open)."""
+    hit = _TABLES.get(id(db))
+    if hit is not None and hit[0] is db:
+        return hit[1]
+    tables = db.list_tables()
+    with _TABLES_LOCK:
+        _TABLES[id(db)] = (db, tables)
+    return tables
+
+
+def variable_name(call_id: str) -> str:
+    """``var_<call_id>`` with every character that is not a letter, digit or ``_`` replaced by
+    ``_`` (so it is a Python identifier and a safe file name)."""
+    return "var_" + _NON_WORD.sub("_", call_id)
 
 
 @dataclass
@@ -135,7 +155,10 @@ class ToolBox:
     ``databases`` maps logical names to open read-only databases; ``descriptions`` their
     one-line descriptions; ``workdir`` a directory private to the trial. Limits: ``max_rows``
     rows kept per query, ``preview_rows`` shown to the model, ``max_content_chars`` per tool
-    message, ``python_timeout_s`` wall-clock seconds per ``execute_python`` call.
+    message; ``execute_python`` cells get ``python_timeout_s`` wall-clock seconds,
+    ``python_memory_mb`` MiB of address space and ``python_cpu_s`` CPU seconds, cut to the
+    trial's ``deadline`` (a ``time.monotonic()`` instant) when one is set. ``sandbox`` runs
+    the cells (default: this thread's shared :func:`tasks.sandbox.thread_sandbox`).
     """
 
     databases: dict[str, Database]
@@ -145,6 +168,10 @@ class ToolBox:
     preview_rows: int = 20
     max_content_chars: int = 8_000
     python_timeout_s: float = 60.0
+    python_memory_mb: int = 2048
+    python_cpu_s: int = 60
+    deadline: float | None = None
+    sandbox: Sandbox | None = None
     variables: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -160,7 +187,7 @@ class ToolBox:
         try:
             args = json.loads(raw) if raw.strip() else {}
             if not isinstance(args, dict):
-                raise ValueError("arguments must be a JSON object")
+                raise ValueError("arguments must be a JSON object")  # noqa: TRY004 (caught below)
         except ValueError as exc:
             self._fail(out, f"malformed arguments for {name}: {exc}")
         else:
@@ -182,15 +209,37 @@ class ToolBox:
         out.content = json.dumps({"error": message})
         out.result_size = len(out.content)
 
+    def _fit(self, shown: dict) -> str:
+        """JSON of ``shown`` within ``max_content_chars``: fewer preview rows / a shorter
+        stdout preview first (marked ``"preview_cut": true``), so it stays valid JSON."""
+        text = json.dumps(shown, default=str)
+        limit = self.max_content_chars
+        while len(text) > limit:
+            if isinstance(shown.get("preview"), list) and len(shown["preview"]) > 1:
+                shown["preview"] = shown["preview"][: len(shown["preview"]) // 2]
+            elif isinstance(shown.get("stdout"), str) and len(shown["stdout"]) > 200:
+                keep = int(len(shown["stdout"]) * limit / len(text)) - 100
+                shown["stdout"] = shown["stdout"][: max(keep, 200)]
+            else:
+                break
+            shown["preview_cut"] = True
+            text = json.dumps(shown, default=str)
+        return text
+
     def _ok(self, out: ToolOutcome, result: Any, shown: Any | None = None) -> None:
         full = json.dumps(result, default=str)
-        text = full if shown is None else json.dumps(shown, default=str)
+        if shown is None:
+            text = full
+        elif isinstance(shown, dict):
+            text = self._fit(shown)
+        else:
+            text = json.dumps(shown, default=str)
         if len(text) > self.max_content_chars:
             text = text[: self.max_content_chars] + f"... [truncated, {len(full)} chars]"
         out.success, out.content, out.value, out.result_size = True, text, result, len(full)
 
     def _store(self, call_id: str, value: Any) -> str:
-        name = f"var_{call_id}"
+        name = variable_name(call_id)
         self.variables[name] = value
         (self.workdir / "vars" / f"{name}.json").write_text(json.dumps(value, default=str))
         return name
@@ -203,7 +252,7 @@ class ToolBox:
                     "db": name,
                     "engine": d.engine,
                     "description": self.descriptions.get(name, ""),
-                    "tables": [t.name for t in d.list_tables()],
+                    "tables": [t.name for t in cached_tables(d)],
                 }
                 for name, d in self.databases.items()
             ]
@@ -212,7 +261,7 @@ class ToolBox:
             return self._fail(out, f"unknown database {db!r}; have {sorted(self.databases)}")
         tables = [
             {"table": t.name, "columns": {c.name: c.type for c in t.columns}}
-            for t in self.databases[db].list_tables()
+            for t in cached_tables(self.databases[db])
         ]
         self._ok(out, {"db": db, "engine": self.databases[db].engine, "tables": tables})
 
@@ -228,28 +277,44 @@ class ToolBox:
             "preview": result.rows[: self.preview_rows],
             "variable": var,
         }
+        if len(result.rows) > self.preview_rows:
+            shown["saved_to"] = f"vars/{var}.json"
         self._ok(out, result.rows, shown)
 
     def _tool_execute_python(self, out: ToolOutcome, code: str) -> None:
-        (self.workdir / "cell.py").write_text(code)
-        env = {k: os.environ[k] for k in _PYTHON_ENV_KEEP if k in os.environ}
+        if not isinstance(code, str):
+            return self._fail(out, "bad arguments for execute_python: code must be a string")
+        timeout = self.python_timeout_s
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - time.monotonic())
+            if timeout <= 0:
+                return self._fail(out, "execute_python not run: the trial's wall time is up")
+        sandbox = self.sandbox or thread_sandbox()
+        stem = variable_name(out.call_id)[4:]
         try:
-            proc = subprocess.run(
-                [sys.executable, "-c", _PRELUDE],
-                cwd=self.workdir,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=self.python_timeout_s,
+            res = sandbox.run(
+                code, self.workdir, name=stem, timeout_s=timeout,
+                memory_mb=self.python_memory_mb, cpu_s=self.python_cpu_s,
+                max_output_chars=max(self.max_content_chars, 100_000),
             )
-        except subprocess.TimeoutExpired:
-            return self._fail(out, f"execute_python timed out after {self.python_timeout_s:g} s")
-        if proc.returncode != 0:
-            tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
-            return self._fail(out, f"python exited with code {proc.returncode}:\n{tail}")
-        stdout = proc.stdout
-        self._store(out.call_id, stdout)
-        self._ok(out, stdout, {"stdout": stdout, "variable": f"var_{out.call_id}"})
+        except SandboxError as exc:
+            return self._fail(out, f"execute_python could not run: {exc}")
+        if res.error:
+            return self._fail(out, res.error)
+        var = self._store(out.call_id, res.stdout)
+        shown: dict[str, Any] = {"stdout": res.stdout, "variable": var}
+        if res.stderr.strip():
+            shown["stderr"] = res.stderr[-1000:]
+        if res.stdout_bytes > len(res.stdout.encode()) or len(self._fit(dict(shown))) < len(
+            json.dumps(shown, default=str)
+        ):
+            saved = self.workdir / "results" / f"{stem}.stdout.txt"
+            saved.parent.mkdir(exist_ok=True)
+            (self.workdir / ".cells" / f"{stem}.out").replace(saved)
+            shown["truncated"] = True
+            shown["stdout_bytes"] = res.stdout_bytes
+            shown["saved_to"] = f"results/{stem}.stdout.txt"
+        self._ok(out, res.stdout, shown)
 
     def _tool_return_answer(self, out: ToolOutcome, answer: Any) -> None:
         out.answer = answer if isinstance(answer, str) else json.dumps(answer)

@@ -2,62 +2,139 @@
 
 A batch is the unit Prefect maps over (25–100 trials each, not thousands of tiny tasks) and the
 unit of idempotence: ``runs/<run_id>/trials/batches/<key>.trials.parquet`` is written last, so
-its presence means the batch finished and a re-run skips it.
+its presence means the batch finished and a re-run skips it. Inside a batch every finished trial
+is checkpointed at once (``batches/<key>.parts/<i>.json``, its trial, tool-call and model-call
+rows), so a run killed mid-batch resumes with exactly the unfinished trials: none is lost or run
+twice. Model responses are also kept in the response cache (:mod:`tasks.llm`), so even the
+interrupted trial replays its finished model calls without HTTP requests.
+
+Agents: ``oracle``, ``openai:<model>`` (a model of the models table, see ``data/models.yaml``)
+and ``replay:<answer file>``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
-import openai
 import pyarrow as pa
 from prefect import task
+from pydantic import ValidationError
 
 from schemas import artifacts
+from schemas.models import AgentOptions
 from schemas.settings import Settings
 from tasks import storage
 from tasks.agent import TrialOutcome, run_oracle, run_react, system_prompt
 from tasks.engines import open_databases
+from tasks.llm import (
+    AgentConfigError,
+    ChatModel,
+    ResponseCache,
+    load_models_config,
+    resolve_model,
+)
+from tasks.replay import answers_for, load_answers, run_replay
 from tasks.tools import ToolBox
 from tasks.validate import is_correct
 
+__all__ = [
+    "AgentConfigError",
+    "agent_options",
+    "batch_uri",
+    "check_agents",
+    "combine_trials",
+    "describe_agents",
+    "parse_agent",
+    "plan_batches",
+    "run_batch",
+    "run_trial_batch",
+    "trial_key",
+    "work_root",
+]
 
-class AgentConfigError(ValueError):
-    """An agent name cannot be run (unknown kind, or no API key / base URL for it)."""
+log = logging.getLogger(__name__)
 
 
 def parse_agent(agent: str) -> tuple[str, str | None]:
-    """``"oracle"`` → ("oracle", None); ``"openai:gpt-4o-mini"`` → ("openai", "gpt-4o-mini").
+    """``"oracle"`` → ("oracle", None); ``"openai:gpt-4o-mini"`` → ("openai", "gpt-4o-mini");
+    ``"replay:answers.json"`` → ("replay", "answers.json").
 
-    Raises AgentConfigError for anything else.
+    Raises AgentConfigError for anything else (and for a ``|`` in the name, which separates
+    trial-key parts).
     """
+    if "|" in agent:
+        raise AgentConfigError(f"agent {agent!r}: '|' is not allowed in agent names")
     if agent == "oracle":
         return "oracle", None
-    kind, _, model = agent.partition(":")
-    if kind == "openai" and model:
-        return "openai", model
-    raise AgentConfigError(f"unknown agent {agent!r}; use 'oracle' or 'openai:<model>'")
-
-
-def openai_client(settings: Settings, timeout_s: float = 120.0) -> openai.OpenAI:
-    """An ``openai.OpenAI`` client for ``openai:<model>`` agents from the settings.
-
-    A custom base URL (local vLLM/Ollama/llama.cpp) works without a key; the default OpenAI
-    endpoint needs one. Raises AgentConfigError otherwise.
-    """
-    key = settings.openai_api_key
-    if not key and not settings.openai_base_url:
-        raise AgentConfigError(
-            "openai agents need QUERYLAB_OPENAI_API_KEY (or OPENAI_API_KEY), or "
-            "QUERYLAB_OPENAI_BASE_URL for a local server"
-        )
-    return openai.OpenAI(
-        base_url=settings.openai_base_url, api_key=key or "not-needed", timeout=timeout_s
+    kind, _, arg = agent.partition(":")
+    if kind in ("openai", "replay") and arg:
+        return kind, arg
+    raise AgentConfigError(
+        f"unknown agent {agent!r}; use 'oracle', 'openai:<model>' or 'replay:<answer file>'"
     )
+
+
+def agent_options(options: dict | AgentOptions | None) -> AgentOptions:
+    """Validated :class:`AgentOptions` from a dict (None: defaults); raises AgentConfigError
+    naming the bad option."""
+    if isinstance(options, AgentOptions):
+        return options
+    try:
+        return AgentOptions.model_validate(options or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "-"
+        raise AgentConfigError(f"agent option {loc}: {first['msg']}") from None
+
+
+def check_agents(
+    agents: list[str],
+    manifest_uris: list[str] | None = None,
+    options: dict | None = None,
+    env: dict | None = None,
+) -> list[dict]:
+    """Check that every agent can run before any trial does; return their descriptions.
+
+    ``openai:<model>``: resolved through the models table (key present, endpoint valid);
+    ``replay:<file>``: parsed, and its queries matched against the given datasets. Returns
+    JSON-able dicts ``{"agent", "kind", ...}`` (endpoint, prices, ``priced``; never a key).
+    Raises AgentConfigError (or ReplayError) with a message naming the problem.
+    """
+    opts = agent_options(options)
+    manifests = [storage.read_json(u) for u in manifest_uris or []]
+    config = None
+    out = []
+    for agent in agents:
+        kind, arg = parse_agent(agent)
+        desc: dict = {"agent": agent, "kind": kind}
+        if kind == "openai":
+            config = config or load_models_config(env=env)
+            resolved = resolve_model(arg, config, env)
+            desc.update(resolved.describe())
+            if not resolved.priced:
+                log.warning("%s is not in the models table: its cost is recorded as 0", agent)
+        elif kind == "replay":
+            answers = load_answers(arg)
+            names = {m["name"].lower() for m in manifests}
+            for m in manifests:
+                answers_for(answers, m)
+            desc.update(
+                {"file": str(Path(arg).resolve()), "sha256": answers.sha256,
+                 "entries": len(answers.entries),
+                 "ignored_datasets": sorted(answers.datasets() - names)}
+            )
+        out.append(desc)
+    if any(d["kind"] == "openai" for d in out):
+        for d in out:
+            d["options"] = opts.model_dump()
+    return out
 
 
 def trial_key(agent: str, dataset: str, query_id: str, trial: int) -> str:
@@ -65,16 +142,36 @@ def trial_key(agent: str, dataset: str, query_id: str, trial: int) -> str:
     return f"{agent}|{dataset}|{query_id}|{trial}"
 
 
+def _fingerprint(agent: str) -> str | None:
+    """Content that identifies an agent beyond its name (a replay file's hash)."""
+    kind, arg = parse_agent(agent)
+    if kind == "replay":
+        try:
+            return hashlib.sha256(Path(arg).read_bytes()).hexdigest()
+        except OSError as exc:
+            raise AgentConfigError(f"{arg}: cannot read answer file: {exc}") from None
+    return None
+
+
 def plan_batches(
-    manifest_uris: list[str], agents: list[str], n_trials: int, batch_size: int = 25
+    manifest_uris: list[str],
+    agents: list[str],
+    n_trials: int,
+    batch_size: int = 25,
+    options: dict | None = None,
 ) -> list[dict]:
     """Expand agents × datasets × queries × trials into batches of at most ``batch_size``.
 
-    Returns JSON-able dicts ``{"key", "agent", "manifest_uri", "items": [[query_id, trial]]}``;
-    keys are stable for the same inputs (so re-runs find finished batches).
+    Returns JSON-able dicts ``{"key", "agent", "manifest_uri", "items": [[query_id, trial]],
+    "options": {...}}`` (``options``: the :class:`AgentOptions` that differ from the defaults).
+    Keys are stable for the same inputs (so re-runs find finished batches) and change with the
+    options or a replay file's content. Raises AgentConfigError for an unknown agent or bad
+    options, ValueError for ``n_trials`` < 1 or ``batch_size`` < 1.
     """
-    for agent in agents:
-        parse_agent(agent)
+    if n_trials < 1 or batch_size < 1:
+        raise ValueError(f"n_trials and batch_size must be >= 1, got {n_trials}, {batch_size}")
+    opts = agent_options(options).model_dump(exclude_defaults=True)
+    fingerprints = {agent: _fingerprint(agent) for agent in agents}
     batches = []
     for agent in agents:
         for uri in manifest_uris:
@@ -82,36 +179,164 @@ def plan_batches(
             items = [[q["id"], t] for q in manifest["queries"] for t in range(n_trials)]
             for start in range(0, len(items), batch_size):
                 chunk = items[start : start + batch_size]
-                digest = hashlib.sha256(
-                    json.dumps([agent, manifest["version"], chunk]).encode()
-                ).hexdigest()[:10]
-                slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", agent)
-                key = f"{slug}-{manifest['name']}-{start // batch_size:04d}-{digest}"
+                material: list = [agent, manifest["version"], chunk]
+                if opts:
+                    material.append(opts)
+                if fingerprints[agent]:
+                    material.append(fingerprints[agent])
+                digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+                slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", agent)[:60]
+                key = f"{slug}-{manifest['name']}-{start // batch_size:04d}-{digest[:10]}"
                 batches.append(
-                    {"key": key, "agent": agent, "manifest_uri": uri, "items": chunk}
+                    {"key": key, "agent": agent, "manifest_uri": uri, "items": chunk,
+                     "options": opts}
                 )
     return batches
 
 
-def _run_one(agent: str, manifest: dict, query: dict, toolbox: ToolBox, settings: Settings):
-    kind, model = parse_agent(agent)
-    if kind == "oracle":
-        return run_oracle(toolbox, query["reference"]), None
-    client = openai_client(settings)
-    return run_react(client, model, toolbox, query["question"], system_prompt(manifest)), model
-
-
 def batch_uri(artifacts_root: str, run_id: str, key: str, what: str) -> str:
-    """URI of one batch's ``trials`` or ``tool_calls`` Parquet."""
+    """URI of one batch's ``trials``, ``tool_calls`` or ``llm_calls`` Parquet."""
     return storage.join(artifacts_root, "runs", run_id, "trials", "batches", f"{key}.{what}.parquet")
 
 
-@task(name="run-trial-batch", persist_result=False, retries=0)
-def run_trial_batch(run_id: str, artifacts_root: str, batch: dict) -> str:
-    """Run every trial of one batch and write its trials and tool-call rows.
+def _parts_uri(artifacts_root: str, run_id: str, key: str, index: int | None = None) -> str:
+    base = storage.join(artifacts_root, "runs", run_id, "trials", "batches", f"{key}.parts")
+    return base if index is None else storage.join(base, f"{index:05d}.json")
 
-    Returns the batch's trials URI. Skips all work when that artifact already exists. Other
-    settings (database servers, API key) come from the environment, never from parameters.
+
+# --------------------------------------------------------------------------------------------
+# Runners: (query, trial, toolbox) -> TrialOutcome for each agent kind
+# --------------------------------------------------------------------------------------------
+
+Runner = Callable[[dict, int, ToolBox], TrialOutcome]
+
+
+class _Agent:
+    """What a batch needs to run one agent: a runner, the model name for trial rows and a
+    close() for resources (the HTTP client)."""
+
+    def __init__(self, agent: str, manifest: dict, options: AgentOptions, artifacts_root: str):
+        self.kind, arg = parse_agent(agent)
+        self.model: str | None = arg if self.kind == "openai" else None
+        self.chat: ChatModel | None = None
+        self.error: str | None = None
+        self.replay: dict | None = None
+        self.options = options
+        self.system = system_prompt(manifest)
+        try:
+            if self.kind == "openai":
+                resolved = resolve_model(arg)
+                cache = None if options.cache == "off" else ResponseCache(artifacts_root, options.cache)
+                self.chat = ChatModel(resolved, options, cache)
+            elif self.kind == "replay":
+                self.replay = answers_for(load_answers(arg), manifest)
+        except AgentConfigError as exc:
+            self.error = str(exc)
+
+    def run(self, query: dict, trial: int, toolbox: ToolBox) -> TrialOutcome:
+        if self.error is not None:
+            return TrialOutcome(None, "error", self.error)
+        if self.kind == "oracle":
+            return run_oracle(toolbox, query["reference"])
+        if self.kind == "replay":
+            return run_replay(self.replay or {}, query["id"], trial)
+        assert self.chat is not None
+        return run_react(self.chat, toolbox, query["question"], self.system, trial, self.options)
+
+    def close(self) -> None:
+        if self.chat is not None:
+            self.chat.close()
+
+
+def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, query: dict,
+          trial: int, outcome: TrialOutcome) -> dict:
+    trial_row = {
+        "run_id": run_id,
+        "trial_key": key,
+        "agent": agent,
+        "model": model,
+        "dataset": manifest["name"],
+        "query_id": query["id"],
+        "trial": trial,
+        "answer": outcome.answer,
+        "is_correct": is_correct(outcome.answer, query["ground_truth"], query["validator"]),
+        "terminate_reason": outcome.terminate_reason,
+        "error": outcome.error,
+        "n_llm_calls": outcome.n_llm_calls,
+        "n_tool_calls": len(outcome.tool_calls),
+        "prompt_tokens": outcome.prompt_tokens,
+        "completion_tokens": outcome.completion_tokens,
+        "cached_tokens": outcome.cached_tokens,
+        "cost_usd": outcome.cost_usd,
+        "latency_s": outcome.latency_s,
+    }
+    tool_rows = []
+    for i, rec in enumerate(outcome.tool_calls):
+        o = rec.outcome
+        tool_rows.append(
+            {
+                "run_id": run_id,
+                "trial_key": key,
+                "call_index": i,
+                "turn": rec.turn,
+                "call_id": o.call_id,
+                "tool": o.tool,
+                "arguments": o.arguments,
+                "success": o.success,
+                "error": o.error,
+                "result_size": o.result_size,
+                "duration_s": o.duration_s,
+            }
+        )
+    llm_rows = [
+        {
+            "run_id": run_id,
+            "trial_key": key,
+            "call_index": c.call_index,
+            "model": c.model,
+            "base_url": c.base_url,
+            "prompt_tokens": c.prompt_tokens,
+            "cached_tokens": c.cached_tokens,
+            "completion_tokens": c.completion_tokens,
+            "cost_usd": c.cost_usd,
+            "latency_s": c.latency_s,
+            "finish_reason": c.finish_reason,
+            "n_tool_calls": c.n_tool_calls,
+            "attempts": c.attempts,
+            "cache_hit": c.cache_hit,
+            "error": c.error,
+            "priced": c.priced,
+        }
+        for c in outcome.llm_calls
+    ]
+    return {"trial": trial_row, "tool_calls": tool_rows, "llm_calls": llm_rows}
+
+
+def work_root(settings: Settings) -> Path:
+    """Where per-trial working directories go (scratch, removed after each trial):
+    ``QUERYLAB_WORK_DIR`` when set; else ``/dev/shm/querylab-<uid>`` when ``/dev/shm`` is a
+    writable RAM file system (no disk I/O for scratch files); else ``<QUERYLAB_HOME>/work``."""
+    explicit = os.environ.get("QUERYLAB_WORK_DIR")
+    if explicit:
+        return Path(explicit)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
+        return shm / f"querylab-{os.getuid()}"
+    return Path(settings.home) / "work"
+
+
+def _remove_local(uri: str) -> None:
+    if "://" not in uri or uri.startswith("file://"):
+        shutil.rmtree(uri.removeprefix("file://"), ignore_errors=True)
+
+
+def run_batch(
+    run_id: str, artifacts_root: str, batch: dict, toolbox_factory: Callable[..., ToolBox] = ToolBox
+) -> str:
+    """Run every unfinished trial of one batch and write its three Parquet artifacts.
+
+    Plain-function body of :func:`run_trial_batch` (``toolbox_factory`` lets benchmarks swap
+    the tool executor). Returns the batch's trials URI; does nothing when it exists.
     """
     out_uri = batch_uri(artifacts_root, run_id, batch["key"], "trials")
     if storage.exists(out_uri):
@@ -119,80 +344,100 @@ def run_trial_batch(run_id: str, artifacts_root: str, batch: dict) -> str:
     settings = Settings.from_env()
     manifest = storage.read_json(batch["manifest_uri"])
     queries = {q["id"]: q for q in manifest["queries"]}
-    databases = open_databases(manifest, settings)
+    options = agent_options(batch.get("options"))
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
-    trial_rows, call_rows = [], []
-    for query_id, trial in batch["items"]:
-        query = queries[query_id]
-        key = trial_key(batch["agent"], manifest["name"], query_id, trial)
-        workdir = Path(settings.home) / "work" / run_id / batch["key"] / f"{query_id}-{trial}"
-        toolbox = ToolBox(databases, workdir, descriptions=descriptions)
-        try:
-            outcome, model = _run_one(batch["agent"], manifest, query, toolbox, settings)
-        except AgentConfigError as exc:
-            outcome, model = TrialOutcome(None, "error", str(exc)), None
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        trial_rows.append(
-            {
-                "run_id": run_id,
-                "trial_key": key,
-                "agent": batch["agent"],
-                "model": model,
-                "dataset": manifest["name"],
-                "query_id": query_id,
-                "trial": trial,
-                "answer": outcome.answer,
-                "is_correct": is_correct(outcome.answer, query["ground_truth"], query["validator"]),
-                "terminate_reason": outcome.terminate_reason,
-                "error": outcome.error,
-                "n_llm_calls": outcome.n_llm_calls,
-                "n_tool_calls": len(outcome.tool_calls),
-                "prompt_tokens": outcome.prompt_tokens,
-                "completion_tokens": outcome.completion_tokens,
-                "cached_tokens": 0,
-                "cost_usd": 0.0,
-                "latency_s": outcome.latency_s,
-            }
-        )
-        for i, rec in enumerate(outcome.tool_calls):
-            o = rec.outcome
-            call_rows.append(
-                {
-                    "run_id": run_id,
-                    "trial_key": key,
-                    "call_index": i,
-                    "turn": rec.turn,
-                    "call_id": o.call_id,
-                    "tool": o.tool,
-                    "arguments": o.arguments,
-                    "success": o.success,
-                    "error": o.error,
-                    "result_size": o.result_size,
-                    "duration_s": o.duration_s,
-                }
+    databases = open_databases(manifest, settings)
+    runner = _Agent(batch["agent"], manifest, options, artifacts_root)
+    parts: list[dict] = []
+    n_run = 0
+    try:
+        for index, (query_id, trial) in enumerate(batch["items"]):
+            part_uri = _parts_uri(artifacts_root, run_id, batch["key"], index)
+            if storage.exists(part_uri):
+                parts.append(storage.read_json(part_uri))
+                continue
+            query = queries[query_id]
+            key = trial_key(batch["agent"], manifest["name"], query_id, trial)
+            workdir = work_root(settings) / run_id / batch["key"] / f"{query_id}-{trial}"
+            if workdir.exists():  # left by a killed run
+                shutil.rmtree(workdir, ignore_errors=True)
+            toolbox = toolbox_factory(
+                databases, workdir, descriptions=descriptions,
+                python_timeout_s=options.python_timeout_s,
+                python_memory_mb=options.python_memory_mb, python_cpu_s=options.python_cpu_s,
             )
-    storage.write_parquet(
-        batch_uri(artifacts_root, run_id, batch["key"], "tool_calls"),
-        pa.Table.from_pylist(call_rows, schema=artifacts.TOOL_CALLS),
-        artifacts.TOOL_CALLS,
+            try:
+                outcome = runner.run(query, trial, toolbox)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            rows = _rows(run_id, key, batch["agent"], runner.model, manifest, query, trial, outcome)
+            storage.write_bytes(part_uri, json.dumps(rows, default=str).encode())
+            parts.append(rows)
+            n_run += 1
+    finally:
+        runner.close()
+        batch_dir = work_root(settings) / run_id / batch["key"]
+        shutil.rmtree(batch_dir, ignore_errors=True)
+        try:
+            batch_dir.parent.rmdir()  # the run's scratch directory, once no batch uses it
+        except OSError:
+            pass
+    for what, schema in (("tool_calls", artifacts.TOOL_CALLS), ("llm_calls", artifacts.LLM_CALLS)):
+        rows = [r for p in parts for r in p[what]]
+        storage.write_parquet(
+            batch_uri(artifacts_root, run_id, batch["key"], what),
+            pa.Table.from_pylist(rows, schema=schema), schema,
+        )
+    trials = [p["trial"] for p in parts]
+    uri = storage.write_parquet(
+        out_uri, pa.Table.from_pylist(trials, schema=artifacts.TRIALS), artifacts.TRIALS
     )
-    return storage.write_parquet(
-        out_uri, pa.Table.from_pylist(trial_rows, schema=artifacts.TRIALS), artifacts.TRIALS
+    _remove_local(_parts_uri(artifacts_root, run_id, batch["key"]))
+    log.info(
+        "batch %s: %d trials (%d run now, %d resumed), %d correct, $%.4f",
+        batch["key"], len(trials), n_run, len(trials) - n_run,
+        sum(t["is_correct"] for t in trials), sum(t["cost_usd"] for t in trials),
     )
+    return uri
+
+
+@task(name="run-trial-batch", persist_result=False, retries=0)
+def run_trial_batch(run_id: str, artifacts_root: str, batch: dict) -> str:
+    """Run every trial of one batch and write its trials, tool-call and model-call rows.
+
+    Returns the batch's trials URI. Skips all work when that artifact already exists, and
+    trials already checkpointed by an interrupted attempt. Other settings (database servers,
+    API keys) come from the environment, never from parameters.
+    """
+    return run_batch(run_id, artifacts_root, batch)
+
+
+@task(name="check-agents", persist_result=False)
+def describe_agents(
+    run_id: str, artifacts_root: str, agents: list[str], manifest_uris: list[str],
+    options: dict | None = None,
+) -> str:
+    """:func:`check_agents` and write the descriptions to ``runs/<run_id>/trials/agents.json``
+    (endpoints, prices, ``priced``, options; never a key). Returns its URI; raises
+    AgentConfigError before any trial runs when an agent cannot."""
+    described = check_agents(agents, manifest_uris, options)
+    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
+    return storage.write_json(uri, described)
 
 
 @task(name="combine-trials", persist_result=False)
 def combine_trials(run_id: str, artifacts_root: str, batch_keys: list[str]) -> dict[str, str]:
-    """Concatenate the given batches into ``trials.parquet`` and ``tool_calls.parquet``.
+    """Concatenate the given batches into ``trials``, ``tool_calls`` and ``llm_calls`` Parquet.
 
-    Rows are sorted by trial key (and call index); returns ``{"trials": uri, "tool_calls": uri}``.
-    Raises StorageError naming a batch whose artifact is missing.
+    Rows are sorted by trial key (and call index); returns ``{"trials": uri, "tool_calls": uri,
+    "llm_calls": uri}``. Raises StorageError naming a batch whose artifact is missing.
     """
+    by_call = [("trial_key", "ascending"), ("call_index", "ascending")]
     out = {}
     for what, schema, order in (
         ("trials", artifacts.TRIALS, [("trial_key", "ascending")]),
-        ("tool_calls", artifacts.TOOL_CALLS, [("trial_key", "ascending"), ("call_index", "ascending")]),
+        ("tool_calls", artifacts.TOOL_CALLS, by_call),
+        ("llm_calls", artifacts.LLM_CALLS, by_call),
     ):
         parts = [
             storage.read_parquet(batch_uri(artifacts_root, run_id, k, what), schema)

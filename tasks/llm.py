@@ -1,0 +1,518 @@
+"""Model calls for ``openai:<model>`` agents: model resolution, cost, response cache and
+infrastructure-only retries.
+
+- :func:`load_models_config` reads ``data/models.yaml`` (plus files in ``QUERYLAB_MODELS``);
+  :func:`resolve_model` turns ``<model>`` of ``openai:<model>`` into a :class:`ResolvedModel`
+  (endpoint, key, prices, context window). A model in no file falls back to
+  ``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY`` (or ``OPENAI_*``) with cost 0 and
+  ``priced=False``.
+- :class:`ResponseCache`: content-addressed JSON files under
+  ``<artifacts>/cache/llm/<aa>/<sha256>.json``; the key hashes model id, base URL, messages,
+  tools, sampling parameters and the trial index. A hit makes no HTTP request and costs $0.
+- :class:`ChatModel.complete`: one model call through the ``openai`` client with
+  ``max_retries=0`` and querylab's own retry loop, so every attempt is counted. Retried:
+  HTTP 408, 429 and 5xx, timeouts and connection errors, with exponential backoff and jitter
+  (``Retry-After`` / ``retry-after-ms`` honoured). Everything else (401, 404, 400, ...) fails at
+  once. A failure raises :class:`LLMCallError` carrying the call's record.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import yaml
+from openai.types.chat import ChatCompletion
+from pydantic import ValidationError
+
+from schemas.models import AgentOptions, ModelConfig, ModelsConfig, Prices, check_base_url
+from tasks import storage
+
+log = logging.getLogger(__name__)
+
+MODELS_FILE = Path(__file__).resolve().parents[1] / "data" / "models.yaml"
+OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
+#: Bump when the cache entry layout or key material changes.
+CACHE_VERSION = "1"
+
+
+class AgentConfigError(ValueError):
+    """An agent cannot be run as configured (unknown kind, bad models file, missing key)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Models table and resolution
+# --------------------------------------------------------------------------------------------
+
+
+def _read_models_file(path: Path) -> list[ModelConfig]:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError as exc:
+        raise AgentConfigError(f"{path}: models file not found") from exc
+    except yaml.YAMLError as exc:
+        raise AgentConfigError(f"{path}: not valid YAML: {exc}") from exc
+    try:
+        return ModelsConfig.model_validate(raw).models
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "-"
+        if first["loc"][:1] == ("models",) and len(first["loc"]) > 1:
+            try:
+                name = raw["models"][first["loc"][1]].get("name")
+                loc += f" ({name})" if name else ""
+            except (KeyError, IndexError, TypeError, AttributeError):
+                pass
+        raise AgentConfigError(f"{path}: {loc}: {first['msg']}") from None
+
+
+def load_models_config(
+    paths: list[str | Path] | None = None, env: dict[str, str] | None = None
+) -> ModelsConfig:
+    """The models table: ``data/models.yaml`` then each file of ``QUERYLAB_MODELS``
+    (``os.pathsep``-separated), later entries replacing earlier ones of the same name.
+
+    ``paths`` replaces the whole list of files when given. Raises AgentConfigError naming the
+    file and field for a missing file, bad YAML or an invalid entry.
+    """
+    env = os.environ if env is None else env
+    if paths is None:
+        extra = [p for p in (env.get("QUERYLAB_MODELS") or "").split(os.pathsep) if p]
+        paths = [MODELS_FILE, *extra]
+    merged: dict[str, ModelConfig] = {}
+    for path in paths:
+        for m in _read_models_file(Path(path)):
+            merged[m.name] = m
+    return ModelsConfig(models=list(merged.values()))
+
+
+@dataclass
+class ResolvedModel:
+    """A model ready to call: ``name`` (as in ``openai:<name>``), ``model_id`` (sent to the
+    API), ``base_url`` (no trailing ``/``, never credentials), ``api_key`` (never logged),
+    ``prices`` (USD per million tokens), ``context_window`` (tokens, None when unknown),
+    ``sampling`` defaults, ``provider`` and ``priced`` (False: not in the models table, cost
+    recorded as 0)."""
+
+    name: str
+    model_id: str
+    base_url: str
+    api_key: str = field(repr=False)
+    prices: Prices
+    context_window: int | None
+    sampling: dict = field(default_factory=dict)
+    provider: str = "openai"
+    priced: bool = True
+
+    def describe(self) -> dict:
+        """JSON-able description without the key (for ``agents.json``)."""
+        return {
+            "name": self.name,
+            "model_id": self.model_id,
+            "provider": self.provider,
+            "base_url": self.base_url,
+            "priced": self.priced,
+            "prices_usd_per_million": self.prices.model_dump(),
+            "context_window": self.context_window,
+            "sampling": self.sampling,
+        }
+
+
+def _first_env(env: dict[str, str], names: list[str]) -> str | None:
+    for name in names:
+        if env.get(name):
+            return env[name]
+    return None
+
+
+def resolve_model(
+    name: str, config: ModelsConfig | None = None, env: dict[str, str] | None = None
+) -> ResolvedModel:
+    """Resolve ``<name>`` of ``openai:<name>``.
+
+    In the models table: its endpoint, prices and context window; the key from its
+    ``api_key_env`` variables (AgentConfigError naming them when required and unset).
+    Not in the table: ``QUERYLAB_OPENAI_BASE_URL`` (or ``OPENAI_BASE_URL``, default OpenAI) and
+    ``QUERYLAB_OPENAI_API_KEY`` (or ``OPENAI_API_KEY``), prices 0 and ``priced=False``; with
+    neither a key nor a base URL it raises AgentConfigError.
+    """
+    env = os.environ if env is None else env
+    config = load_models_config(env=env) if config is None else config
+    entry = config.get(name)
+    if entry is not None:
+        key = _first_env(env, entry.api_key_env) if entry.api_key_env else None
+        if entry.api_key_env and entry.api_key_required and not key:
+            raise AgentConfigError(
+                f"openai:{name} needs an API key: set {' or '.join(entry.api_key_env)}"
+            )
+        return ResolvedModel(
+            name=name,
+            model_id=entry.model_id,
+            base_url=entry.base_url or OPENAI_DEFAULT_BASE_URL,
+            api_key=key or "not-needed",
+            prices=entry.prices,
+            context_window=entry.context_window,
+            sampling=dict(entry.sampling),
+            provider=entry.provider,
+            priced=True,
+        )
+    base_url = _first_env(env, ["QUERYLAB_OPENAI_BASE_URL", "OPENAI_BASE_URL"])
+    key = _first_env(env, ["QUERYLAB_OPENAI_API_KEY", "OPENAI_API_KEY"])
+    if not key and not base_url:
+        raise AgentConfigError(
+            f"openai:{name} is not in the models table ({MODELS_FILE.name} / QUERYLAB_MODELS) "
+            "and no endpoint is configured: set QUERYLAB_OPENAI_API_KEY (or OPENAI_API_KEY), or "
+            "QUERYLAB_OPENAI_BASE_URL for a local server, or add the model to a models file"
+        )
+    try:
+        url = check_base_url(base_url) if base_url else OPENAI_DEFAULT_BASE_URL
+    except ValueError as exc:
+        raise AgentConfigError(f"QUERYLAB_OPENAI_BASE_URL: {exc}") from None
+    return ResolvedModel(
+        name=name,
+        model_id=name,
+        base_url=url,
+        api_key=key or "not-needed",
+        prices=Prices(input=0, output=0),
+        context_window=None,
+        provider="unlisted",
+        priced=False,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Call records
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LLMCallRecord:
+    """One model call of a trial (a row of ``llm_calls.parquet`` without run/trial keys).
+
+    Tokens as the provider reported them (on a cache hit: as reported when the response was
+    first obtained); ``cost_usd`` what this call cost now (0 on a cache hit or failure);
+    ``latency_s`` seconds from the first attempt to the response, retry waits included;
+    ``attempts`` HTTP attempts (0 on a cache hit); ``error`` set when the call failed.
+    """
+
+    call_index: int
+    model: str
+    base_url: str
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_s: float = 0.0
+    finish_reason: str | None = None
+    n_tool_calls: int = 0
+    attempts: int = 0
+    cache_hit: bool = False
+    error: str | None = None
+    priced: bool = True
+
+
+class _EmptyResponse(Exception):
+    """A 200 response without choices (treated as a non-retryable API error)."""
+
+
+class LLMCallError(Exception):
+    """A model call failed for good. ``reason`` is the trial's terminate reason
+    (``api_error``, ``context_window`` or ``max_wall_time``); ``record`` the call's record."""
+
+    def __init__(self, reason: str, message: str, record: LLMCallRecord):
+        super().__init__(message)
+        self.reason, self.record = reason, record
+
+
+def usage_counts(usage: Any) -> tuple[int, int, int]:
+    """``(prompt_tokens, cached_tokens, completion_tokens)`` of an OpenAI usage object (zeros
+    when absent; ``cached_tokens`` from ``prompt_tokens_details.cached_tokens``)."""
+    if usage is None:
+        return 0, 0, 0
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = (getattr(details, "cached_tokens", None) or 0) if details is not None else 0
+    return usage.prompt_tokens or 0, cached, usage.completion_tokens or 0
+
+
+# --------------------------------------------------------------------------------------------
+# Response cache
+# --------------------------------------------------------------------------------------------
+
+
+def cache_key(
+    model_id: str, base_url: str, messages: list, tools: list | None, sampling: dict, trial: int
+) -> str:
+    """SHA-256 hex of the canonical JSON of everything that determines a response."""
+    material = {
+        "v": CACHE_VERSION,
+        "model": model_id,
+        "base_url": base_url.rstrip("/"),
+        "messages": messages,
+        "tools": tools,
+        "sampling": sampling,
+        "trial": trial,
+    }
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class ResponseCache:
+    """Content-addressed model responses under ``<artifacts_root>/cache/llm``.
+
+    ``mode``: ``on`` (read + write), ``refresh`` (write only), ``off``. Entries are JSON
+    ``{"response": <ChatCompletion JSON>, "cost_usd": <cost when first paid>, "model",
+    "base_url", "trial"}``, written atomically; an unreadable entry counts as a miss.
+    """
+
+    def __init__(self, artifacts_root: str, mode: str = "on"):
+        self.root = storage.join(artifacts_root, "cache", "llm")
+        self.mode = mode
+
+    def uri(self, key: str) -> str:
+        """Where the entry for ``key`` lives."""
+        return storage.join(self.root, key[:2], f"{key}.json")
+
+    def get(self, key: str) -> dict | None:
+        """The stored entry or None (always None unless mode is ``on``)."""
+        if self.mode != "on":
+            return None
+        uri = self.uri(key)
+        try:
+            if not storage.exists(uri):
+                return None
+            return storage.read_json(uri)
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable response-cache entry %s: %s", uri, exc)
+            return None
+
+    def put(self, key: str, entry: dict) -> None:
+        """Store ``entry`` (no-op when mode is ``off``)."""
+        if self.mode == "off":
+            return
+        data = json.dumps(entry, separators=(",", ":"), ensure_ascii=False, default=str)
+        storage.write_bytes(self.uri(key), data.encode())
+
+
+# --------------------------------------------------------------------------------------------
+# Retries
+# --------------------------------------------------------------------------------------------
+
+
+def retry_after_s(headers: Any) -> float | None:
+    """Seconds asked for by ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date);
+    None when absent or unreadable."""
+    if headers is None:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(float(ms) / 1000.0, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+def classify_error(exc: Exception) -> tuple[bool, float | None, str]:
+    """``(retryable, retry_after_s, message)`` for an exception from the openai client.
+
+    Retryable: HTTP 408/429/5xx, timeouts, connection errors. The message never includes
+    request headers (so never the key).
+    """
+    if isinstance(exc, openai.APITimeoutError):
+        return True, None, "request timed out"
+    if isinstance(exc, openai.APIConnectionError):
+        return True, None, f"connection error: {exc}"
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        retryable = status in (408, 429) or status >= 500
+        ra = retry_after_s(exc.response.headers) if exc.response is not None else None
+        msg = exc.message if isinstance(exc.message, str) else str(exc)
+        return retryable, ra, f"HTTP {status}: {msg[:300]}"
+    return False, None, f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _is_context_overflow(exc: Exception) -> bool:
+    if not isinstance(exc, openai.BadRequestError):
+        return False
+    code = getattr(exc, "code", None) or ""
+    text = str(exc).lower()
+    return code == "context_length_exceeded" or "context length" in text or (
+        "maximum context" in text
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------------
+
+
+class ChatModel:
+    """Chat Completions calls for one resolved model with querylab's retries and cache.
+
+    ``options`` give retries, timeouts, sampling and the cache mode; ``cache`` is a
+    :class:`ResponseCache` (None: no cache); ``sleep`` and ``rng`` are injectable for tests.
+    """
+
+    def __init__(
+        self,
+        resolved: ResolvedModel,
+        options: AgentOptions | None = None,
+        cache: ResponseCache | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ):
+        self.resolved = resolved
+        self.options = options or AgentOptions()
+        self.cache = cache
+        self.sleep = sleep
+        self.rng = rng or random.Random()
+        self.sampling = {**resolved.sampling, **self.options.sampling()}
+        self.client = openai.OpenAI(
+            base_url=resolved.base_url,
+            api_key=resolved.api_key,
+            max_retries=0,
+            timeout=self.options.request_timeout_s,
+        )
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self.client.close()
+
+    def backoff_s(self, attempt: int, retry_after: float | None) -> float:
+        """Seconds to wait before attempt ``attempt + 1``: ``Retry-After`` plus up to 10 %
+        jitter when given, else ``base * 2**(attempt-1)`` capped at the maximum, times a
+        jitter factor in [0.5, 1.0]."""
+        o = self.options
+        if retry_after is not None:
+            return retry_after * (1.0 + 0.1 * self.rng.random())
+        raw = min(o.retry_max_delay_s, o.retry_base_delay_s * 2 ** (attempt - 1))
+        return raw * (0.5 + 0.5 * self.rng.random())
+
+    def complete(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        trial: int,
+        call_index: int,
+        deadline: float | None = None,
+    ) -> tuple[ChatCompletion, LLMCallRecord]:
+        """One model call: the cached response for this exact request and trial index, else
+        the API with retries. ``deadline`` is a ``time.monotonic()`` instant bounding the call
+        (request timeouts and retry waits are cut to it).
+
+        Returns ``(response, record)``; raises :class:`LLMCallError` (reason ``api_error``,
+        ``context_window`` or ``max_wall_time``) when the call fails for good.
+        """
+        r = self.resolved
+        record = LLMCallRecord(call_index, r.model_id, r.base_url, priced=r.priced)
+        start = time.monotonic()
+        key = cache_key(r.model_id, r.base_url, messages, tools, self.sampling, trial)
+        if self.cache is not None:
+            entry = self.cache.get(key)
+            if entry is not None:
+                try:
+                    resp = ChatCompletion.model_validate(entry["response"])
+                except (ValidationError, KeyError, TypeError):
+                    resp = None
+                if resp is not None and resp.choices:
+                    self._fill(record, resp, cost=False)
+                    record.cache_hit = True
+                    record.latency_s = time.monotonic() - start
+                    return resp, record
+        kwargs: dict[str, Any] = {"model": r.model_id, "messages": messages, **self.sampling}
+        if tools:
+            kwargs["tools"] = tools
+        while True:
+            record.attempts += 1
+            timeout = self.options.request_timeout_s
+            if deadline is not None:
+                timeout = min(timeout, deadline - time.monotonic())
+                if timeout <= 0:
+                    return self._fail(record, start, "max_wall_time", "trial wall time exhausted")
+            try:
+                # client.post is what chat.completions.create ends in (same HTTP, auth, error
+                # mapping and ChatCompletion parsing) minus its per-call parameter transform,
+                # a no-op for the plain JSON querylab builds that costs ms on long histories
+                resp = self.client.post(
+                    "/chat/completions", body=kwargs, cast_to=ChatCompletion,
+                    options={"timeout": timeout},
+                )
+                if not resp.choices:
+                    raise _EmptyResponse("the response has no choices")
+                break
+            except (openai.OpenAIError, _EmptyResponse) as exc:
+                if _is_context_overflow(exc):
+                    _, _, msg = classify_error(exc)
+                    return self._fail(record, start, "context_window", msg)
+                retryable, ra, msg = classify_error(exc)
+                if not retryable:
+                    return self._fail(record, start, "api_error", msg)
+                if record.attempts > self.options.max_retries:
+                    return self._fail(
+                        record, start, "api_error",
+                        f"{msg} (gave up after {record.attempts} attempts)",
+                    )
+                if ra is not None and ra > self.options.max_retry_after_s:
+                    return self._fail(
+                        record, start, "api_error",
+                        f"{msg}; Retry-After {ra:g} s exceeds the {self.options.max_retry_after_s:g}"
+                        " s limit",
+                    )
+                wait = self.backoff_s(record.attempts, ra)
+                if deadline is not None and time.monotonic() + wait >= deadline:
+                    return self._fail(
+                        record, start, "max_wall_time", f"{msg}; no wall time left to retry"
+                    )
+                log.info("model call %s failed (%s); retry %d in %.2f s",
+                         r.model_id, msg, record.attempts, wait)
+                self.sleep(wait)
+        self._fill(record, resp, cost=True)
+        record.latency_s = time.monotonic() - start
+        if self.cache is not None:
+            self.cache.put(
+                key,
+                {
+                    "response": resp.model_dump(mode="json", exclude_unset=True),
+                    "cost_usd": record.cost_usd,
+                    "model": r.model_id,
+                    "base_url": r.base_url,
+                    "trial": trial,
+                },
+            )
+        return resp, record
+
+    def _fill(self, record: LLMCallRecord, resp: ChatCompletion, cost: bool) -> None:
+        prompt, cached, completion = usage_counts(resp.usage)
+        record.prompt_tokens, record.cached_tokens = prompt, cached
+        record.completion_tokens = completion
+        choice = resp.choices[0]
+        record.finish_reason = choice.finish_reason
+        record.n_tool_calls = len(choice.message.tool_calls or [])
+        if cost:
+            record.cost_usd = self.resolved.prices.cost_usd(prompt, cached, completion)
+
+    def _fail(self, record: LLMCallRecord, start: float, reason: str, message: str):
+        record.error = message
+        record.latency_s = time.monotonic() - start
+        raise LLMCallError(reason, message, record)
