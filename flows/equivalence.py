@@ -1,0 +1,48 @@
+"""SQL-equivalence judging: pairs × methods as mapped batches → equivalence.parquet → tables."""
+
+from __future__ import annotations
+
+from prefect import flow, unmapped
+
+from schemas.equivalence import EquivalenceOptions
+from schemas.settings import Settings
+from tasks.equivalence import (
+    combine_equivalence,
+    equivalence_tables,
+    plan_equivalence_batches,
+    prepare_pairs,
+    run_equivalence_batch,
+)
+
+DEFAULT_METHODS = ["exec_match", "finder"]
+
+
+@flow(name="equivalence")
+def equivalence(
+    run_id: str,
+    pairs_path: str,
+    methods: list[str] | None = None,
+    options: dict | None = None,
+    batch_size: int = 20,
+    artifacts_root: str | None = None,
+) -> dict:
+    """Judge every pair of ``pairs_path`` (JSONL) with every method (default: execution match
+    and the counterexample finder; judges as ``judge:<technique>:<notion>:<model>``).
+
+    ``options``: an :class:`EquivalenceOptions` as a dict (match semantics, finder budget,
+    judge settings, ``db_root``). Finished batches of the same run are skipped on re-run.
+    Returns ``{"pairs", "equivalence", "tables"}`` (URIs; ``tables`` also holds the Markdown).
+    """
+    root = artifacts_root or Settings.from_env().artifacts
+    opts = EquivalenceOptions.model_validate(options or {})
+    prepared = prepare_pairs(pairs_path, run_id, root)
+    batches = plan_equivalence_batches(prepared["ids"], methods or DEFAULT_METHODS, batch_size, opts)
+    futures = run_equivalence_batch.map(
+        unmapped(run_id), unmapped(root), unmapped(prepared["pairs_uri"]), batches,
+        unmapped(opts.model_dump(mode="json")),
+    )
+    for future in futures:
+        future.result()
+    uri = combine_equivalence(run_id, root, [b["key"] for b in batches])
+    return {"pairs": prepared["pairs_uri"], "equivalence": uri,
+            "tables": equivalence_tables(run_id, root)}

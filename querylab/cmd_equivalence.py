@@ -1,0 +1,178 @@
+"""``querylab equivalence``: judge SQL query pairs (execution match, counterexample finder, LLM
+judges) and print the study's tables; ``find`` searches one pair for a counterexample."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _budget_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("counterexample finder budget")
+    g.add_argument("--max-instances", type=int, default=1000,
+                   help="database instances to try per pair (default 1000)")
+    g.add_argument("--time-limit", type=float, default=10.0,
+                   help="seconds of search per pair (default 10)")
+    g.add_argument("--max-rows", type=int, default=4, help="rows per table at most (default 4)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the instance generator")
+    m = p.add_argument_group("result comparison")
+    m.add_argument("--set", dest="bag", action="store_false",
+                   help="compare results as sets (default: bags, duplicates count)")
+    m.add_argument("--order", choices=["auto", "always", "never"], default="auto",
+                   help="row order: auto = only when both queries have ORDER BY")
+    m.add_argument("--no-permute-columns", dest="permute_columns", action="store_false",
+                   help="columns must be in the same order")
+
+
+def _options(args: argparse.Namespace) -> dict:
+    prices = {}
+    for spec in getattr(args, "price", None) or []:
+        model, _, value = spec.partition("=")
+        try:
+            pin, pout = (float(x) for x in value.split(","))
+        except ValueError:
+            raise SystemExit(f"--price {spec!r}: use MODEL=INPUT,OUTPUT (USD per million tokens)")
+        prices[model] = (pin, pout)
+    opts = {
+        "match": {"bag": args.bag, "order": args.order, "permute_columns": args.permute_columns},
+        "budget": {"max_instances": args.max_instances, "time_limit_s": args.time_limit,
+                   "max_rows": args.max_rows, "seed": args.seed},
+    }
+    if prices:
+        opts["judge"] = {"prices": prices}
+    if getattr(args, "db_root", None):
+        opts["db_root"] = args.db_root
+    from pydantic import ValidationError
+
+    from schemas.equivalence import EquivalenceOptions
+
+    try:
+        return EquivalenceOptions.model_validate(opts).model_dump(mode="json")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise SystemExit(f"bad option {loc}: {first['msg']}")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from flows.equivalence import DEFAULT_METHODS, equivalence
+    from querylab.cli import new_run_id
+    from schemas.settings import Settings
+    from tasks.equivalence import PairsError, load_pairs, parse_method
+
+    methods = args.method or DEFAULT_METHODS
+    try:
+        for m in methods:
+            parse_method(m)
+        pairs = load_pairs(args.pairs)
+    except (ValueError, PairsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    options = _options(args)
+    root = args.artifacts or Settings.from_env().artifacts
+    run_id = args.run_id or new_run_id()
+    print(f"querylab equivalence {run_id}: {len(pairs)} pairs × {len(methods)} methods "
+          f"({', '.join(methods)}), artifacts in {root}", flush=True)
+    out = equivalence(run_id=run_id, pairs_path=str(args.pairs), methods=methods,
+                      options=options, batch_size=args.batch_size, artifacts_root=root)
+    print()
+    print(out["tables"]["text"])
+    print(f"equivalence: {out['equivalence']}\nreport:      {out['tables']['markdown']}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from schemas.settings import Settings
+    from tasks.equivalence import equivalence_tables
+    from tasks.storage import StorageError
+
+    root = args.artifacts or Settings.from_env().artifacts
+    try:
+        out = equivalence_tables.fn(args.run_id, root)
+    except StorageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(out["text"])
+    print(f"report: {out['markdown']}")
+    return 0
+
+
+def cmd_find(args: argparse.Namespace) -> int:
+    from schemas.equivalence import EquivalenceOptions, QueryPair
+    from tasks.counterexample import find_counterexample
+    from tasks.equivalence import PairsError, load_pairs, pair_schema
+    from tasks.instances import SchemaError
+
+    options = EquivalenceOptions.model_validate(_options(args))
+    try:
+        if args.pairs:
+            pairs = {p.id: p for p in load_pairs(args.pairs)}
+            if args.id not in pairs:
+                print(f"error: no pair {args.id!r} in {args.pairs}", file=sys.stderr)
+                return 2
+            pair = pairs[args.id]
+        else:
+            if not (args.schema and args.sql1 and args.sql2):
+                print("error: give --pairs FILE --id ID, or --schema, --sql1 and --sql2",
+                      file=sys.stderr)
+                return 2
+            schema = args.schema
+            if Path(schema).is_file():
+                schema = Path(schema).read_text()
+            elif schema.lstrip().startswith("{"):
+                schema = json.loads(schema)
+            pair = QueryPair.model_validate({"id": "cli", "sql1": args.sql1, "sql2": args.sql2,
+                                             "schema": schema, "dialect": args.dialect})
+        rel = pair_schema(pair, options.db_root)
+    except (PairsError, SchemaError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    res = find_counterexample(pair.sql1, pair.sql2, rel, dialect=pair.dialect,
+                              budget=options.budget, match=options.match)
+    print(f"verdict: {res.verdict}")
+    print(res.summary())
+    if res.counterexample:
+        print(f"verified: {res.verified}" + (f" ({res.verify_error})" if res.verify_error else ""))
+        print("\n-- counterexample (minimal) --")
+        print(res.counterexample)
+    print(f"instances tried: {res.instances_tried}, seconds: {res.seconds:.2f} ({res.engine})")
+    return 1 if res.verdict == "error" else 0
+
+
+def register(subparsers) -> None:
+    """Add ``equivalence`` (``run``, ``report``, ``find``) to the ``querylab`` CLI."""
+    eq = subparsers.add_parser("equivalence", help="SQL equivalence: execution match, "
+                               "counterexample finder, LLM judges")
+    sub = eq.add_subparsers(dest="equivalence_command", required=True)
+
+    r = sub.add_parser("run", help="judge every pair of a JSONL file with every method")
+    r.add_argument("pairs", help="pairs JSONL: {id, sql1, sql2, schema, dialect, db, label, hardness}")
+    r.add_argument("--method", action="append",
+                   help="exec_match | finder | judge:<technique>:<notion>:<model>; repeat "
+                        "(default: exec_match and finder)")
+    r.add_argument("--db-root", help="directory where database names in 'db' are looked up")
+    r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
+    r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
+    r.add_argument("--batch-size", type=int, default=20, help="pairs per mapped task")
+    r.add_argument("--price", action="append", metavar="MODEL=IN,OUT",
+                   help="judge model price in USD per million input/output tokens; repeat")
+    _budget_args(r)
+    r.set_defaults(func=cmd_run)
+
+    rp = sub.add_parser("report", help="recompute a run's equivalence tables from its artifacts")
+    rp.add_argument("--run-id", required=True)
+    rp.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
+    rp.set_defaults(func=cmd_report)
+
+    f = sub.add_parser("find", help="search one pair for a minimal counterexample")
+    f.add_argument("--pairs", help="a pairs JSONL file (with --id)")
+    f.add_argument("--id", help="the pair's id in --pairs")
+    f.add_argument("--schema", help="DDL text, a DDL file, or the JSON mapping form")
+    f.add_argument("--sql1")
+    f.add_argument("--sql2")
+    f.add_argument("--dialect", default="duckdb")
+    f.add_argument("--db-root", help="directory where database names in 'db' are looked up")
+    _budget_args(f)
+    f.set_defaults(func=cmd_find)

@@ -1,0 +1,336 @@
+"""SQL equivalence: pydantic models of the pairs input and run options, and the pyarrow schemas
+of the artifacts the equivalence flow writes.
+
+Input (one JSON object per line of a pairs file, see ``data/equivalence/*.jsonl``)::
+
+    {"id": "count_bug", "sql1": "...", "sql2": "...", "dialect": "duckdb",
+     "schema": "CREATE TABLE ...; CREATE TABLE ...",            # DDL, or the mapping form:
+     "schema": {"emp": {"columns": {"id": "INTEGER", "dept_id": "INTEGER NOT NULL"},
+                        "primary_key": ["id"],
+                        "foreign_keys": [{"columns": ["dept_id"], "references": "dept",
+                                          "ref_columns": ["id"]}],
+                        "unique": [["name"]], "not_null": ["name"]}},
+     "db": "path/to/db.sqlite",                                   # optional, or a name under db_root
+     "label": "not_equivalent",                                   # optional, or {"semantic": .., "relaxed": ..}
+     "hardness": "hard"}                                          # optional (e.g. Spider's levels)
+
+Notions: **semantic** equivalence (no database instance allowed by the schema makes the two
+queries return different results) and **relaxed** equivalence (the queries express the same logic
+up to trivial edits a user would not care about). Source: Zhao et al., "LLM-SQL-Solver: Can LLMs
+Determine SQL Equivalence?" (2023/2024).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SCHEMA_VERSION = "1"
+
+Notion = Literal["semantic", "relaxed"]
+Technique = Literal["counter_example", "miniature_mull", "explain_compare"]
+TECHNIQUES: tuple[str, ...] = ("counter_example", "miniature_mull", "explain_compare")
+NOTIONS: tuple[str, ...] = ("semantic", "relaxed")
+
+#: Every verdict a method can return.
+#: - ``equivalent`` / ``not_equivalent``: a decision (execution match, or an LLM judge);
+#: - ``no_counterexample_within_budget``: the counterexample finder searched its whole budget
+#:   without separating the queries (never read as "equivalent");
+#: - ``unparsed``: a judge's reply held no recognisable verdict;
+#: - ``skipped``: the method cannot run on this pair (e.g. execution match without a database);
+#: - ``error``: a query failed to parse/run, or the model API failed (message in ``error``).
+VERDICTS: tuple[str, ...] = (
+    "equivalent", "not_equivalent", "no_counterexample_within_budget", "unparsed", "skipped",
+    "error",
+)
+DECIDED: tuple[str, ...] = ("equivalent", "not_equivalent")
+
+_LABEL_WORDS = {
+    "equivalent": True, "eq": True, "true": True, "yes": True, "1": True, "same": True,
+    "not_equivalent": False, "not equivalent": False, "non_equivalent": False,
+    "nonequivalent": False, "neq": False, "false": False, "no": False, "0": False,
+    "different": False,
+}
+
+
+def parse_label(value: Any) -> bool | None:
+    """``True`` (equivalent) / ``False`` (not equivalent) / ``None`` (no label) from a label
+    written as a bool, 0/1, or a word (``equivalent``, ``not_equivalent``, ``yes``, ``no``, ...).
+
+    Raises ValueError for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        key = value.strip().lower().replace("-", "_")
+        if key in _LABEL_WORDS:
+            return _LABEL_WORDS[key]
+        if key.replace("_", " ") in _LABEL_WORDS:
+            return _LABEL_WORDS[key.replace("_", " ")]
+    raise ValueError(
+        f"label {value!r}: use equivalent / not_equivalent (or true/false), optionally as "
+        '{"semantic": ..., "relaxed": ...}'
+    )
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ForeignKeySpec(_Strict):
+    """``columns`` of this table reference ``ref_columns`` of table ``references`` (default:
+    that table's primary key)."""
+
+    columns: list[str]
+    references: str
+    ref_columns: list[str] | None = None
+
+
+class TableSpec(_Strict):
+    """The mapping form of one table: ``columns`` maps a column name to its SQL type, which may
+    carry column constraints (``"INTEGER NOT NULL"``, ``"TEXT UNIQUE"``, ``"INT PRIMARY KEY"``,
+    ``"INT REFERENCES dept(id)"``); a list of names means untyped (TEXT) columns.
+    ``primary_key`` / ``unique`` / ``not_null`` / ``foreign_keys`` add table constraints."""
+
+    columns: dict[str, str] | list[str]
+    primary_key: list[str] = Field(default_factory=list)
+    unique: list[list[str]] = Field(default_factory=list)
+    not_null: list[str] = Field(default_factory=list)
+    foreign_keys: list[ForeignKeySpec] = Field(default_factory=list)
+
+
+class QueryPair(_Strict):
+    """One pair of queries to judge (one line of a pairs JSONL file).
+
+    - ``schema``: DDL text (one or more ``CREATE TABLE``; PRIMARY KEY, UNIQUE, NOT NULL and
+      FOREIGN KEY honoured) or the mapping form ``{table: TableSpec}``; optional when ``db``
+      names a SQLite/DuckDB file (the schema is then read from it).
+    - ``dialect``: sqlglot dialect of both queries and of the DDL (``duckdb``, ``sqlite``,
+      ``postgres``, ``mysql``, ...); default ``duckdb``.
+    - ``db``: a database for execution match: a SQLite/DuckDB file path, a
+      ``postgresql://`` URL, or a name resolved under the run's ``db_root``.
+    - ``label``: ground truth, one value for both notions or ``{"semantic", "relaxed"}``.
+    - ``hardness``: a difficulty level (e.g. Spider's easy/medium/hard/extra) for the tables.
+    """
+
+    id: str
+    sql1: str
+    sql2: str
+    schema_: str | dict[str, TableSpec] | None = Field(default=None, alias="schema")
+    dialect: str = "duckdb"
+    db: str | None = None
+    label: bool | str | int | dict[str, Any] | None = None
+    hardness: str | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("id", "sql1", "sql2")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not v or not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+    @field_validator("label")
+    @classmethod
+    def _check_label(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            unknown = set(v) - set(NOTIONS)
+            if unknown:
+                raise ValueError(f"label keys {sorted(unknown)}; allowed: {list(NOTIONS)}")
+            for x in v.values():
+                parse_label(x)
+        else:
+            parse_label(v)
+        return v
+
+    def label_for(self, notion: str) -> bool | None:
+        """The label for ``notion`` (``semantic``/``relaxed``): True = equivalent, None = none.
+
+        A single label is a semantic label; it also stands for relaxed equivalence when it says
+        *equivalent* (semantically equivalent queries are relaxed-equivalent too), but not when
+        it says *not equivalent* (the difference may be trivial)."""
+        if isinstance(self.label, dict):
+            return parse_label(self.label.get(notion))
+        value = parse_label(self.label)
+        if notion == "relaxed" and value is False:
+            return None
+        return value
+
+
+class MatchOptions(_Strict):
+    """How two results are compared (test-suite semantics, see :mod:`tasks.result_match`):
+    ``bag`` (duplicates count) or set; ``order``: ``auto`` = row order matters only when both
+    queries have a top-level ORDER BY (for a given database: when either has one), ``always``,
+    ``never``; ``permute_columns``: a column order that makes the results equal is searched."""
+
+    bag: bool = True
+    order: Literal["auto", "always", "never"] = "auto"
+    permute_columns: bool = True
+
+
+class FinderBudget(_Strict):
+    """Budget of the counterexample finder: at most ``max_instances`` database instances
+    executed, at most ``time_limit_s`` seconds of search (checked between instances; shrinking
+    and verifying a candidate may run past it), instances of at most ``max_rows`` rows per table, random choices seeded with
+    ``seed`` (same inputs + seed → same instances in the same order)."""
+
+    max_instances: int = Field(default=1000, ge=1)
+    time_limit_s: float = Field(default=10.0, gt=0)
+    max_rows: int = Field(default=4, ge=1, le=50)
+    seed: int = 0
+    query_timeout_s: float = Field(default=5.0, gt=0)
+
+
+class JudgeOptions(_Strict):
+    """LLM judge call settings: temperature 0 (zero-shot, deterministic decoding),
+    ``max_tokens`` for the reply, HTTP ``timeout_s``; ``prices`` maps a model to
+    ``[input, output]`` USD per million tokens (cost 0 for models not listed)."""
+
+    temperature: float = 0.0
+    max_tokens: int = Field(default=2048, ge=1)
+    timeout_s: float = Field(default=120.0, gt=0)
+    prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
+
+
+class EquivalenceOptions(_Strict):
+    """Options of one equivalence run (passed to every batch)."""
+
+    match: MatchOptions = Field(default_factory=MatchOptions)
+    budget: FinderBudget = Field(default_factory=FinderBudget)
+    judge: JudgeOptions = Field(default_factory=JudgeOptions)
+    db_root: str | None = None
+    exec_timeout_s: float = Field(default=30.0, gt=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Artifacts
+# --------------------------------------------------------------------------------------------
+
+
+def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
+    return pa.schema(fields, metadata={"schema_version": SCHEMA_VERSION, "artifact": name})
+
+
+#: One row per (pair, method) of a run: ``runs/<run_id>/equivalence/equivalence.parquet``.
+#:
+#: - ``method``: ``exec_match``, ``finder`` or ``judge:<technique>:<notion>:<model>``;
+#:   ``technique``/``model`` null for the first two; ``notion``: the notion the method decides
+#:   (``semantic`` for execution match and the finder).
+#: - ``verdict``: one of :data:`VERDICTS`; ``label``: ground truth for ``notion`` (null when
+#:   unknown); ``correct``: verdict == label, null when undecided or unlabelled.
+#: - ``counterexample``: a database as CREATE TABLE + INSERT statements (the finder's minimal
+#:   instance, or what the judge proposed); ``counterexample_rows``: its number of rows;
+#:   ``verified``: the counterexample was executed and separates the two queries (True), was
+#:   executed and does not (False), or there was none to check (null). For execution match,
+#:   ``verified`` is True when the given database itself separates the queries.
+#: - ``explanation``: the judge's reasoning, or a one-line account of what separated the
+#:   queries; ``response``: the judge's raw reply; ``details``: JSON with method-specific facts
+#:   (results previews, the engine, budget spent, shrink steps).
+#: - ``instances_tried``: database instances the finder executed (its budget spent);
+#:   tokens as reported by the API; ``cost_usd`` from the configured prices; ``seconds`` wall
+#:   time of the method on the pair.
+EQUIVALENCE = _schema(
+    "equivalence",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("pair_id", pa.string(), nullable=False),
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("technique", pa.string()),
+        pa.field("notion", pa.string(), nullable=False),
+        pa.field("model", pa.string()),
+        pa.field("verdict", pa.string(), nullable=False),
+        pa.field("label", pa.bool_()),
+        pa.field("correct", pa.bool_()),
+        pa.field("hardness", pa.string()),
+        pa.field("counterexample", pa.string()),
+        pa.field("counterexample_rows", pa.int32()),
+        pa.field("verified", pa.bool_()),
+        pa.field("verify_error", pa.string()),
+        pa.field("explanation", pa.string()),
+        pa.field("response", pa.string()),
+        pa.field("details", pa.string()),
+        pa.field("instances_tried", pa.int64()),
+        pa.field("prompt_tokens", pa.int64(), nullable=False),
+        pa.field("completion_tokens", pa.int64(), nullable=False),
+        pa.field("cost_usd", pa.float64(), nullable=False),
+        pa.field("seconds", pa.float64(), nullable=False),
+        pa.field("error", pa.string()),
+    ],
+)
+
+#: Accuracy per (method, hardness): ``n`` labelled pairs, ``correct``, ``decided`` (verdict
+#: equivalent/not_equivalent), ``accuracy`` = correct / n (undecided verdicts count as wrong).
+#: ``hardness`` is ``all`` for the row over every level.
+EQUIVALENCE_ACCURACY = _schema(
+    "equivalence_accuracy",
+    [
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("notion", pa.string(), nullable=False),
+        pa.field("hardness", pa.string(), nullable=False),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("correct", pa.int64(), nullable=False),
+        pa.field("decided", pa.int64(), nullable=False),
+        pa.field("accuracy", pa.float64()),
+    ],
+)
+
+#: Agreement of each method with execution match, over pairs both decided: ``n``, ``agree``,
+#: ``agreement`` (rate), and the four cells of the 2×2 table (``exec_eq_method_eq``, ...).
+EQUIVALENCE_AGREEMENT = _schema(
+    "equivalence_agreement",
+    [
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("agree", pa.int64(), nullable=False),
+        pa.field("agreement", pa.float64()),
+        pa.field("exec_eq_method_eq", pa.int64(), nullable=False),
+        pa.field("exec_eq_method_neq", pa.int64(), nullable=False),
+        pa.field("exec_neq_method_eq", pa.int64(), nullable=False),
+        pa.field("exec_neq_method_neq", pa.int64(), nullable=False),
+    ],
+)
+
+#: Counterexamples on the non-equivalent set (pairs labelled not semantically equivalent, or
+#: every pair when none is labelled): ``n_pairs``, ``flagged`` (verdict not_equivalent),
+#: ``with_counterexample`` (a counterexample database was given), ``verified`` (it was executed
+#: and separates the queries), ``found_rate`` = verified / n_pairs.
+EQUIVALENCE_COUNTEREXAMPLES = _schema(
+    "equivalence_counterexamples",
+    [
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("pair_set", pa.string(), nullable=False),
+        pa.field("n_pairs", pa.int64(), nullable=False),
+        pa.field("flagged", pa.int64(), nullable=False),
+        pa.field("with_counterexample", pa.int64(), nullable=False),
+        pa.field("verified", pa.int64(), nullable=False),
+        pa.field("found_rate", pa.float64()),
+    ],
+)
+
+#: Time and cost per pair for each method (seconds of wall time; tokens; USD).
+EQUIVALENCE_TIME = _schema(
+    "equivalence_time",
+    [
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("mean_s", pa.float64()),
+        pa.field("median_s", pa.float64()),
+        pa.field("max_s", pa.float64()),
+        pa.field("total_s", pa.float64()),
+        pa.field("prompt_tokens", pa.int64(), nullable=False),
+        pa.field("completion_tokens", pa.int64(), nullable=False),
+        pa.field("cost_usd", pa.float64(), nullable=False),
+    ],
+)
+
+ALL = {
+    s.metadata[b"artifact"].decode(): s
+    for s in (EQUIVALENCE, EQUIVALENCE_ACCURACY, EQUIVALENCE_AGREEMENT,
+              EQUIVALENCE_COUNTEREXAMPLES, EQUIVALENCE_TIME)
+}

@@ -1,0 +1,856 @@
+"""Automatic counterexample finder for SQL (non-)equivalence.
+
+Given two queries and a schema with its keys, search small database instances for one on which
+the two queries return different results; shrink the first one found to a minimal one; emit it
+as CREATE TABLE + INSERT statements. Verdicts:
+
+- ``not_equivalent``: a counterexample was found, shrunk, rendered and *verified* by executing
+  the rendered script on a fresh database with the schema's keys declared;
+- ``no_counterexample_within_budget``: the budget (instances, seconds) ran out. Search alone
+  never proves equivalence, so the finder never says ``equivalent``;
+- ``error``: a query does not parse, reads an unknown table, or fails on the empty database.
+
+How instances are made (deterministic for a given seed):
+
+- tables: the tables both queries read plus those they reference through foreign keys;
+- values per column: a small base pool of its type (``0, 1, 2`` / ``'a', 'b'`` / two dates ...,
+  shared by all columns of a type so joins hit), the constants of both queries that are compared
+  with the column (directly, through an aggregate, in IN / BETWEEN / LIKE) and their neighbours
+  (``c-1, c, c+1``; a string matching a LIKE pattern; the next/previous string; ±1 day), spread
+  over columns linked by equality predicates and foreign keys; NULL when the column is nullable;
+- instance shapes: empty tables, 1 row per table first and growing to ``max_rows``, profiles
+  with no/some/many NULLs and with duplicated rows (copies that differ only in their key
+  columns, which also makes ties at MIN/MAX and in ORDER BY);
+- keys honoured: PRIMARY KEY and UNIQUE values distinct, NOT NULL never NULL, FOREIGN KEY
+  values taken from the referenced table's rows (or NULL when the column allows it).
+
+An instance *separates* the queries when their results differ under the match options (bag
+semantics by default, row order only when both queries have a top-level ORDER BY, column order
+free) with its rows inserted in order **and** in reverse order, so that a difference coming
+only from an arbitrary choice among ties is not reported. A runtime error in one query while the
+other returns rows counts as a difference (e.g. a scalar subquery returning two rows).
+
+Shrinking: delta debugging (``ddmin``, Zeller & Hildebrandt, "Simplifying and Isolating
+Failure-Inducing Input", TSE 2002) over the instance's rows, removing rows that reference a
+removed row; the result is 1-minimal (removing any one row no longer separates the queries).
+Then non-key values are simplified (``0``, ``'a'``, ...) where the queries stay separated.
+
+Why not a property-testing library (hypothesis): its engine shrinks well but is built to run
+as a test, with health checks, deadlines, an example database and non-deterministic stopping;
+we need a fixed, reported budget (instances and seconds), schema- and key-aware generation,
+and the first separating instance. The search here is a deterministic seeded loop; ``ddmin``
+is the textbook algorithm (about thirty lines).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import math
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+
+from schemas.equivalence import FinderBudget, MatchOptions
+from tasks.instances import (
+    Instance,
+    Outcome,
+    RelSchema,
+    Sandbox,
+    SchemaError,
+    Table,
+    engine_sql,
+    instance_rows,
+    order_matters,
+    parse_query,
+    referenced_tables,
+    render_instance,
+    same_outcome,
+    verify_counterexample,
+)
+
+_COMPARISONS = (
+    exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like, exp.ILike, exp.In,
+    exp.Between, exp.Is, exp.NullSafeEQ, exp.NullSafeNEQ, exp.Glob,
+)
+
+_BASE: dict[str, list[Any]] = {
+    "int": [0, 1, 2],
+    "float": [0.0, 1.0, 2.5],
+    "decimal": [0.0, 1.0, 2.5],
+    "text": ["a", "b"],
+    "other": ["a", "b"],
+    "date": ["2000-01-01", "2000-01-02"],
+    "timestamp": ["2000-01-01 00:00:00", "2000-01-02 00:00:00"],
+    "time": ["00:00:00", "12:00:00"],
+    "bool": [False, True],
+    "uuid": ["00000000-0000-0000-0000-000000000000", "00000000-0000-0000-0000-000000000001"],
+    "json": ["1", '"a"'],
+}
+_SIMPLE: dict[str, list[Any]] = {
+    "int": [0, 1], "float": [0.0, 1.0], "decimal": [0.0, 1.0], "text": ["a"], "other": ["a"],
+    "date": ["2000-01-01"], "timestamp": ["2000-01-01 00:00:00"], "time": ["00:00:00"],
+    "bool": [], "uuid": [], "json": [],
+}
+
+
+@dataclass
+class FinderResult:
+    """What the finder concluded for one pair.
+
+    - ``verdict``: ``not_equivalent`` / ``no_counterexample_within_budget`` / ``error``;
+    - ``counterexample``: the minimal instance as a CREATE TABLE + INSERT script (in the pair's
+      dialect), ``instance`` the same rows as ``{table: [row, ...]}``, ``rows`` their number;
+    - ``verified``: the rendered script, executed on a fresh database with the keys declared,
+      separates the queries. Always True with ``not_equivalent``: a candidate that does not
+      verify (its difference came from an arbitrary choice among ties, say) is rejected and
+      the search goes on; ``verify_error`` is kept for callers that verify other scripts;
+    - ``result1``/``result2``: previews of both results on the counterexample;
+    - ``instances_tried``: instances executed during the search (the budget spent),
+      ``search_s``/``shrink_s``/``seconds``: wall time in seconds; ``found_at``: index of the
+      first separating instance (0 = the empty database), ``rows_before_shrink``;
+    - ``engine``: ``duckdb`` or ``sqlite``; ``notes``: e.g. constraints the schema reader dropped.
+    """
+
+    verdict: str
+    counterexample: str | None = None
+    instance: dict[str, list[list]] | None = None
+    rows: int | None = None
+    verified: bool | None = None
+    verify_error: str | None = None
+    result1: str | None = None
+    result2: str | None = None
+    instances_tried: int = 0
+    found_at: int | None = None
+    rows_before_shrink: int | None = None
+    search_s: float = 0.0
+    shrink_s: float = 0.0
+    seconds: float = 0.0
+    engine: str = "duckdb"
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for logs and the ``explanation`` column."""
+        if self.verdict == "not_equivalent":
+            return (f"counterexample with {self.rows} row(s) after {self.instances_tried} "
+                    f"instance(s): sql1 → {self.result1}; sql2 → {self.result2}")
+        if self.verdict == "error":
+            return f"error: {self.error}"
+        return (f"no counterexample in {self.instances_tried} instance(s), "
+                f"{self.search_s:.2f} s (not a proof of equivalence)")
+
+
+# --------------------------------------------------------------------------------------------
+# Delta debugging
+# --------------------------------------------------------------------------------------------
+
+
+def ddmin(items: Sequence[Any], test: Callable[[list[Any]], bool]) -> list[Any]:
+    """Zeller & Hildebrandt's ddmin: a 1-minimal sublist of ``items`` on which ``test`` holds.
+
+    ``test(items)`` must hold. Keeps the order of ``items``; ``test`` results are cached by
+    the chosen positions. 1-minimal: removing any single element makes ``test`` fail (the empty
+    list is tried too).
+    """
+    cache: dict[tuple[int, ...], bool] = {}
+    idx = list(range(len(items)))
+
+    def t(sub: list[int]) -> bool:
+        key = tuple(sub)
+        if key not in cache:
+            cache[key] = bool(test([items[i] for i in sub]))
+        return cache[key]
+
+    n = 2
+    while len(idx) >= 2:
+        size = len(idx)
+        chunks = [idx[size * i // n: size * (i + 1) // n] for i in range(n)]
+        chunks = [c for c in chunks if c]
+        reduced = False
+        for c in chunks:
+            if t(c):
+                idx, n, reduced = c, 2, True
+                break
+        if not reduced:
+            for i in range(len(chunks)):
+                comp = [x for j, c in enumerate(chunks) if j != i for x in c]
+                if t(comp):
+                    idx, n, reduced = comp, max(n - 1, 2), True
+                    break
+        if not reduced:
+            if n >= len(idx):
+                break
+            n = min(len(idx), 2 * n)
+    if len(idx) == 1 and t([]):
+        idx = []
+    return [items[i] for i in idx]
+
+
+# --------------------------------------------------------------------------------------------
+# Query analysis: constants and column links
+# --------------------------------------------------------------------------------------------
+
+ColKey = tuple[str, int]  # (table lower-case, column index)
+
+
+def _literal_value(lit: exp.Literal) -> Any:
+    if lit.is_string:
+        return lit.this
+    text = lit.this
+    try:
+        value: Any = int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            return text
+    return -value if isinstance(lit.parent, exp.Neg) else value
+
+
+def _local_nodes(node: exp.Expression, kind: type) -> list[exp.Expression]:
+    """Nodes of ``kind`` under ``node`` without entering subqueries."""
+    prune = lambda n: n is not node and isinstance(n, (exp.Subquery, exp.Select))
+    return [n for n in node.walk(prune=prune) if isinstance(n, kind)]
+
+
+class _Analysis:
+    """Tables, column links and constants of two queries over a schema."""
+
+    def __init__(self, schema: RelSchema, trees: Sequence[exp.Expression]) -> None:
+        self.schema = schema
+        names: list[str] = []
+        for tree in trees:
+            for t in referenced_tables(tree):
+                schema.table(t)  # KeyError for an unknown table
+                if t not in names:
+                    names.append(t)
+        self.queried = [schema.table(t).name.lower() for t in names]
+        self.tables = schema.closure(self.queried)
+        self.constants: dict[ColKey, list[tuple[Any, str]]] = {}
+        self.links: list[tuple[ColKey, ColKey]] = []
+        for tree in trees:
+            self._scan(tree)
+        for t in self.tables:
+            table = schema.tables[t]
+            for fk in table.foreign_keys:
+                if fk.ref_table in self.tables:
+                    parent = schema.tables[fk.ref_table]
+                    for c, r in zip(fk.columns, fk.ref_columns):
+                        self.links.append(((t, table.index(c)), (fk.ref_table, parent.index(r))))
+
+    def _aliases(self, tree: exp.Expression) -> dict[str, str]:
+        out = {}
+        for t in tree.find_all(exp.Table):
+            if t.name.lower() in self.schema.tables:
+                out[t.alias_or_name.lower()] = t.name.lower()
+                out.setdefault(t.name.lower(), t.name.lower())
+        return out
+
+    def _resolve(self, col: exp.Column, aliases: dict[str, str]) -> list[ColKey]:
+        name = col.name.lower()
+        if not name:
+            return []
+        qual = col.table.lower() if col.table else ""
+        if qual and qual in aliases:
+            cands = [aliases[qual]]
+        else:
+            cands = self.tables
+        out = []
+        for t in cands:
+            if t not in self.schema.tables:
+                continue
+            table = self.schema.tables[t]
+            for i, c in enumerate(table.columns):
+                if c.name.lower() == name:
+                    out.append((t, i))
+        return out
+
+    def _scan(self, tree: exp.Expression) -> None:
+        aliases = self._aliases(tree)
+        for node in tree.walk():
+            if not isinstance(node, _COMPARISONS):
+                continue
+            cols: list[ColKey] = []
+            lits = [_literal_value(lit) for lit in _local_nodes(node, exp.Literal)]
+            for c in _local_nodes(node, exp.Column):
+                found = self._resolve(c, aliases)
+                if found:
+                    cols.extend(found)
+                elif not c.table and isinstance(c.this, exp.Identifier) and c.this.quoted:
+                    # SQLite reads a double-quoted name that is no column as a string
+                    # ("Asia" in Spider's queries)
+                    lits.append(c.name)
+            kind = "like" if isinstance(node, (exp.Like, exp.ILike, exp.Glob)) else (
+                "eq" if isinstance(node, (exp.EQ, exp.In, exp.Is, exp.NullSafeEQ)) else "range")
+            for k in cols:
+                for v in lits:
+                    self.constants.setdefault(k, []).append((v, kind))
+            # columns compared with each other (joins, correlations, IN (SELECT col ...))
+            for a, b in itertools.pairwise(cols):
+                self.links.append((a, b))
+            query = node.args.get("query") if isinstance(node, exp.In) else None
+            if query is not None:
+                inner = query.this if isinstance(query, exp.Subquery) else query
+                if isinstance(inner, exp.Select) and inner.expressions:
+                    inner_aliases = {**aliases, **self._aliases(inner)}
+                    first = inner.expressions[0]
+                    targets = [k for c in _local_nodes(first, exp.Column)
+                               for k in self._resolve(c, inner_aliases)]
+                    for a in cols[:1]:
+                        for b in targets:
+                            self.links.append((a, b))
+
+
+# --------------------------------------------------------------------------------------------
+# Value domains
+# --------------------------------------------------------------------------------------------
+
+
+def _convert(value: Any, category: str) -> Any | None:
+    """``value`` as a value of ``category``, or None when it has no such reading."""
+    try:
+        if category == "int":
+            if isinstance(value, bool):
+                return int(value)
+            if isinstance(value, int):
+                return value
+            if isinstance(value, float):
+                return math.floor(value) if math.isfinite(value) else None
+            return int(str(value).strip())
+        if category in ("float", "decimal"):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return float(value)
+            return float(str(value).strip())
+        if category in ("text", "other"):
+            if isinstance(value, bool):
+                return None
+            return str(value)
+        if category == "date":
+            return dt.date.fromisoformat(str(value)[:10]).isoformat()
+        if category == "timestamp":
+            return dt.datetime.fromisoformat(str(value)).isoformat(sep=" ")
+        if category in ("time", "uuid"):
+            return str(value)
+        if category == "json":
+            return json.dumps(value)
+        if category == "bool":
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("true", "1"):
+                return True
+            if str(value).lower() in ("false", "0"):
+                return False
+    except (ValueError, OverflowError):
+        return None
+    return None
+
+
+def _like_examples(pattern: str) -> list[str]:
+    matching = pattern.replace("%", "").replace("_", "a").replace("*", "").replace("?", "a")
+    longer = pattern.replace("%", "x").replace("_", "a").replace("*", "x").replace("?", "a")
+    return [matching, longer]
+
+
+def _neighbours(value: Any, kind: str, category: str) -> list[Any]:
+    """``value`` and its neighbours in ``category`` (see the module docstring)."""
+    if kind == "like" and isinstance(value, str) and category in ("text", "other"):
+        return _like_examples(value)
+    v = _convert(value, category)
+    if v is None:
+        # a float constant for an int column: both sides of it
+        if category == "int" and isinstance(value, float) and math.isfinite(value):
+            return [math.floor(value), math.ceil(value)]
+        return []
+    if category == "int":
+        return [v - 1, v, v + 1]
+    if category in ("float", "decimal"):
+        return [v - 1.0, v - 0.5, v, v + 0.5, v + 1.0]
+    if category in ("text", "other"):
+        out = [v]
+        if kind == "eq":
+            variant = v.lower() if v != v.lower() else v.upper()
+            if variant != v:
+                out.append(variant)
+        else:
+            out.append(v + "a")
+            if len(v) > 1:
+                out.append(v[:-1])
+        return out
+    if category == "date":
+        d = dt.date.fromisoformat(v)
+        return [(d + dt.timedelta(days=k)).isoformat() for k in (-1, 0, 1)]
+    if category == "timestamp":
+        t = dt.datetime.fromisoformat(v)
+        return [(t + dt.timedelta(days=k)).isoformat(sep=" ") for k in (-1, 0, 1)]
+    return [v]
+
+
+def _sort_key(v: Any) -> tuple:
+    return (type(v).__name__, v)
+
+
+def build_domains(schema: RelSchema, analysis: _Analysis) -> dict[ColKey, list[Any]]:
+    """Candidate non-NULL values for every column of the analysed tables."""
+    parent: dict[ColKey, ColKey] = {}
+
+    def find(k: ColKey) -> ColKey:
+        parent.setdefault(k, k)
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for a, b in analysis.links:
+        if a[0] in analysis.tables and b[0] in analysis.tables:
+            parent[find(a)] = find(b)
+    groups: dict[ColKey, list[tuple[Any, str]]] = {}
+    for k, consts in analysis.constants.items():
+        if k[0] in analysis.tables:
+            groups.setdefault(find(k), []).extend(consts)
+    domains: dict[ColKey, list[Any]] = {}
+    for t in analysis.tables:
+        table = schema.tables[t]
+        for i, col in enumerate(table.columns):
+            values = list(_BASE.get(col.category, _BASE["text"]))
+            for v, kind in groups.get(find((t, i)), []):
+                values.extend(_neighbours(v, kind, col.category))
+            seen: set = set()
+            uniq = []
+            for v in values:
+                key = (type(v).__name__, v)
+                if key not in seen:
+                    seen.add(key)
+                    uniq.append(v)
+            domains[(t, i)] = sorted(uniq, key=_sort_key)
+    return domains
+
+
+# --------------------------------------------------------------------------------------------
+# Instance generation
+# --------------------------------------------------------------------------------------------
+
+
+def _fresh(category: str, used: set, domain: list[Any]) -> Any:
+    if category == "int":
+        n = max([v for v in used if isinstance(v, int)] + [v for v in domain if isinstance(v, int)] + [0]) + 1
+        return n
+    if category in ("float", "decimal"):
+        return float(max([v for v in used if isinstance(v, float)] + [0.0]) + 1.0)
+    if category == "date":
+        base = dt.date(2001, 1, 1) + dt.timedelta(days=len(used))
+        return base.isoformat()
+    if category == "timestamp":
+        return (dt.datetime(2001, 1, 1) + dt.timedelta(days=len(used))).isoformat(sep=" ")
+    if category == "json":
+        return json.dumps(f"k{len(used)}")
+    if category == "uuid":
+        return f"00000000-0000-0000-0000-{len(used) + 100:012d}"
+    if category == "time":
+        return f"{len(used) % 24:02d}:{len(used) // 24 % 60:02d}:01"
+    n = len(used)
+    while f"k{n}" in used:
+        n += 1
+    return f"k{n}"
+
+
+class InstanceGenerator:
+    """Seeded generator of key-respecting instances over the analysed tables (see the module
+    docstring for the shapes). :meth:`next` returns the next instance; the first is empty."""
+
+    def __init__(self, schema: RelSchema, tables: Sequence[str], domains: dict[ColKey, list[Any]],
+                 budget: FinderBudget) -> None:
+        self.schema = schema
+        self.tables = list(tables)
+        self.domains = domains
+        self.budget = budget
+        self.rng = random.Random(budget.seed)
+        self.count = 0
+
+    def _max_rows(self) -> int:
+        k = self.count
+        cap = 1 if k < 25 else 2 if k < 100 else 3 if k < 300 else self.budget.max_rows
+        return min(cap, self.budget.max_rows)
+
+    def next(self) -> Instance:
+        """The next instance (``{table: [row tuples]}``)."""
+        k = self.count
+        self.count += 1
+        if k == 0:
+            return {t: [] for t in self.tables}
+        rng = self.rng
+        null_p = rng.choice((0.0, 0.0, 0.2, 0.5))
+        dup_p = rng.choice((0.0, 0.3, 0.6))
+        cap = self._max_rows()
+        sizes = {t: (rng.randint(1, cap) if rng.random() < 0.75 else 0) for t in self.tables}
+        # a child with rows needs rows in the tables its NOT NULL foreign keys reference
+        for t in reversed(self.tables):
+            table = self.schema.tables[t]
+            if not sizes[t]:
+                continue
+            for fk in table.foreign_keys:
+                if fk.ref_table != t and fk.ref_table in sizes and any(
+                        table.column(c).not_null for c in fk.columns):
+                    sizes[fk.ref_table] = max(sizes[fk.ref_table], 1)
+        inst: Instance = {}
+        for t in self.tables:
+            inst[t] = self._rows(t, sizes[t], inst, null_p, dup_p)
+        return inst
+
+    def _rows(self, t: str, n: int, inst: Instance, null_p: float, dup_p: float) -> list[tuple]:
+        rng = self.rng
+        table = self.schema.tables[t]
+        rows: list[tuple] = []
+        keys = [tuple(table.index(c) for c in key) for key in table.keys]
+        used: list[set] = [set() for _ in keys]
+        fk_cols = {table.index(c) for fk in table.foreign_keys for c in fk.columns}
+        for _ in range(n):
+            for _attempt in range(8):
+                if rows and rng.random() < dup_p:
+                    row = list(rng.choice(rows))
+                else:
+                    row = self._fresh_row(t, table, inst, null_p)
+                    if row is None:
+                        return rows
+                ok = True
+                for ki, key in enumerate(keys):
+                    value = tuple(row[i] for i in key)
+                    if any(v is None for v in value):
+                        continue  # NULLs never collide in a UNIQUE key (PK columns are NOT NULL)
+                    if value in used[ki]:
+                        # make the copy distinct on this key: new values for its non-FK columns
+                        free = [i for i in key if i not in fk_cols]
+                        if not free:
+                            ok = False
+                            break
+                        for i in free:
+                            col = table.columns[i]
+                            taken = {r[i] for r in rows}
+                            options = [v for v in self.domains[(t, i)] if v not in taken]
+                            row[i] = rng.choice(options) if options else _fresh(col.category, taken, self.domains[(t, i)])
+                        value = tuple(row[i] for i in key)
+                        if value in used[ki]:
+                            ok = False
+                            break
+                ok = ok and all(
+                    any(row[i] is None for i in key) or tuple(row[i] for i in key) not in used[ki]
+                    for ki, key in enumerate(keys)
+                )
+                if ok:
+                    for ki, key in enumerate(keys):
+                        used[ki].add(tuple(row[i] for i in key))
+                    rows.append(tuple(row))
+                    break
+        return rows
+
+    def _fresh_row(self, t: str, table: Table, inst: Instance, null_p: float) -> list | None:
+        rng = self.rng
+        row: list[Any] = [None] * len(table.columns)
+        assigned: set[int] = set()
+        for fk in table.foreign_keys:
+            idx = [table.index(c) for c in fk.columns]
+            nullable = all(not table.columns[i].not_null for i in idx)
+            parent = self.schema.tables[fk.ref_table]
+            prow = inst.get(fk.ref_table) if fk.ref_table != t else None
+            if fk.ref_table not in self.tables:
+                prow = None
+            if prow and not (nullable and rng.random() < null_p):
+                pick = rng.choice(prow)
+                for i, rc in zip(idx, fk.ref_columns):
+                    row[i] = pick[parent.index(rc)]
+            elif nullable:
+                for i in idx:
+                    row[i] = None
+            else:
+                return None
+            assigned.update(idx)
+        for i, col in enumerate(table.columns):
+            if i in assigned:
+                continue
+            if not col.not_null and rng.random() < null_p:
+                row[i] = None
+            else:
+                row[i] = rng.choice(self.domains[(t, i)])
+        return row
+
+
+# --------------------------------------------------------------------------------------------
+# The finder
+# --------------------------------------------------------------------------------------------
+
+
+def cascade(schema: RelSchema, tables: Sequence[str], instance: Instance) -> Instance:
+    """Drop rows whose (non-NULL) foreign-key values are missing from the referenced table,
+    parents first, until every foreign key holds."""
+    out = {t: list(instance.get(t, [])) for t in tables}
+    changed = True
+    while changed:
+        changed = False
+        for t in tables:
+            table = schema.tables[t]
+            for fk in table.foreign_keys:
+                if fk.ref_table not in out:
+                    continue
+                parent = schema.tables[fk.ref_table]
+                pidx = [parent.index(c) for c in fk.ref_columns]
+                present = {tuple(r[i] for i in pidx) for r in out[fk.ref_table]}
+                idx = [table.index(c) for c in fk.columns]
+                keep = [r for r in out[t]
+                        if any(r[i] is None for i in idx) or tuple(r[i] for i in idx) in present]
+                if len(keep) != len(out[t]):
+                    out[t] = keep
+                    changed = True
+    return out
+
+
+class _Runner:
+    """Runs both queries on instances in one sandbox and decides separation."""
+
+    def __init__(self, box: Sandbox, q1: str, q2: str, match: MatchOptions, ordered: bool) -> None:
+        self.box, self.q1, self.q2 = box, q1, q2
+        self.opts = {"ordered": ordered, "bag": match.bag, "permute_columns": match.permute_columns}
+        self.runs = 0
+        self.load_errors = 0
+        self.last_load_error: str | None = None
+
+    def outcomes(self, inst: Instance) -> tuple[Outcome, Outcome]:
+        self.runs += 1
+        try:
+            self.box.load(inst)
+        except (duckdb.Error, sqlite3.Error) as exc:
+            # a value the engine refuses for a column type: not an instance, never separating
+            self.load_errors += 1
+            self.last_load_error = str(exc).splitlines()[0][:200]
+            failed = Outcome(error="instance does not load")
+            return failed, failed
+        return self.box.run(self.q1), self.box.run(self.q2)
+
+    def differ(self, a: Outcome, b: Outcome) -> bool:
+        if a.error is not None and b.error is not None:
+            return False
+        return not same_outcome(a, b, **self.opts)
+
+    def separates(self, inst: Instance, first: tuple[Outcome, Outcome] | None = None) -> bool:
+        a1, a2 = first if first is not None else self.outcomes(inst)
+        if not self.differ(a1, a2):
+            return False
+        b1, b2 = self.outcomes({t: list(reversed(r)) for t, r in inst.items()})
+        return all(self.differ(x, y) for x in (a1, b1) for y in (a2, b2))
+
+
+def _instance_key(inst: Instance) -> tuple:
+    return tuple((t, tuple(sorted(rows, key=repr))) for t, rows in sorted(inst.items()))
+
+
+def _choose_engine(dialect: str | None, engine: str) -> str:
+    if engine != "auto":
+        return engine
+    return "sqlite" if dialect == "sqlite" else "duckdb"
+
+
+def find_counterexample(
+    sql1: str,
+    sql2: str,
+    schema: RelSchema,
+    *,
+    dialect: str | None = "duckdb",
+    budget: FinderBudget | None = None,
+    match: MatchOptions | None = None,
+    engine: str = "auto",
+    shrink: bool = True,
+) -> FinderResult:
+    """Search for a database instance on which ``sql1`` and ``sql2`` return different results.
+
+    ``schema``: the tables with their keys (:class:`tasks.instances.RelSchema`); ``dialect``:
+    the sqlglot dialect of both queries; ``engine``: ``auto`` (SQLite for the sqlite dialect,
+    else DuckDB, falling back to SQLite when DuckDB cannot bind a query that SQLite runs),
+    ``duckdb`` or ``sqlite``. ``budget``/``match``: see :class:`FinderBudget` and
+    :class:`MatchOptions`. Returns a :class:`FinderResult` (errors are reported in it, not
+    raised).
+    """
+    budget = budget or FinderBudget()
+    match = match or MatchOptions()
+    dialect = dialect or "duckdb"
+    start = time.perf_counter()
+    result = FinderResult("error", notes=list(schema.notes))
+    try:
+        trees = [parse_query(sql1, dialect), parse_query(sql2, dialect)]
+    except ValueError as exc:
+        result.error = f"query does not parse: {exc}"
+        result.seconds = time.perf_counter() - start
+        return result
+    try:
+        analysis = _Analysis(schema, trees)
+    except KeyError as exc:
+        result.error = str(exc).strip('"')
+        result.seconds = time.perf_counter() - start
+        return result
+    try:
+        ordered = order_matters(sql1, sql2, dialect, match.order)
+    except SqlglotError:
+        ordered = False
+    domains = build_domains(schema, analysis)
+    tables = analysis.tables
+    candidates = [_choose_engine(dialect, engine)]
+    if engine == "auto" and candidates[0] == "duckdb":
+        candidates.append("sqlite")
+    box = runner = None
+    empty_outcome: tuple[Outcome, Outcome] | None = None
+    errors = []
+    for eng in candidates:
+        try:
+            q1, q2 = engine_sql(sql1, dialect, eng), engine_sql(sql2, dialect, eng)
+            box = Sandbox(schema, tables, eng, query_timeout_s=budget.query_timeout_s)
+        except (SqlglotError, SchemaError) as exc:
+            errors.append(f"{eng}: {exc}")
+            continue
+        runner = _Runner(box, q1, q2, match, ordered)
+        empty_outcome = runner.outcomes({t: [] for t in tables})
+        bad = [(i + 1, o.error) for i, o in enumerate(empty_outcome) if o.error is not None]
+        if not bad:
+            result.engine = eng
+            if eng != candidates[0]:
+                result.notes.append(f"ran on {eng}: {errors[-1]}")
+            break
+        errors.append(f"{eng}: " + "; ".join(f"sql{i} fails on the empty database: {e}" for i, e in bad))
+        box.close()
+        box = runner = None
+    if box is None or runner is None:
+        result.error = errors[0] if errors else "no engine"
+        result.seconds = time.perf_counter() - start
+        return result
+    try:
+        gen = InstanceGenerator(schema, tables, domains, budget)
+        seen: set = set()
+        tried = misses = rejected = 0
+        shrink_s = 0.0
+        deadline = start + budget.time_limit_s
+
+        def verify(inst: Instance):
+            script = render_instance(schema, inst, dialect, tables=analysis.queried)
+            check = verify_counterexample(
+                sql1, sql2, script, dialect=dialect, schema=schema, engine=result.engine,
+                ordered=ordered, bag=match.bag, permute_columns=match.permute_columns,
+                query_timeout_s=budget.query_timeout_s,
+            )
+            return script, check
+
+        while tried < budget.max_instances and time.perf_counter() < deadline:
+            inst = gen.next()
+            key = _instance_key(inst)
+            if key in seen:
+                misses += 1
+                if misses > 2000:  # consecutive repeats: the small instance space is used up
+                    result.notes.append("instance space exhausted before the budget")
+                    break
+                continue
+            misses = 0
+            seen.add(key)
+            if tried == 0:
+                outs = empty_outcome
+                box.load(inst)
+            else:
+                outs = runner.outcomes(inst)
+            tried += 1
+            if not (runner.differ(*outs) and runner.separates(inst, outs)):
+                continue
+            # a candidate: shrink it, render it, and check the script on a fresh database
+            t0 = time.perf_counter()
+            small = _shrink(schema, tables, inst, runner) if shrink else inst
+            script, check = verify(small)
+            if not check.separates and small is not inst:
+                small = inst
+                script, check = verify(small)
+                if check.separates:
+                    result.notes.append("the shrunk instance did not verify; reporting it unshrunk")
+            shrink_s += time.perf_counter() - t0
+            if not check.separates:
+                # e.g. the difference came from an arbitrary choice among ties that the
+                # fresh database made the other way: not a counterexample, keep searching
+                rejected += 1
+                continue
+            result.verdict = "not_equivalent"
+            result.found_at = tried - 1
+            result.rows_before_shrink = instance_rows(inst)
+            result.instance = {t: [list(r) for r in rows] for t, rows in small.items() if rows}
+            result.rows = instance_rows(small)
+            result.counterexample = script
+            result.verified = True
+            result.result1, result.result2 = check.result1, check.result2
+            break
+        else:
+            result.verdict = "no_counterexample_within_budget"
+        if result.verdict == "error":  # left the loop through the exhaustion break
+            result.verdict = "no_counterexample_within_budget"
+        if runner.load_errors:
+            result.notes.append(f"{runner.load_errors} instance(s) did not load "
+                                f"(last: {runner.last_load_error})")
+        if rejected:
+            result.notes.append(f"{rejected} candidate(s) separated the queries only by an "
+                                "arbitrary choice (rejected on a fresh database)")
+        result.instances_tried = tried
+        result.shrink_s = shrink_s
+        result.search_s = time.perf_counter() - start - shrink_s
+    finally:
+        box.close()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _shrink(schema: RelSchema, tables: Sequence[str], inst: Instance, runner: _Runner) -> Instance:
+    """ddmin over rows (with FK cascade), then simpler non-key values."""
+    items = [(t, r) for t in tables for r in inst.get(t, [])]
+
+    def build(sub: list[tuple[str, tuple]]) -> Instance:
+        out: Instance = {t: [] for t in tables}
+        for t, r in sub:
+            out[t].append(r)
+        return cascade(schema, tables, out)
+
+    kept = ddmin(items, lambda sub: runner.separates(build(sub)))
+    best = build(kept)
+    # simplify values that no key or foreign key depends on
+    protected: set[tuple[str, int]] = set()
+    for t in tables:
+        table = schema.tables[t]
+        for key in table.keys:
+            protected.update((t, table.index(c)) for c in key)
+        for fk in table.foreign_keys:
+            protected.update((t, table.index(c)) for c in fk.columns)
+            parent = schema.tables[fk.ref_table]
+            protected.update((fk.ref_table, parent.index(c)) for c in fk.ref_columns)
+    attempts = 0
+    changed = False
+    for t in tables:
+        table = schema.tables[t]
+        for ri in range(len(best[t])):
+            for ci, col in enumerate(table.columns):
+                if (t, ci) in protected:
+                    continue
+                current = best[t][ri][ci]
+                if current is None:
+                    continue
+                for simple in _SIMPLE.get(col.category, []):
+                    if simple == current or attempts >= 80:
+                        continue
+                    attempts += 1
+                    row = list(best[t][ri])
+                    row[ci] = simple
+                    trial = {k: list(v) for k, v in best.items()}
+                    trial[t][ri] = tuple(row)
+                    if runner.separates(trial):
+                        best = trial
+                        changed = True
+                        break
+    if changed:  # a simpler value may make another row unnecessary
+        items = [(t, r) for t in tables for r in best.get(t, [])]
+        best = build(ddmin(items, lambda sub: runner.separates(build(sub))))
+    return best
