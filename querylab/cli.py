@@ -8,6 +8,8 @@ import secrets
 import sys
 import time
 
+from querylab import UsageError
+
 
 def _prefect_defaults() -> None:
     """Offline-friendly Prefect defaults (an explicit environment always wins)."""
@@ -19,62 +21,6 @@ def _prefect_defaults() -> None:
 def new_run_id() -> str:
     """``YYYYmmdd-HHMMSS-xxxx`` (UTC time + 4 random hex digits)."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
-
-
-class UsageError(Exception):
-    """Bad command-line input: printed as one line, exit status 2."""
-
-
-def _print_report(rep: dict, agents: list[str]) -> int:
-    """Print a report dict (see ``flows.report.report``); 1 when the oracle failed a query."""
-    print("\npass@k (mean over queries per dataset; ALL rows: over all queries / over datasets)")
-    print(rep["table"])
-    if rep.get("per_query_table"):
-        print("\npass@1 per query")
-        print(rep["per_query_table"])
-    status = 0
-    if rep["failed"]:
-        print("\nQueries with failed trials:")
-        for f in rep["failed"]:
-            print(f"  {f['agent']} {f['dataset']}/{f['query_id']}: {f['c']}/{f['n']} correct")
-        for agent, error in (rep.get("errors") or {}).items():
-            print(f"  {agent}: trials ended with an error, e.g. {error}")
-        if any(f["agent"] == "oracle" for f in rep["failed"]):
-            print("ORACLE FAILED: the queries above are dataset bugs (the reference solution "
-                  "does not reproduce the ground truth).")
-            status = 1
-    print(f"\nreport:    {rep['markdown']}\npass@k:    {rep['pass_at_k']}")
-    return status
-
-
-def _with_run_details(rep: dict, root: str, run_id: str) -> dict:
-    """Add the per-query pass@1 table and each erroring agent's first error to a report."""
-    import polars as pl
-
-    from schemas import artifacts
-    from tasks import storage
-
-    trials = pl.from_arrow(
-        storage.read_parquet(
-            storage.join(root, "runs", run_id, "trials", "trials.parquet"), artifacts.TRIALS
-        )
-    )
-    per_query = (
-        trials.group_by("agent", "dataset", "query_id")
-        .agg(pl.len().alias("n"), pl.col("is_correct").sum().alias("c"))
-        .with_columns((pl.col("c") / pl.col("n")).alias("pass@1"))
-        .sort("agent", "dataset", "query_id")
-    )
-    errors = (
-        trials.filter(pl.col("error").is_not_null())
-        .group_by("agent").agg(pl.col("error").first())
-    )
-    with pl.Config(
-        tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True,
-        tbl_hide_dataframe_shape=True, tbl_rows=-1, float_precision=3, fmt_str_lengths=80,
-    ):
-        table = str(per_query)
-    return {**rep, "per_query_table": table, "errors": dict(errors.iter_rows())}
 
 
 def _check_datasets(names: list[str] | None) -> None:
@@ -90,6 +36,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """``querylab run``: validate the options, run the benchmark flow, print the report."""
     from flows.benchmark import benchmark
     from querylab import cmd_agents
+    from querylab.cmd_report import print_report, with_run_details
     from schemas.settings import Settings
     from tasks.trials import parse_agent
 
@@ -113,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         artifacts_root=root,
         agent_options=cmd_agents.agent_options_from_args(args),
     )
-    status = _print_report(_with_run_details(out["report"], root, run_id), agents)
+    status = print_report(with_run_details(out["report"], root, run_id))
     for name in ("trials", "tool_calls", "llm_calls", "agents"):
         if name in out["trials"]:
             print(f"{name + ':':<11}{out['trials'][name]}")
@@ -133,23 +80,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    """``querylab report``: recompute a run's report from its artifacts alone."""
-    from flows.report import report
-    from schemas.settings import Settings
-    from tasks import storage
-
-    root = args.artifacts or Settings.from_env().artifacts
-    trials = storage.join(root, "runs", args.run_id, "trials", "trials.parquet")
-    if not storage.exists(trials):
-        raise UsageError(f"no run {args.run_id!r} under {root} (missing {trials})")
-    rep = report(args.run_id, artifacts_root=root)
-    return _print_report(_with_run_details(rep, root, args.run_id), [])
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``querylab`` console script; returns the exit status."""
-    from querylab import cmd_agents, cmd_datasets, cmd_equivalence, cmd_text2sql
+    from querylab import cmd_agents, cmd_datasets, cmd_equivalence, cmd_report, cmd_text2sql
 
     _prefect_defaults()
     p = argparse.ArgumentParser(prog="querylab", description=__doc__)
@@ -175,12 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     b.set_defaults(func=cmd_build)
 
-    rp = sub.add_parser("report", help="recompute a run's report from its artifacts")
-    rp.add_argument("--run-id", required=True)
-    rp.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
-    rp.set_defaults(func=cmd_report)
 
-    for module in (cmd_agents, cmd_datasets, cmd_equivalence, cmd_text2sql):
+    for module in (cmd_report, cmd_agents, cmd_datasets, cmd_equivalence, cmd_text2sql):
         module.register(sub)
 
     args = p.parse_args(argv)

@@ -325,7 +325,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_import_dab(args: argparse.Namespace) -> int:
     """Import DAB-format datasets; unless ``--no-run``, run trials and print pass@k."""
     from flows.datasets.dab_import import import_dab
-    from querylab.cli import _print_report, new_run_id
+    from querylab.cli import new_run_id
+    from querylab.cmd_report import print_report
     from tasks.dab_import import DabImportError
 
     run_id = None if args.no_run else (args.run_id or new_run_id())
@@ -343,7 +344,7 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
     if run_id is None:
         return 0
     print(f"run:       {run_id}")
-    return _print_report(out["report"], agents)
+    return print_report(out["report"])
 
 
 def register(subparsers) -> None:

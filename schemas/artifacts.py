@@ -96,22 +96,9 @@ TOOL_CALLS = _schema(
     ],
 )
 
-#: pass@k per (agent, dataset, query_id, k): ``n`` trials, ``c`` correct, ``pass_at_k`` null when
-#: n < k. Estimator from Chen et al. 2021.
-PASS_AT_K = _schema(
-    "pass_at_k",
-    [
-        pa.field("agent", pa.string(), nullable=False),
-        pa.field("dataset", pa.string(), nullable=False),
-        pa.field("query_id", pa.string(), nullable=False),
-        pa.field("k", pa.int32(), nullable=False),
-        pa.field("n", pa.int32(), nullable=False),
-        pa.field("c", pa.int32(), nullable=False),
-        pa.field("pass_at_k", pa.float64()),
-    ],
-)
-
-ALL = {s.metadata[b"artifact"].decode(): s for s in (TRIALS, TOOL_CALLS, LLM_CALLS, PASS_AT_K)}
+#: The trial-stage artifacts; report artifacts (pass@k, cost, failure modes, ...) are in
+#: :mod:`schemas.report`.
+ALL = {s.metadata[b"artifact"].decode(): s for s in (TRIALS, TOOL_CALLS, LLM_CALLS)}
 
 
 def check_schema(table: pa.Table, expected: pa.Schema, source: str) -> pa.Table:

@@ -1,12 +1,32 @@
-"""Benchmark metrics over trial tables (Polars)."""
+"""Benchmark metrics over trial tables (Polars, vectorised).
+
+- pass@k — unbiased estimator ``1 - C(n-c, k) / C(n, k)`` per query (Chen et al. 2021), null
+  when n < k; pass^k — ``C(c, k) / C(n, k)`` (all k sampled trials succeed).
+- dataset score = mean over its queries; overall both as mean over all queries
+  (``"ALL (queries)"``) and stratified, mean over datasets (``"ALL (datasets)"``).
+- pass@1 with a Wilson score interval.
+- cost and effort (USD, tokens, latency, iterations, cache hits) per agent and dataset.
+
+Everything here works on Polars frames with the columns of ``schemas.artifacts.TRIALS`` (and
+``LLM_CALLS``); no Python loop runs over rows.
+"""
 
 from __future__ import annotations
 
-from math import comb
+from math import comb, sqrt
+from statistics import NormalDist
 
 import polars as pl
 
+from schemas.report import ALL, ALL_DATASETS, ALL_QUERIES
+
 DEFAULT_KS = (1, 2, 3, 5, 10, 20, 50)
+
+_QUERY_KEYS = ("agent", "dataset", "query_id")
+
+#: Sort key putting the overall rows (``ALL``, ``ALL (queries)``, ``ALL (datasets)``) after an
+#: agent's datasets.
+_overall_last = pl.col("dataset").is_in([ALL, ALL_QUERIES, ALL_DATASETS])
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:
@@ -24,63 +44,337 @@ def pass_at_k(n: int, c: int, k: int) -> float | None:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def pass_at_k_per_query(trials: pl.DataFrame, ks=DEFAULT_KS) -> pl.DataFrame:
-    """pass@k per (agent, dataset, query_id, k).
+def pass_hat_k(n: int, c: int, k: int) -> float | None:
+    """pass^k ``C(c, k) / C(n, k)``: the probability that k trials drawn without replacement
+    from the n (c correct) are all correct. None when n < k; ValueError as :func:`pass_at_k`."""
+    if k < 1 or not 0 <= c <= n:
+        raise ValueError(f"need k >= 1 and 0 <= c <= n, got n={n} c={c} k={k}")
+    if n < k:
+        return None
+    return comb(c, k) / comb(n, k)
 
-    ``trials`` needs columns agent, dataset, query_id, is_correct (one row per trial). Returns a
-    frame with agent, dataset, query_id, k, n, c, pass_at_k (null when n < k), sorted by
-    agent, dataset, query_id, k. Every k in ``ks`` that is <= the largest n of the run is
-    reported, so a query with fewer trials shows null rather than disappearing.
+
+def _require(df: pl.DataFrame, columns: tuple[str, ...] | list[str], what: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what} needs columns {missing}; got {df.columns}")
+
+
+def query_counts(trials: pl.DataFrame) -> pl.DataFrame:
+    """Trials ``n`` and correct trials ``c`` per (agent, dataset, query_id), both Int32.
+
+    ``trials`` needs agent, dataset, query_id, is_correct (one row per trial); a null
+    ``is_correct`` raises ValueError (an unscored trial would silently shrink a denominator).
     """
-    counts = (
-        trials.group_by("agent", "dataset", "query_id")
-        .agg(pl.len().cast(pl.Int32).alias("n"), pl.col("is_correct").sum().cast(pl.Int32).alias("c"))
+    _require(trials, [*_QUERY_KEYS, "is_correct"], "query_counts")
+    if trials["is_correct"].null_count():
+        raise ValueError("is_correct has nulls: every trial must be scored")
+    return trials.group_by(*_QUERY_KEYS).agg(
+        pl.len().cast(pl.Int32).alias("n"),
+        pl.col("is_correct").sum().cast(pl.Int32).alias("c"),
     )
-    max_n = int(counts["n"].max() or 0)
-    used = [k for k in ks if 1 <= k <= max_n]
-    rows = [
-        {**r, "k": k, "pass_at_k": pass_at_k(r["n"], r["c"], k)}
-        for r in counts.iter_rows(named=True)
-        for k in used
-    ]
+
+
+def pass_at_k_per_query(trials: pl.DataFrame, ks=DEFAULT_KS) -> pl.DataFrame:
+    """pass@k and pass^k per (agent, dataset, query_id, k).
+
+    ``trials`` needs columns agent, dataset, query_id, is_correct (one row per trial). Returns
+    agent, dataset, query_id, k, n, c, pass_at_k, pass_hat_k (both null when n < k), sorted by
+    agent, dataset, query_id, k. Every k in ``ks`` with 1 <= k <= the largest n of the run is
+    reported, so a query with fewer trials shows null rather than disappearing.
+
+    Vectorised: both estimators are the running products over i < k of
+    ``(n-c-i)/(n-i)`` (pass@k = 1 - product) and ``(c-i)/(n-i)`` (pass^k = product), which
+    equal the binomial ratios exactly up to float rounding (~1e-15 relative).
+    """
+    counts = query_counts(trials)
     schema = {
-        "agent": pl.String, "dataset": pl.String, "query_id": pl.String, "k": pl.Int32,
-        "n": pl.Int32, "c": pl.Int32, "pass_at_k": pl.Float64,
+        "agent": pl.String,
+        "dataset": pl.String,
+        "query_id": pl.String,
+        "k": pl.Int32,
+        "n": pl.Int32,
+        "c": pl.Int32,
+        "pass_at_k": pl.Float64,
+        "pass_hat_k": pl.Float64,
     }
-    return pl.DataFrame(rows, schema=schema).select(list(schema)).sort("agent", "dataset", "query_id", "k")
+    max_n = int(counts["n"].max() or 0)
+    used = sorted({int(k) for k in ks if 1 <= int(k) <= max_n})
+    if not used:
+        return pl.DataFrame(schema=schema)
+    steps = pl.DataFrame({"i": pl.int_range(0, used[-1], eager=True, dtype=pl.Int32)})
+    n, c, i = pl.col("n").cast(pl.Float64), pl.col("c").cast(pl.Float64), pl.col("i")
+    grid = (
+        counts.with_row_index("gid")
+        .join(steps, how="cross")
+        .sort("gid", "i")
+        .with_columns(
+            pl.when(i < pl.col("n"))
+            .then(((n - c - i) / (n - i)).clip(lower_bound=0.0))
+            .alias("fail_term"),
+            pl.when(i < pl.col("n"))
+            .then(((c - i) / (n - i)).clip(lower_bound=0.0))
+            .alias("ok_term"),
+        )
+        .with_columns(
+            pl.col("fail_term").cum_prod().over("gid").alias("all_fail"),
+            pl.col("ok_term").cum_prod().over("gid").alias("all_ok"),
+            (i + 1).alias("k"),
+        )
+        .filter(pl.col("k").is_in(used))
+    )
+    scored = pl.col("k") <= pl.col("n")
+    out = grid.select(
+        *_QUERY_KEYS,
+        "k",
+        "n",
+        "c",
+        pl.when(scored).then(1.0 - pl.col("all_fail")).alias("pass_at_k"),
+        pl.when(scored).then(pl.col("all_ok")).alias("pass_hat_k"),
+    )
+    return out.cast(schema).select(list(schema)).sort(*_QUERY_KEYS, "k")
 
 
 def pass_at_k_summary(per_query: pl.DataFrame) -> pl.DataFrame:
-    """Mean pass@k per (agent, dataset, k) and overall per (agent, k).
+    """Mean pass@k (and pass^k) per (agent, dataset, k) and overall per (agent, k).
 
-    Dataset score = mean over its queries (null queries, n < k, are left out; ``queries`` counts
-    those scored). Overall rows have dataset ``"ALL (queries)"`` (mean over all queries) and
-    ``"ALL (datasets)"`` (stratified: mean of the dataset scores). Returns columns agent,
-    dataset, k, queries, pass_at_k.
+    Dataset score = mean over its queries (null queries, n < k, are left out; ``queries``
+    counts those scored). Overall rows have dataset ``"ALL (queries)"`` (mean over all queries)
+    and ``"ALL (datasets)"`` (stratified: mean of the dataset scores). Returns agent, dataset,
+    k, queries, pass_at_k, pass_hat_k (pass_hat_k only when ``per_query`` has it).
     """
+    metrics = [m for m in ("pass_at_k", "pass_hat_k") if m in per_query.columns]
     per_ds = per_query.group_by("agent", "dataset", "k").agg(
-        pl.col("pass_at_k").count().cast(pl.Int32).alias("queries"), pl.col("pass_at_k").mean()
+        pl.col("pass_at_k").count().cast(pl.Int32).alias("queries"),
+        *[pl.col(m).mean() for m in metrics],
     )
     over_q = per_query.group_by("agent", "k").agg(
-        pl.lit("ALL (queries)").alias("dataset"),
+        pl.lit(ALL_QUERIES).alias("dataset"),
         pl.col("pass_at_k").count().cast(pl.Int32).alias("queries"),
-        pl.col("pass_at_k").mean(),
+        *[pl.col(m).mean() for m in metrics],
     )
     strat = per_ds.group_by("agent", "k").agg(
-        pl.lit("ALL (datasets)").alias("dataset"),
+        pl.lit(ALL_DATASETS).alias("dataset"),
         pl.col("queries").sum().cast(pl.Int32),
-        pl.col("pass_at_k").mean(),
+        *[pl.col(m).mean() for m in metrics],
     )
-    cols = ["agent", "dataset", "k", "queries", "pass_at_k"]
+    cols = ["agent", "dataset", "k", "queries", *metrics]
     return pl.concat([per_ds.select(cols), over_q.select(cols), strat.select(cols)]).sort(
-        "agent", "dataset", "k"
+        "agent", _overall_last, "dataset", "k"
     )
 
 
-def pass_at_k_wide(summary: pl.DataFrame) -> pl.DataFrame:
-    """The summary as one row per (agent, dataset) and a ``pass@k`` column per k."""
-    wide = summary.with_columns(("pass@" + pl.col("k").cast(pl.String)).alias("metric")).pivot(
-        on="metric", index=["agent", "dataset"], values="pass_at_k", sort_columns=False
-    )
+def pass_at_k_wide(summary: pl.DataFrame, metric: str = "pass_at_k") -> pl.DataFrame:
+    """The summary as one row per (agent, dataset) and a column per k.
+
+    ``metric`` is ``"pass_at_k"`` (columns ``pass@1``, ``pass@2``, ...) or ``"pass_hat_k"``
+    (columns ``pass^1``, ...). Overall rows keep their ``ALL (...)`` dataset names.
+    """
+    label = {"pass_at_k": "pass@", "pass_hat_k": "pass^"}[metric]
     ks = sorted(summary["k"].unique().to_list())
-    return wide.select("agent", "dataset", *[f"pass@{k}" for k in ks]).sort("agent", "dataset")
+    if not ks:
+        return pl.DataFrame(schema={"agent": pl.String, "dataset": pl.String})
+    wide = summary.with_columns(
+        (pl.lit(label) + pl.col("k").cast(pl.String)).alias("metric")
+    ).pivot(on="metric", index=["agent", "dataset"], values=metric, sort_columns=False)
+    return wide.select("agent", "dataset", *[f"{label}{k}" for k in ks]).sort(
+        "agent", _overall_last, "dataset"
+    )
+
+
+def z_value(confidence: float) -> float:
+    """Two-sided standard-normal quantile for ``confidence`` in (0, 1) (0.95 → 1.95996...)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return NormalDist().inv_cdf(0.5 + confidence / 2.0)
+
+
+def wilson_interval(p: float, n: int, confidence: float = 0.95) -> tuple[float, float] | None:
+    """Wilson score interval for a proportion ``p`` observed over ``n`` Bernoulli trials.
+
+    Returns (low, high) within [0, 1], or None when n == 0. Raises ValueError for p outside
+    [0, 1] or n < 0. Same formula as :func:`wilson_expr` (Wilson 1927).
+    """
+    if n < 0 or not 0.0 <= p <= 1.0:
+        raise ValueError(f"need n >= 0 and 0 <= p <= 1, got p={p} n={n}")
+    if n == 0:
+        return None
+    z = z_value(confidence)
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    center = (p + z2 / (2 * n)) / denom
+    half = z * sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    low = 0.0 if p == 0.0 else max(0.0, center - half)  # exact at the bounds, no float dust
+    high = 1.0 if p == 1.0 else min(1.0, center + half)
+    return low, high
+
+
+def wilson_expr(p: pl.Expr, n: pl.Expr, confidence: float = 0.95) -> tuple[pl.Expr, pl.Expr]:
+    """Polars expressions (low, high) of the Wilson score interval for proportion ``p`` over
+    ``n`` trials; null where n == 0 or p is null."""
+    z = z_value(confidence)
+    z2 = z * z
+    nf = pl.when(n > 0).then(n.cast(pl.Float64))
+    denom = 1.0 + z2 / nf
+    center = (p + z2 / (2 * nf)) / denom
+    half = z * (p * (1 - p) / nf + z2 / (4 * nf * nf)).sqrt() / denom
+    low = pl.when(p == 0.0).then(0.0).otherwise((center - half).clip(lower_bound=0.0))
+    high = pl.when(p == 1.0).then(1.0).otherwise((center + half).clip(upper_bound=1.0))
+    return pl.when(nf.is_not_null()).then(low), pl.when(nf.is_not_null()).then(high)
+
+
+def pass_at_1_ci(trials: pl.DataFrame, confidence: float = 0.95) -> pl.DataFrame:
+    """pass@1 with a Wilson score interval per (agent, dataset) and the two overall rows.
+
+    pass@1 is the mean over queries of c/n (dataset rows and ``ALL (queries)``) or the mean of
+    the dataset scores (``ALL (datasets)``). The interval is Wilson's for p̂ = that pass@1 and
+    n = the number of trials behind it; it treats trials as independent Bernoulli draws (it
+    ignores clustering by query) and equals the pooled-count Wilson interval whenever every
+    query has the same number of trials. Returns the columns of ``schemas.report.PASS_AT_1_CI``
+    sorted by agent, dataset.
+    """
+    counts = query_counts(trials).with_columns((pl.col("c") / pl.col("n")).alias("p"))
+    agg = [
+        pl.len().cast(pl.Int32).alias("queries"),
+        pl.col("n").sum().cast(pl.Int64).alias("trials"),
+        pl.col("c").sum().cast(pl.Int64).alias("correct"),
+        pl.col("p").mean().alias("pass_at_1"),
+    ]
+    per_ds = counts.group_by("agent", "dataset").agg(*agg)
+    over_q = counts.group_by("agent").agg(*agg).with_columns(pl.lit(ALL_QUERIES).alias("dataset"))
+    strat = (
+        per_ds.group_by("agent")
+        .agg(
+            pl.col("queries").sum(),
+            pl.col("trials").sum(),
+            pl.col("correct").sum(),
+            pl.col("pass_at_1").mean(),
+        )
+        .with_columns(pl.lit(ALL_DATASETS).alias("dataset"))
+    )
+    cols = ["agent", "dataset", "queries", "trials", "correct", "pass_at_1"]
+    out = pl.concat([per_ds.select(cols), over_q.select(cols), strat.select(cols)])
+    low, high = wilson_expr(pl.col("pass_at_1"), pl.col("trials"), confidence)
+    return out.with_columns(
+        low.alias("ci_low"), high.alias("ci_high"), pl.lit(confidence).alias("confidence")
+    ).sort("agent", _overall_last, "dataset")
+
+
+def _effort_aggs() -> list[pl.Expr]:
+    lat, it = pl.col("latency_s"), pl.col("n_llm_calls").cast(pl.Float64)
+    return [
+        pl.len().cast(pl.Int64).alias("trials"),
+        pl.col("is_correct").sum().cast(pl.Int64).alias("correct"),
+        pl.col("cost_usd").sum().alias("cost_usd"),
+        pl.col("prompt_tokens").sum().cast(pl.Int64).alias("prompt_tokens"),
+        pl.col("completion_tokens").sum().cast(pl.Int64).alias("completion_tokens"),
+        pl.col("cached_tokens").sum().cast(pl.Int64).alias("cached_tokens"),
+        lat.mean().alias("latency_mean_s"),
+        lat.quantile(0.5, "linear").alias("latency_p50_s"),
+        lat.quantile(0.95, "linear").alias("latency_p95_s"),
+        it.mean().alias("iterations_mean"),
+        it.quantile(0.5, "linear").alias("iterations_p50"),
+        it.quantile(0.95, "linear").alias("iterations_p95"),
+    ]
+
+
+def cost_table(trials: pl.DataFrame, llm_calls: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Cost and effort per (agent, dataset) plus one ``dataset == "ALL"`` row per agent.
+
+    ``trials`` has the ``TRIALS`` columns (agent, dataset, is_correct, cost_usd in USD, token
+    counts, latency_s in seconds, n_llm_calls). ``llm_calls`` (``LLM_CALLS`` columns, optional:
+    a run of offline agents or from before per-call accounting has none) adds ``llm_calls``,
+    ``response_cache_hit_share`` (share of model calls answered from querylab's response cache),
+    ``retries`` (HTTP attempts beyond the first) and ``unpriced_calls`` (calls with ``priced``
+    false: no price configured, so ``cost_usd`` is a lower bound); without it those are null.
+
+    Per-correct figures divide by correct trials and are null when there are none; per-trial
+    figures divide by all trials. ``prompt_cache_share`` = cached_tokens / prompt_tokens (the
+    provider's prompt cache), null without prompt tokens. Latency p50/p95 and iteration
+    quantiles use linear interpolation. Returns ``schemas.report.COST`` columns.
+    """
+    _require(
+        trials,
+        [
+            "agent",
+            "dataset",
+            "trial_key",
+            "is_correct",
+            "cost_usd",
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "latency_s",
+            "n_llm_calls",
+        ],
+        "cost_table",
+    )
+    per_ds = trials.group_by("agent", "dataset").agg(_effort_aggs())
+    per_agent = (
+        trials.group_by("agent").agg(_effort_aggs()).with_columns(pl.lit(ALL).alias("dataset"))
+    )
+    table = pl.concat([per_ds, per_agent.select(per_ds.columns)])
+    if llm_calls is not None:
+        _require(llm_calls, ["trial_key", "cache_hit", "attempts"], "cost_table llm_calls")
+        priced = pl.col("priced") if "priced" in llm_calls.columns else pl.lit(None, pl.Boolean)
+        calls = llm_calls.select("trial_key", "cache_hit", "attempts", priced.alias("priced")).join(
+            trials.select("trial_key", "agent", "dataset"), on="trial_key", how="inner"
+        )
+        call_aggs = [
+            pl.len().cast(pl.Int64).alias("llm_calls"),
+            pl.col("cache_hit").mean().alias("response_cache_hit_share"),
+            (pl.col("attempts") - 1).clip(lower_bound=0).sum().cast(pl.Int64).alias("retries"),
+            (~pl.col("priced")).sum().cast(pl.Int64).alias("unpriced_calls"),
+        ]
+        by_ds = calls.group_by("agent", "dataset").agg(call_aggs)
+        by_agent = calls.group_by("agent").agg(call_aggs).with_columns(pl.lit(ALL).alias("dataset"))
+        table = table.join(
+            pl.concat([by_ds, by_agent.select(by_ds.columns)]), on=["agent", "dataset"], how="left"
+        ).with_columns(
+            *[pl.col(c).fill_null(0) for c in ("llm_calls", "retries", "unpriced_calls")]
+        )
+    else:
+        table = table.with_columns(
+            pl.lit(None, pl.Int64).alias("llm_calls"),
+            pl.lit(None, pl.Float64).alias("response_cache_hit_share"),
+            pl.lit(None, pl.Int64).alias("retries"),
+            pl.lit(None, pl.Int64).alias("unpriced_calls"),
+        )
+    tokens = pl.col("prompt_tokens") + pl.col("completion_tokens")
+    correct = pl.when(pl.col("correct") > 0).then(pl.col("correct"))
+    table = table.with_columns(
+        (pl.col("cost_usd") / pl.col("trials")).alias("cost_per_trial_usd"),
+        (pl.col("cost_usd") / correct).alias("cost_per_correct_usd"),
+        (tokens / pl.col("trials")).alias("tokens_per_trial"),
+        (tokens / correct).alias("tokens_per_correct"),
+        (
+            pl.col("cached_tokens")
+            / pl.when(pl.col("prompt_tokens") > 0).then(pl.col("prompt_tokens"))
+        ).alias("prompt_cache_share"),
+    )
+    cols = [
+        "agent",
+        "dataset",
+        "trials",
+        "correct",
+        "cost_usd",
+        "cost_per_trial_usd",
+        "cost_per_correct_usd",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "tokens_per_trial",
+        "tokens_per_correct",
+        "prompt_cache_share",
+        "llm_calls",
+        "response_cache_hit_share",
+        "retries",
+        "unpriced_calls",
+        "latency_mean_s",
+        "latency_p50_s",
+        "latency_p95_s",
+        "iterations_mean",
+        "iterations_p50",
+        "iterations_p95",
+    ]
+    return table.select(cols).sort("agent", _overall_last, "dataset")

@@ -1,28 +1,54 @@
-"""Run reports: pass@k tables from a run's ``trials.parquet``, as Parquet and Markdown."""
+"""Run reports from a run's artifacts alone: tables (Parquet), plots (PNG), Markdown, one
+self-contained HTML file, and Prefect artifacts when running inside a flow.
+
+Inputs (``<root>/runs/<run_id>/trials/``): ``trials.parquet`` (required), ``tool_calls.parquet``
+(trajectories; a run without it is reported with empty trajectories and says so) and
+``llm_calls.parquet`` (optional: cache hits and retries). Dataset manifests give the queries'
+``requires`` annotations for the failure-mode classifier (see :func:`resolve_manifests`).
+
+Outputs (``<root>/runs/<run_id>/report/``): ``pass_at_k.parquet``, ``pass_at_k_summary.parquet``,
+``pass_at_1_ci.parquet``, ``cost.parquet``, ``failure_labels.parquet``,
+``failure_modes.parquet``, ``tool_use.parquet`` (schemas in :mod:`schemas.report`),
+``failure_judge.parquet`` when the LLM judge ran, ``manifests.json`` (the manifests used),
+``plots/*.png``, ``report.md`` and ``report.html``.
+"""
 
 from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
 
 import polars as pl
 from prefect import task
 
 from schemas import artifacts
+from schemas import report as rs
 from tasks import storage
-from tasks.metrics import pass_at_k_per_query, pass_at_k_summary, pass_at_k_wide
+from tasks.failure_modes import (
+    CHECKED_OPERATIONS,
+    REQUIREMENTS_SCHEMA,
+    classify_failures,
+    failure_mode_table,
+    requirements_from_manifests,
+    unchecked_operations,
+)
+from tasks.metrics import (
+    DEFAULT_KS,
+    cost_table,
+    pass_at_1_ci,
+    pass_at_k_per_query,
+    pass_at_k_summary,
+    pass_at_k_wide,
+)
+from tasks.report_html import Figure, Section, Table, markdown_table, render_html, render_markdown
+from tasks.tool_use import tool_use_table
 
+#: Longest table (rows) put into report.md / report.html; the Parquet always has every row.
+MAX_REPORT_ROWS = 200
+#: Example trials shown per failure mode.
+EXAMPLES_PER_MODE = 5
 
-def markdown_table(df: pl.DataFrame, float_precision: int = 3) -> str:
-    """A Polars frame as a GitHub Markdown table (all rows, no dtypes)."""
-    with pl.Config(
-        tbl_formatting="MARKDOWN",
-        tbl_hide_column_data_types=True,
-        tbl_hide_dataframe_shape=True,
-        tbl_rows=-1,
-        tbl_cols=-1,
-        tbl_width_chars=400,
-        fmt_str_lengths=200,
-        float_precision=float_precision,
-    ):
-        return str(df)
+# ``markdown_table`` is imported from here by other stages (text2sql, equivalence, lifecycle).
 
 
 def run_prefix(artifacts_root: str, run_id: str) -> str:
@@ -30,66 +56,480 @@ def run_prefix(artifacts_root: str, run_id: str) -> str:
     return storage.join(artifacts_root, "runs", run_id)
 
 
+def report_uri(artifacts_root: str, run_id: str, *name: str) -> str:
+    """URI of a report artifact (``runs/<run_id>/report/<name>``)."""
+    return storage.join(run_prefix(artifacts_root, run_id), "report", *name)
+
+
+def _trials_uri(artifacts_root: str, run_id: str, name: str) -> str:
+    return storage.join(run_prefix(artifacts_root, run_id), "trials", f"{name}.parquet")
+
+
 def load_trials(artifacts_root: str, run_id: str) -> pl.DataFrame:
-    """A run's trials as a Polars frame (schema-checked)."""
-    uri = storage.join(run_prefix(artifacts_root, run_id), "trials", "trials.parquet")
-    return pl.from_arrow(storage.read_parquet(uri, artifacts.TRIALS))
+    """A run's trials as a Polars frame (schema-checked); StorageError naming the URI when the
+    run has no ``trials.parquet``."""
+    return pl.from_arrow(
+        storage.read_parquet(_trials_uri(artifacts_root, run_id, "trials"), artifacts.TRIALS)
+    )
 
 
-@task(name="pass-at-k-report", persist_result=False)
-def pass_at_k_report(run_id: str, artifacts_root: str) -> dict:
-    """Compute pass@k for a run and write it next to the run.
+def load_tool_calls(artifacts_root: str, run_id: str) -> pl.DataFrame | None:
+    """A run's tool calls (schema-checked), or None when the run has no ``tool_calls.parquet``."""
+    uri = _trials_uri(artifacts_root, run_id, "tool_calls")
+    if not storage.exists(uri):
+        return None
+    return pl.from_arrow(storage.read_parquet(uri, artifacts.TOOL_CALLS))
 
-    Writes ``report/pass_at_k.parquet`` (per query and k), ``report/pass_at_k_summary.parquet``
-    (per agent × dataset × k, plus overall rows) and ``report/report.md``. Returns
-    ``{"markdown": uri, "pass_at_k": uri, "summary": uri, "table": <markdown of the wide
-    table>, "failed": [{agent, dataset, query_id, n, c}] for queries with a failed trial}``.
+
+def load_llm_calls(artifacts_root: str, run_id: str) -> pl.DataFrame | None:
+    """A run's per-model-call accounting (schema-checked), or None when the run has no
+    ``llm_calls.parquet`` (offline agents, or runs from before per-call accounting)."""
+    uri = _trials_uri(artifacts_root, run_id, "llm_calls")
+    if not storage.exists(uri):
+        return None
+    return pl.from_arrow(storage.read_parquet(uri, artifacts.LLM_CALLS))
+
+
+def resolve_manifests(
+    artifacts_root: str,
+    run_id: str,
+    run_queries: dict[str, set[str]],
+    manifest_uris: list[str] | None = None,
+) -> tuple[list[str], list[str]]:
+    """The dataset manifests to read query annotations from, and notes for the report.
+
+    Order: ``manifest_uris`` when given; else the run's ``report/manifests.json`` from an
+    earlier report; else, per dataset of the run, the manifests under
+    ``<root>/datasets/<name>/`` whose query ids cover the run's query ids for that dataset (the
+    last version in sort order when several do). A dataset without a covering manifest is
+    named in the notes (its incorrect trials become FM1 ``requirements_unknown``).
+    ``run_queries`` maps dataset name → query ids seen in the run.
+    """
+    notes: list[str] = []
+    if manifest_uris:
+        return list(manifest_uris), notes
+    recorded = report_uri(artifacts_root, run_id, "manifests.json")
+    if storage.exists(recorded):
+        uris = [u for u in storage.read_json(recorded) if storage.exists(u)]
+        names = {storage.read_json(u)["name"] for u in uris}
+        if set(run_queries) <= names:
+            return uris, notes
+    uris = []
+    for name, ids in sorted(run_queries.items()):
+        found = None
+        for uri in storage.list_uris(
+            storage.join(artifacts_root, "datasets", name), "manifest.json"
+        ):
+            m = storage.read_json(uri)
+            if m.get("name") == name and ids <= {q["id"] for q in m.get("queries", [])}:
+                found = uri
+        if found is None:
+            notes.append(
+                f"No manifest for dataset `{name}` under the artifact root covers the run's "
+                "queries: their failure modes are FM1 `requirements_unknown`."
+            )
+        else:
+            uris.append(found)
+    return uris, notes
+
+
+def _write(artifacts_root: str, run_id: str, name: str, df: pl.DataFrame, schema) -> str:
+    return storage.write_parquet(
+        report_uri(artifacts_root, run_id, f"{name}.parquet"), df.to_arrow(), schema
+    )
+
+
+@task(name="report-tables", persist_result=False)
+def compute_report_tables(
+    run_id: str,
+    artifacts_root: str,
+    manifest_uris: list[str] | None = None,
+    ks: tuple[int, ...] = DEFAULT_KS,
+    confidence: float = 0.95,
+) -> dict:
+    """Compute every report table of a run from its artifacts and write them as Parquet.
+
+    Returns a small manifest: ``uris`` (table name → URI), ``failed`` (queries with a failed
+    trial: agent, dataset, query_id, n, c), ``counts`` (trials, agents, datasets, queries,
+    incorrect, tool_calls), ``manifests`` (URIs used), ``notes`` (what was missing),
+    ``unchecked_operations`` and ``has_llm_calls``. Raises StorageError when the run has no
+    trials.
     """
     trials = load_trials(artifacts_root, run_id)
-    per_query = pass_at_k_per_query(trials)
+    tool_calls = load_tool_calls(artifacts_root, run_id)
+    llm_calls = load_llm_calls(artifacts_root, run_id)
+    notes = []
+    if tool_calls is None:
+        notes.append("The run has no `tool_calls.parquet`: trajectories are empty.")
+        tool_calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table())
+    if llm_calls is None:
+        notes.append(
+            "The run has no `llm_calls.parquet` (offline agents or no per-call accounting): "
+            "`llm_calls`, `response_cache_hit_share` and `retries` are empty."
+        )
+    run_queries = {
+        d: set(q)
+        for d, q in trials.group_by("dataset").agg(pl.col("query_id").unique()).iter_rows()
+    }
+    uris_m, more = resolve_manifests(artifacts_root, run_id, run_queries, manifest_uris)
+    notes += more
+    manifests = [storage.read_json(u) for u in uris_m]
+    requirements = (
+        requirements_from_manifests(manifests)
+        if manifests
+        else pl.DataFrame(schema=REQUIREMENTS_SCHEMA)
+    )
+    storage.write_json(report_uri(artifacts_root, run_id, "manifests.json"), uris_m)
+
+    per_query = pass_at_k_per_query(trials, ks)
     summary = pass_at_k_summary(per_query)
-    wide = pass_at_k_wide(summary)
-    prefix = storage.join(run_prefix(artifacts_root, run_id), "report")
-    pq_uri = storage.write_parquet(
-        storage.join(prefix, "pass_at_k.parquet"), per_query.to_arrow(), artifacts.PASS_AT_K
-    )
-    summary_uri = storage.write_parquet(
-        storage.join(prefix, "pass_at_k_summary.parquet"), summary.to_arrow()
-    )
+    ci = pass_at_1_ci(trials, confidence)
+    cost = cost_table(trials, llm_calls)
+    labels = classify_failures(trials, tool_calls, requirements)
+    fm = failure_mode_table(trials, labels)
+    tool_use = tool_use_table(trials, tool_calls)
+    uris = {
+        "pass_at_k": _write(artifacts_root, run_id, "pass_at_k", per_query, rs.PASS_AT_K),
+        "summary": _write(
+            artifacts_root, run_id, "pass_at_k_summary", summary, rs.PASS_AT_K_SUMMARY
+        ),
+        "pass_at_1_ci": _write(artifacts_root, run_id, "pass_at_1_ci", ci, rs.PASS_AT_1_CI),
+        "cost": _write(artifacts_root, run_id, "cost", cost, rs.COST),
+        "failure_labels": _write(
+            artifacts_root, run_id, "failure_labels", labels, rs.FAILURE_LABELS
+        ),
+        "failure_modes": _write(artifacts_root, run_id, "failure_modes", fm, rs.FAILURE_MODE_TABLE),
+        "tool_use": _write(artifacts_root, run_id, "tool_use", tool_use, rs.TOOL_USE),
+    }
+    judge = report_uri(artifacts_root, run_id, "failure_judge.parquet")
+    if storage.exists(judge):
+        uris["failure_judge"] = judge
     failed = (
         per_query.filter(pl.col("k") == 1, pl.col("c") < pl.col("n"))
         .select("agent", "dataset", "query_id", "n", "c")
         .to_dicts()
     )
-    per_query_k1 = per_query.filter(pl.col("k") == 1).select(
+    return {
+        "uris": uris,
+        "failed": failed,
+        "counts": {
+            "trials": trials.height,
+            "agents": trials["agent"].n_unique(),
+            "datasets": trials["dataset"].n_unique(),
+            "queries": trials.select("dataset", "query_id").unique().height,
+            "incorrect": labels.height,
+            "tool_calls": tool_calls.height,
+        },
+        "manifests": uris_m,
+        "notes": notes,
+        "unchecked_operations": unchecked_operations(requirements),
+        "has_llm_calls": llm_calls is not None,
+        "confidence": confidence,
+    }
+
+
+@task(name="report-failure-judge", persist_result=False)
+def judge_failure_modes(
+    run_id: str,
+    artifacts_root: str,
+    model: str,
+    manifest_uris: list[str],
+    limit: int | None = 200,
+    base_url: str | None = None,
+    api_key: str | None = None,
+) -> str:
+    """The optional LLM-judge stage: label up to ``limit`` incorrect trials (not yet judged by
+    ``model``) and merge them into ``report/failure_judge.parquet``; returns its URI.
+
+    ``model`` is ``openai:<model>`` or a bare model name; ``base_url`` / ``api_key`` default to
+    ``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY`` (the key is never written).
+    Needs ``report/failure_labels.parquet`` (run :func:`compute_report_tables` first).
+    """
+    import openai
+
+    from schemas.settings import Settings
+    from tasks.failure_judge import judge_failures
+
+    name = model.removeprefix("openai:")
+    settings = Settings.from_env()
+    client = openai.OpenAI(
+        base_url=base_url or settings.openai_base_url,
+        api_key=api_key or settings.openai_api_key or "not-needed",
+        timeout=120.0,
+        max_retries=3,
+    )
+    labels = pl.from_arrow(
+        storage.read_parquet(
+            report_uri(artifacts_root, run_id, "failure_labels.parquet"), rs.FAILURE_LABELS
+        )
+    )
+    uri = report_uri(artifacts_root, run_id, "failure_judge.parquet")
+    previous = (
+        pl.from_arrow(storage.read_parquet(uri, rs.FAILURE_JUDGE))
+        if storage.exists(uri)
+        else pl.from_arrow(rs.FAILURE_JUDGE.empty_table())
+    )
+    done = set(previous.filter((pl.col("model") == name) & pl.col("error").is_null())["trial_key"])
+    trials = load_trials(artifacts_root, run_id)
+    calls = load_tool_calls(artifacts_root, run_id)
+    if calls is None:
+        calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table())
+    manifests = [storage.read_json(u) for u in manifest_uris]
+    judged = judge_failures(labels, trials, calls, manifests, client, name, limit, done)
+    keep = previous.filter(
+        ~((pl.col("model") == name) & pl.col("trial_key").is_in(judged["trial_key"].to_list()))
+    )
+    merged = pl.concat([keep, judged]).sort("model", "trial_key")
+    return storage.write_parquet(uri, merged.to_arrow(), rs.FAILURE_JUDGE)
+
+
+def _read(uri: str, schema) -> pl.DataFrame:
+    return pl.from_arrow(storage.read_parquet(uri, schema))
+
+
+def _capped(df: pl.DataFrame, what: str) -> tuple[pl.DataFrame, str]:
+    if df.height <= MAX_REPORT_ROWS:
+        return df, ""
+    return df.head(MAX_REPORT_ROWS), (
+        f"First {MAX_REPORT_ROWS} of {df.height:,} rows; every row is in `{what}`."
+    )
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:60] or "run"
+
+
+def build_document(
+    run_id: str, artifacts_root: str, tables: dict
+) -> tuple[str, str, list[Section]]:
+    """Title, intro and sections of the report from :func:`compute_report_tables` output (reads
+    the small report tables back; failure labels only for examples)."""
+    u = tables["uris"]
+    per_query = _read(u["pass_at_k"], rs.PASS_AT_K)
+    summary = _read(u["summary"], rs.PASS_AT_K_SUMMARY)
+    ci = _read(u["pass_at_1_ci"], rs.PASS_AT_1_CI)
+    cost = _read(u["cost"], rs.COST)
+    fm = _read(u["failure_modes"], rs.FAILURE_MODE_TABLE)
+    tool_use = _read(u["tool_use"], rs.TOOL_USE)
+    labels = _read(u["failure_labels"], rs.FAILURE_LABELS)
+    c = tables["counts"]
+    conf = round(tables.get("confidence", 0.95) * 100)
+
+    title = f"querylab run `{run_id}`"
+    intro = (
+        f"{c['trials']:,} trials, {c['agents']} agent(s), {c['datasets']} dataset(s), "
+        f"{c['queries']} queries, {c['tool_calls']:,} tool calls; {c['incorrect']:,} incorrect "
+        f"trials. Report generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from the "
+        f"run's artifacts alone (`{run_prefix(artifacts_root, run_id)}`)."
+    )
+    if tables["notes"]:
+        intro += "\n\n" + "\n".join(f"- {n}" for n in tables["notes"])
+
+    k_note = (
+        "`ALL (queries)` = mean over all queries; `ALL (datasets)` = mean of the dataset "
+        "scores (stratified). Dataset score = mean over its queries; a query with fewer "
+        "than k trials is left out at that k (`queries` counts those scored)."
+    )
+    sections = [
+        Section(
+            "pass@k",
+            "pass@k is the unbiased estimator 1 - C(n-c, k) / C(n, k) per query (Chen et al. "
+            "2021): the probability that at least one of k trials is correct. pass^k = "
+            "C(c, k) / C(n, k): the probability that all k are correct. k runs over "
+            "{1, 2, 3, 5, 10, 20, 50} up to the most trials of a query. " + k_note,
+            [
+                Table("pass@k", pass_at_k_wide(summary)),
+                Table("pass^k (all k trials correct)", pass_at_k_wide(summary, "pass_hat_k")),
+                Figure(
+                    "pass@k curves",
+                    "pass_at_k",
+                    b"",
+                    "Solid: pass@k; dashed: pass^k; mean over all queries.",
+                ),
+            ],
+        ),
+        Section(
+            "pass@1 with confidence intervals",
+            f"{conf}% Wilson score interval for p̂ = the reported pass@1 over the n trials "
+            "behind it (trials treated as independent; equal to the pooled-count interval when "
+            "every query has the same number of trials).",
+            [
+                Table(f"pass@1 and {conf}% Wilson interval", ci.drop("confidence")),
+                Figure("pass@1 by agent and dataset", "pass_at_1_heatmap", b""),
+            ],
+        ),
+        Section(
+            "Cost",
+            "USD and tokens as recorded per trial (token usage × the configured price); per "
+            "correct answer divides by correct trials (empty when none). Latency in seconds and "
+            "iterations (model calls) per trial: mean, median (p50) and 95th percentile. "
+            "`prompt_cache_share` = cached / prompt tokens (provider prompt cache); "
+            "`response_cache_hit_share` = model calls answered from querylab's response cache "
+            "(from `llm_calls.parquet`).",
+            [
+                Table("Cost and effort", cost, float_precision=4),
+                Figure(
+                    "Cost vs pass@1",
+                    "cost_vs_pass_at_1",
+                    b"",
+                    "One point per agent; error bars: Wilson interval of pass@1.",
+                ),
+            ],
+        ),
+    ]
+
+    examples = (
+        labels.sort("trial_key")
+        .group_by("failure_mode", maintain_order=True)
+        .head(EXAMPLES_PER_MODE)
+        .sort("failure_mode", "trial_key")
+        .select(
+            "failure_mode",
+            "rule",
+            "trial_key",
+            "terminate_reason",
+            "missing_sources",
+            "missing_operations",
+        )
+    )
+    fm_blocks: list = [
+        Table("Failure modes of incorrect trials", fm),
+        Figure("Failure modes per agent", "failure_modes", b""),
+        Table(f"Examples (up to {EXAMPLES_PER_MODE} per mode)", examples),
+    ]
+    judge_uri = tables["uris"].get("failure_judge")
+    if judge_uri and storage.exists(judge_uri):
+        from tasks.failure_judge import judge_agreement
+
+        judged = _read(judge_uri, rs.FAILURE_JUDGE)
+        for (model,), part in judged.group_by("model", maintain_order=True):
+            fm_blocks.append(
+                Table(
+                    f"LLM judge `{model}` vs deterministic labels ({part.height} trials judged)",
+                    judge_agreement(labels, part),
+                )
+            )
+    unchecked = tables.get("unchecked_operations") or []
+    fm_text = (
+        "Every incorrect trial gets exactly one label by deterministic rules (first match "
+        "wins): FM5 runtime (stopped by an API error, timeout or a call/iteration/token limit); "
+        "FM1 other (answer without any data tool call, no answer, or requirements unknown); "
+        "FM3 wrong data source (a table/collection in the query's `requires.sources` never "
+        "referenced by a `query_db` call); FM4 wrong implementation (all sources touched and "
+        "every checkable operation in `requires.operations` evident in the trajectory); FM2 "
+        "wrong plan (otherwise). Checkable operations: "
+        + ", ".join(f"`{o}`" for o in CHECKED_OPERATIONS)
+        + ". Rules: `tasks/failure_modes.py`."
+    )
+    if unchecked:
+        fm_text += (
+            " Operations without a trajectory signature (never counted missing): "
+            + ", ".join(f"`{o}`" for o in unchecked)
+            + "."
+        )
+    sections.append(Section("Failure modes", fm_text, fm_blocks))
+    sections.append(
+        Section(
+            "Tool use",
+            "`exploration_share`: exploratory calls (list_db, `SELECT * ... LIMIT`, "
+            "information_schema / sqlite_master / PRAGMA, unfiltered Mongo finds) over all calls "
+            "but return_answer. `db_python_ratio`: (list_db + query_db) / execute_python calls. "
+            "`parallel_turn_share`: model turns with two or more tool calls over turns with any. "
+            "`extract_*`: share of trials whose trajectory used that way of reading values out of "
+            "text (pattern match in the query, regex or string search in Python, a model call). "
+            "Rules: `tasks/tool_use.py`.",
+            [Table("Tool use", tool_use)],
+        )
+    )
+    pq1 = per_query.filter(pl.col("k") == 1).select(
         "agent", "dataset", "query_id", "n", "c", pl.col("pass_at_k").alias("pass@1")
     )
+    pq1, note = _capped(pq1, u["pass_at_k"])
+    sections.append(Section("Per query", "", [Table("pass@1 per query", pq1, note)]))
+    trials = load_trials(artifacts_root, run_id).select("agent", "terminate_reason")
     terminate = (
-        trials.group_by("agent", "terminate_reason").agg(pl.len().alias("trials"))
+        trials.group_by("agent", "terminate_reason")
+        .agg(pl.len().alias("trials"))
         .sort("agent", "terminate_reason")
     )
-    table = markdown_table(wide)
-    md = "\n\n".join(
-        [
-            f"# querylab run `{run_id}`",
-            f"{trials.height} trials, {trials['agent'].n_unique()} agent(s), "
-            f"{trials['dataset'].n_unique()} dataset(s), "
-            f"{trials.select('dataset', 'query_id').unique().height} queries.",
-            "## pass@k (unbiased estimator, Chen et al. 2021)\n\nDataset score = mean over its "
-            "queries; `ALL (queries)` = mean over all queries; `ALL (datasets)` = mean of the "
-            "dataset scores.",
-            table,
-            "## Per query",
-            markdown_table(per_query_k1),
-            "## Terminate reasons",
-            markdown_table(terminate),
-        ]
+    sections.append(Section("Terminate reasons", "", [Table("Terminate reasons", terminate)]))
+
+    from tasks import plots
+
+    pngs = {
+        "pass_at_k": plots.pass_at_k_curves(summary),
+        "pass_at_1_heatmap": plots.pass_at_1_heatmap(ci),
+        "cost_vs_pass_at_1": plots.cost_vs_pass_at_1(cost, ci),
+        "failure_modes": plots.failure_mode_bars(fm),
+    }
+    for sec in sections:
+        for block in sec.blocks:
+            if isinstance(block, Figure):
+                block.png = pngs[block.name]
+    return title, intro, sections
+
+
+def publish_prefect_artifacts(run_id: str, markdown: str, sections: list[Section]) -> list[str]:
+    """Create a Prefect markdown artifact (the report) and table artifacts (each table of the
+    report) when called inside a Prefect flow or task run; returns the artifact keys created
+    (none outside a run)."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return []
+    slug = _slug(run_id)
+    key = f"querylab-report-{slug}"
+    create_markdown_artifact(
+        markdown=markdown, key=key, description=f"querylab report for run {run_id}"
     )
-    md_uri = storage.write_bytes(storage.join(prefix, "report.md"), (md + "\n").encode())
+    keys = [key]
+    for sec in sections:
+        for block in sec.blocks:
+            if isinstance(block, Table) and block.frame.height:
+                tkey = f"querylab-{_slug(block.title)}-{slug}"[:100].rstrip("-")
+                rows = block.frame.with_columns(
+                    pl.col(c).list.join(", ")
+                    for c, t in block.frame.schema.items()
+                    if isinstance(t, pl.List)
+                ).to_dicts()
+                create_table_artifact(table=rows, key=tkey, description=block.title)
+                keys.append(tkey)
+    return keys
+
+
+@task(name="report-render", persist_result=False)
+def render_report(run_id: str, artifacts_root: str, tables: dict) -> dict:
+    """Write ``report/plots/*.png``, ``report/report.md`` and ``report/report.html`` from the
+    tables of :func:`compute_report_tables`, and publish Prefect artifacts when inside a run.
+
+    Returns ``{"markdown": uri, "html": uri, "plots": {name: uri}, "table": <Markdown of the
+    pass@k table>, "prefect_artifacts": [keys]}``.
+    """
+    title, intro, sections = build_document(run_id, artifacts_root, tables)
+    plot_uris = {}
+    for sec in sections:
+        for block in sec.blocks:
+            if isinstance(block, Figure):
+                plot_uris[block.name] = storage.write_bytes(
+                    report_uri(artifacts_root, run_id, "plots", f"{block.name}.png"), block.png
+                )
+    md = render_markdown(title, intro, sections)
+    md_uri = storage.write_bytes(report_uri(artifacts_root, run_id, "report.md"), md.encode())
+    html_uri = storage.write_bytes(
+        report_uri(artifacts_root, run_id, "report.html"),
+        render_html(title, intro, sections).encode(),
+    )
+    wide = next(b for b in sections[0].blocks if isinstance(b, Table)).frame
+    keys = publish_prefect_artifacts(
+        run_id,
+        md.replace("](plots/", f"]({report_uri(artifacts_root, run_id, 'plots')}/"),
+        sections,
+    )
     return {
         "markdown": md_uri,
-        "pass_at_k": pq_uri,
-        "summary": summary_uri,
-        "table": table,
-        "failed": failed,
+        "html": html_uri,
+        "plots": plot_uris,
+        "table": markdown_table(wide),
+        "prefect_artifacts": keys,
     }

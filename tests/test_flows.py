@@ -73,7 +73,7 @@ def test_cli_run_prints_pass_at_k_and_artifacts(prefect_harness, settings, capsy
 
 
 def test_oracle_failure_is_named_and_fails_the_run(capsys):
-    from querylab.cli import _print_report
+    from querylab.cmd_report import print_report
 
     rep = {
         "table": "| agent | dataset | pass@1 |",
@@ -81,12 +81,12 @@ def test_oracle_failure_is_named_and_fails_the_run(capsys):
         "markdown": "r.md",
         "pass_at_k": "p.parquet",
     }
-    assert _print_report(rep, ["oracle"]) == 1
+    assert print_report(rep) == 1
     out = capsys.readouterr().out
     assert "oracle movies/q_bad: 0/5 correct" in out and "ORACLE FAILED" in out
     # an LLM agent failing queries is a result, not a dataset bug
     rep["failed"][0]["agent"] = "openai:m"
-    assert _print_report(rep, ["openai:m"]) == 0
+    assert print_report(rep) == 0
 
 
 @pytest.mark.parametrize(

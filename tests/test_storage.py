@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from schemas import artifacts
+from schemas import report as report_schemas
 from tasks import storage
 
 
@@ -42,13 +42,13 @@ def test_roundtrip_bytes_json_parquet(root):
     storage.write_json(storage.join(root, "runs", "r1", "m.json"), {"b": 1, "a": [1, 2]})
     assert storage.read_json(storage.join(root, "runs", "r1", "m.json")) == {"a": [1, 2], "b": 1}
     rows = [{"agent": "a", "dataset": "d", "query_id": "q", "k": 1, "n": 2, "c": 1,
-             "pass_at_k": 0.5}]
+             "pass_at_k": 0.5, "pass_hat_k": 0.0}]
     t_uri = storage.write_parquet(
         storage.join(root, "runs", "r1", "p.parquet"),
-        pa.Table.from_pylist(rows, schema=artifacts.PASS_AT_K),
-        artifacts.PASS_AT_K,
+        pa.Table.from_pylist(rows, schema=report_schemas.PASS_AT_K),
+        report_schemas.PASS_AT_K,
     )
-    back = storage.read_parquet(t_uri, artifacts.PASS_AT_K)
+    back = storage.read_parquet(t_uri, report_schemas.PASS_AT_K)
     assert back.to_pylist() == rows
     assert storage.list_uris(storage.join(root, "runs"), ".parquet") == [t_uri]
     assert len(storage.list_uris(storage.join(root, "runs"))) == 3

@@ -1,0 +1,361 @@
+"""Tool-use analysis of trajectories (``tool_calls.parquet``): what each call did, and the
+tool-use table per agent and dataset.
+
+A trajectory is the ordered tool calls of one trial (``schemas.artifacts.TOOL_CALLS``):
+``tool``, ``arguments`` (the raw JSON text the agent sent: ``db`` and ``query`` for
+``query_db``, ``db`` for ``list_db``, ``code`` for ``execute_python``), ``success``, ``turn``
+(the model response that asked for the call; several calls share a turn when issued in
+parallel).
+
+Per-call detection rules (regular expressions over the call's query or code, SQL keywords
+case-insensitive; a ``query`` whose text starts with ``{`` is a MongoDB query; string literals
+are not parsed out, so a keyword written inside a SQL string literal also counts):
+
+Exploratory call (``explore``) — DAB's "exploration" calls:
+  - ``list_db`` (any arguments);
+  - SQL ``SELECT * ... LIMIT`` (row sampling);
+  - SQL on the catalog: ``information_schema``, ``sqlite_master`` / ``sqlite_schema``,
+    ``PRAGMA`` / ``pragma_*()``, ``pg_catalog`` / ``pg_tables``, ``duckdb_tables()`` and
+    friends, ``SHOW`` / ``DESCRIBE``;
+  - MongoDB ``find`` without a filter (no ``find`` key or ``"find": {}``), or an ``aggregate``
+    whose only stage is ``$limit`` / ``$sample``.
+Extraction method (how a trajectory read values out of free text):
+  - ``sql_pattern``: a pattern match inside the query — SQL ``LIKE`` / ``ILIKE`` /
+    ``SIMILAR TO`` / ``GLOB`` / ``regexp_*`` / ``RLIKE`` / PostgreSQL ``~``; MongoDB
+    ``$regex`` / ``$regexMatch`` / ``$regexFind`` / ``$text`` / ``$indexOfCP``;
+  - ``python_regex``: ``re.search/match/fullmatch/findall/finditer/sub/split/compile(`` or
+    pandas/Polars ``.str.extract/contains/match/findall/count_matches(`` in Python code;
+  - ``python_string``: a string literal tested with ``in`` (``"Horror" in r["synopsis"]``) or
+    ``.find/.rfind/.index/.startswith/.endswith/.partition(`` in Python code;
+  - ``model_call``: Python code that calls a model (``openai``, ``chat.completions``,
+    ``anthropic``, ``ollama``, ``litellm``, ``transformers``, ``/v1/chat/completions``).
+Key reformatting (``key_reformat``, evidence for joining keys written differently per
+database): Python string surgery (``.split/.replace/.strip/.removeprefix/.zfill/.format(``,
+slicing ``[2:]``, ``int(`` / ``str(``, ``re.sub(``, f-strings, ``.str.replace/slice/...(``),
+SQL string functions (``split_part``, ``substr``/``substring``, ``replace``,
+``regexp_replace``/``regexp_extract``, ``lpad``, ``trim``, ``left``/``right``, ``concat``,
+``||``, ``CAST``/``::int``, ``lower``/``upper``, ``format``/``printf``) and MongoDB
+``$substr*`` / ``$split`` / ``$toInt`` / ``$toString`` / ``$concat`` / ``$replaceAll`` /
+``$convert`` / ``$trim`` / ``$toLower`` / ``$toUpper``.
+Adjusted prices (``adj_close``): ``adj_close``, ``adjclose``, ``adjusted close``,
+``adj close`` anywhere in the call's query or code.
+
+Everything is vectorised Polars string expressions; no Python loop runs over calls.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from schemas.report import ALL
+
+DB_TOOLS = ("list_db", "query_db")
+DATA_TOOLS = ("list_db", "query_db", "execute_python")
+EXTRACTION_METHODS = ("sql_pattern", "python_regex", "python_string", "model_call")
+
+
+def ascii_regex(pattern: str) -> str:
+    """``pattern`` with ASCII word boundaries: Unicode ``\\b`` makes Polars' regex engine fall
+    back to a slow path (about 60× slower on millions of rows); SQL and code are ASCII where
+    it matters."""
+    return pattern.replace(r"\b", r"(?-u:\b)")
+
+
+EXPLORE_SQL = (
+    r"(?is)\bselect\s+\*\s+from\b.*\blimit\b"
+    r"|\binformation_schema\b|\bsqlite_(?:master|schema|temp_master)\b|\bpragma\b|\bpragma_\w+"
+    r"|\bpg_catalog\b|\bpg_(?:tables|class|attribute|namespace)\b"
+    r"|\bduckdb_(?:tables|columns|views|schemas|databases|constraints)\b"
+    r"|^\s*(?:show|describe|desc)\b"
+)
+EXPLORE_MONGO_EMPTY_FIND = r'"find"\s*:\s*\{\s*\}'
+EXPLORE_MONGO_SAMPLE_ONLY = (
+    r'"aggregate"\s*:\s*\[\s*\{\s*"\$(?:limit|sample)"\s*:\s*(?:\d+|\{[^{}]*\})\s*\}\s*\]'
+)
+SQL_PATTERN_SQL = r"(?i)\b(?:i?like|similar\s+to|glob|rlike|regexp\w*)\b|\s!?~\*?\s"
+SQL_PATTERN_MONGO = r"\$(?:regex|regexMatch|regexFind|regexFindAll|text|indexOfCP)\b"
+PYTHON_REGEX = (
+    r"\bre\.(?:search|match|fullmatch|findall|finditer|sub|subn|split|compile)\s*\("
+    r"|\.str\.(?:extract|extractall|extract_all|contains|match|findall|count_matches)\s*\("
+    r"|\bregex\.\w+\s*\("
+)
+PYTHON_STRING = (
+    r"""["'][^"'\n]+["']\s+(?:not\s+)?in\s+[\w\[]"""
+    r"|\.(?:find|rfind|index|startswith|endswith|partition|rpartition)\s*\("
+)
+MODEL_CALL = (
+    r"\bopenai\b|\bOpenAI\(|chat\.completions|\banthropic\b|\bAnthropic\(|\bollama\b"
+    r"|\blitellm\b|\btransformers\b|/v1/chat/completions"
+)
+KEY_REFORMAT_PYTHON = (
+    r"\.(?:split|rsplit|replace|removeprefix|removesuffix|lstrip|rstrip|strip|zfill|rjust|ljust"
+    r"|format)\s*\(|\[\s*-?\d*\s*:\s*-?\d*\s*\]|\bint\s*\(|\bstr\s*\(|\bre\.sub\s*\("
+    r"|\bf[\"'][^\"'\n]*\{"
+    r"|\.str\.(?:replace|replace_all|slice|split|extract|strip_chars|strip|zfill|pad_start"
+    r"|to_integer)\s*\("
+)
+KEY_REFORMAT_SQL = (
+    r"(?i)\b(?:split_part|substr|substring|replace|regexp_replace|regexp_extract|regexp_substr"
+    r"|lpad|rpad|ltrim|rtrim|trim|right|left|concat|concat_ws|printf|format|string_split"
+    r"|str_split|split|lower|upper)\s*\(|\|\||::\s*(?:int|integer|bigint|text|varchar)\b"
+    r"|\bcast\s*\("
+)
+KEY_REFORMAT_MONGO = (
+    r"\$(?:substr|substrCP|substrBytes|split|toInt|toLong|toString|concat|replaceAll"
+    r"|replaceOne|convert|trim|toLower|toUpper)\b"
+)
+ADJ_CLOSE = r"(?i)adj(?:usted)?[_ ]?close"
+
+
+_DB_FIRST = r'^\{\s*"db"\s*:\s*"([^"\\]*)"'
+
+
+def _split(lf: pl.LazyFrame) -> list[pl.LazyFrame]:
+    """``lf`` in as many row-interleaved parts as Polars has threads, so that the per-row
+    string work (JSON, regexes) of one tool's calls runs on every core (``collect_all``)."""
+    n = max(1, min(8, pl.thread_pool_size()))
+    if n == 1:
+        return [lf]
+    return [lf.filter(pl.int_range(pl.len()) % n == i) for i in range(n)]
+
+
+def _fill_db(df: pl.DataFrame) -> pl.DataFrame:
+    """Complete ``db`` = ``$.db`` of the arguments JSON. ``db`` was read with a regex where it
+    is the object's first key and its value has no escapes (what agents and the oracle send;
+    exact, and several times faster than parsing JSON); the other rows of ``list_db`` /
+    ``query_db`` calls that mention ``"db"`` are parsed here."""
+    args, db = df["arguments"], df["db"]
+    missing = (db.is_null() & df["tool"].is_in(DB_TOOLS)).arg_true()
+    if not missing.len():
+        return df
+    slow = missing.filter(args.gather(missing).str.contains('"db"', literal=True))
+    if slow.len():
+        db = db.scatter(slow, args.gather(slow).str.json_path_match("$.db"))
+    return df.with_columns(db.alias("db"))
+
+
+def _has(expr: pl.Expr, pattern: str) -> pl.Expr:
+    return expr.str.contains(ascii_regex(pattern)).fill_null(False)
+
+
+FEATURES = ("explore", *EXTRACTION_METHODS, "key_reformat", "adj_close")
+#: Features the tool-use table needs (the failure-mode classifier needs the others).
+TOOL_USE_FEATURES = ("explore", *EXTRACTION_METHODS)
+
+
+def call_features(
+    tool_calls: pl.DataFrame | pl.LazyFrame,
+    features: tuple[str, ...] = FEATURES,
+    with_db: bool = True,
+) -> pl.DataFrame:
+    """Per-call parsed arguments and boolean features (see the module docstring for the rules).
+
+    Input: ``TOOL_CALLS`` columns (at least trial_key, turn, tool, arguments, success). Output:
+    those plus
+
+    - ``db`` (only ``with_db``): ``$.db`` of ``list_db`` / ``query_db`` calls;
+    - ``query``: ``$.query`` of ``query_db`` calls (a JSON object passed instead of a query
+      string becomes its JSON text); ``code``: ``$.code`` of ``execute_python`` calls;
+    - ``is_mongo``: the query text starts with ``{``; ``sql``: the query when it is SQL (null
+      for Mongo queries);
+    - one boolean column (never null) per name in ``features``, a subset of :data:`FEATURES`:
+      ``explore``, ``sql_pattern``, ``python_regex``, ``python_string``, ``model_call``,
+      ``key_reformat``, ``adj_close``.
+
+    Malformed argument JSON gives nulls and false features, never an error. Each tool's rows are
+    parsed and matched on their own (only the keys and patterns that apply to that tool; the
+    branches run in parallel), so output rows are grouped by tool, not in input order. Raises
+    ValueError for an unknown feature name.
+    """
+    unknown = set(features) - set(FEATURES)
+    if unknown:
+        raise ValueError(f"unknown features {sorted(unknown)}; known: {FEATURES}")
+    lf = tool_calls.lazy()
+    args, tool = pl.col("arguments"), pl.col("tool")
+    null, false = pl.lit(None, pl.String), pl.lit(False)
+    query, sql, code, mongo = pl.col("query"), pl.col("sql"), pl.col("code"), pl.col("is_mongo")
+    is_mongo = query.str.contains(r"^\s*\{").fill_null(False)
+    db = [args.str.extract(_DB_FIRST, 1).alias("db")] if with_db else []
+    unfiltered_find = (
+        ~_has(query, r'"aggregate"\s*:')
+        & (~_has(query, r'"find"\s*:') | _has(query, EXPLORE_MONGO_EMPTY_FIND))
+    ) | _has(query, EXPLORE_MONGO_SAMPLE_ONLY)
+    query_rules = {
+        "explore": pl.when(mongo).then(unfiltered_find).otherwise(_has(sql, EXPLORE_SQL)),
+        "sql_pattern": _has(sql, SQL_PATTERN_SQL) | _has(query, SQL_PATTERN_MONGO),
+        "key_reformat": pl.when(mongo)
+        .then(_has(query, KEY_REFORMAT_MONGO))
+        .otherwise(_has(sql, KEY_REFORMAT_SQL)),
+        "adj_close": _has(query, ADJ_CLOSE),
+    }
+    python_rules = {
+        "python_regex": _has(code, PYTHON_REGEX),
+        "python_string": _has(code, PYTHON_STRING),
+        "model_call": _has(code, MODEL_CALL),
+        "key_reformat": _has(code, KEY_REFORMAT_PYTHON),
+        "adj_close": _has(code, ADJ_CLOSE),
+    }
+    other_rules = {"explore": tool == "list_db"}
+
+    def flags(rules: dict[str, pl.Expr]) -> list[pl.Expr]:
+        return [rules.get(f, false).alias(f) for f in features]
+
+    queries = [
+        part.with_columns(
+            *db, args.str.json_path_match("$.query").alias("query"), null.alias("code")
+        )
+        .with_columns(is_mongo.alias("is_mongo"), pl.when(~is_mongo).then(query).alias("sql"))
+        .with_columns(flags(query_rules))
+        for part in _split(lf.filter(tool == "query_db"))
+    ]
+    python = [
+        part.with_columns(
+            *([null.alias("db")] if with_db else []),
+            null.alias("query"),
+            args.str.json_path_match("$.code").alias("code"),
+            false.alias("is_mongo"),
+            null.alias("sql"),
+        ).with_columns(flags(python_rules))
+        for part in _split(lf.filter(tool == "execute_python"))
+    ]
+    others = lf.filter(~tool.is_in(["query_db", "execute_python"])).with_columns(
+        *([pl.when(tool == "list_db").then(db[0]).alias("db")] if with_db else []),
+        null.alias("query"),
+        null.alias("code"),
+        false.alias("is_mongo"),
+        null.alias("sql"),
+        *flags(other_rules),
+    )
+    *parts, rest = pl.collect_all([*queries, *python, others])
+    cols = rest.columns
+    out = pl.concat([*(p.select(cols) for p in parts), rest], how="vertical_relaxed")
+    return _fill_db(out) if with_db else out
+
+
+def trial_id_expr(trials: pl.DataFrame) -> pl.Expr:
+    """The expression that turns ``trial_key`` into the grouping id ``tid`` for this run.
+
+    Grouping and joining millions of calls on strings is slow, so ``tid`` is the key's 64-bit
+    hash when the run's trial keys hash without a collision (checked here on ``trials``), else
+    the key itself (exact either way for every call whose trial is in ``trials``)."""
+    hashed = pl.col("trial_key").hash(seed=0x5157)
+    if trials.select(hashed.n_unique()).item() == trials.height:
+        return hashed.alias("tid")
+    return pl.col("trial_key").alias("tid")
+
+
+def trial_tool_stats(
+    features: pl.LazyFrame, with_dbs: bool = False, per_turn: bool = True
+) -> pl.LazyFrame:
+    """Per-trial aggregates of :func:`call_features` output with a ``tid`` column (see
+    :func:`trial_id_expr`), lazy, one row per tid with calls: tool_calls, failed_calls,
+    explore_calls, explore_base (calls other than ``return_answer``), db_calls, python_calls,
+    data_calls, turns, max_calls_per_turn, parallel_turns (turns with ≥ 2 calls), the any-of
+    booleans sql_pattern, python_regex, python_string, model_call, key_reformat, adj_close,
+    and with ``with_dbs`` also query_dbs (distinct databases queried with ``query_db``).
+    Without ``per_turn`` the three turn columns are left out (one grouping pass fewer).
+
+    Calls are reduced per (trial, turn) first, then per trial, so the millions of calls are
+    hashed once."""
+    tool = pl.col("tool")
+    names = features.collect_schema().names()
+    flags = [f for f in (*EXTRACTION_METHODS, "key_reformat", "adj_close") if f in names]
+    counts = {
+        "failed_calls": ~pl.col("success"),
+        "explore_base": tool != "return_answer",
+        "db_calls": tool.is_in(DB_TOOLS),
+        "python_calls": tool == "execute_python",
+        "data_calls": tool.is_in(DATA_TOOLS),
+    }
+    if "explore" in names:
+        counts["explore_calls"] = pl.col("explore")
+    if not per_turn:
+        stats = features.group_by("tid").agg(
+            pl.len().cast(pl.Int64).alias("tool_calls"),
+            *[e.sum().cast(pl.Int64).alias(name) for name, e in counts.items()],
+            *[pl.col(f).any() for f in flags],
+        )
+    else:
+        turns = features.group_by("tid", "turn").agg(
+            pl.len().alias("calls_in_turn"),
+            *[e.sum().alias(name) for name, e in counts.items()],
+            *[pl.col(f).any() for f in flags],
+        )
+        stats = turns.group_by("tid").agg(
+            pl.col("calls_in_turn").sum().cast(pl.Int64).alias("tool_calls"),
+            *[pl.col(name).sum().cast(pl.Int64) for name in counts],
+            pl.len().cast(pl.Int64).alias("turns"),
+            pl.col("calls_in_turn").max().cast(pl.Int32).alias("max_calls_per_turn"),
+            (pl.col("calls_in_turn") > 1).sum().cast(pl.Int64).alias("parallel_turns"),
+            *[pl.col(f).any() for f in flags],
+        )
+    if not with_dbs:
+        return stats
+    dbs = (
+        features.filter(tool == "query_db", pl.col("db").is_not_null())
+        .group_by("tid")
+        .agg(pl.col("db").n_unique().cast(pl.Int64).alias("query_dbs"))
+    )
+    return stats.join(dbs, on="tid", how="left").with_columns(pl.col("query_dbs").fill_null(0))
+
+
+def tool_use_table(trials: pl.DataFrame, tool_calls: pl.DataFrame | pl.LazyFrame) -> pl.DataFrame:
+    """The tool-use table per (agent, dataset) and per agent (``dataset == "ALL"``).
+
+    ``trials`` (``TRIALS`` columns; trial_key, agent, dataset used) gives the denominators, so a
+    trial without any tool call counts; ``tool_calls`` are the ``TOOL_CALLS`` rows (calls of
+    trials not in ``trials`` are ignored). Columns (``schemas.report.TOOL_USE``): trials;
+    tool_calls and calls_per_trial; failed_call_share (calls with success = false);
+    exploration_share = exploratory calls / calls other than ``return_answer``; db_calls
+    (``list_db`` + ``query_db``), python_calls (``execute_python``) and db_python_ratio (null
+    without Python calls); turns (model turns that asked for tools), parallel_turn_share (turns
+    with ≥ 2 calls / turns) and max_calls_per_turn; extract_<method> = share of trials whose
+    trajectory used that extraction method (``sql_pattern``, ``python_regex``,
+    ``python_string``, ``model_call``).
+    """
+    tid = trial_id_expr(trials)
+    features = call_features(tool_calls.lazy().with_columns(tid), TOOL_USE_FEATURES, with_db=False)
+    per_trial = trial_tool_stats(features.lazy())
+    keys = trials.lazy().select(tid, "agent", "dataset")
+    joined = keys.join(per_trial, on="tid", how="left")
+    zero = [
+        "tool_calls",
+        "failed_calls",
+        "explore_calls",
+        "explore_base",
+        "db_calls",
+        "python_calls",
+        "turns",
+        "parallel_turns",
+    ]
+    joined = joined.with_columns(
+        *[pl.col(c).fill_null(0) for c in zero],
+        *[pl.col(m).fill_null(False) for m in EXTRACTION_METHODS],
+    )
+
+    def aggs() -> list[pl.Expr]:
+        def ratio(a: str, b: str) -> pl.Expr:
+            return pl.col(a).sum() / pl.when(pl.col(b).sum() > 0).then(pl.col(b).sum())
+
+        return [
+            pl.len().cast(pl.Int64).alias("trials"),
+            pl.col("tool_calls").sum().cast(pl.Int64),
+            pl.col("tool_calls").mean().alias("calls_per_trial"),
+            ratio("failed_calls", "tool_calls").alias("failed_call_share"),
+            ratio("explore_calls", "explore_base").alias("exploration_share"),
+            pl.col("db_calls").sum().cast(pl.Int64),
+            pl.col("python_calls").sum().cast(pl.Int64),
+            ratio("db_calls", "python_calls").alias("db_python_ratio"),
+            pl.col("turns").sum().cast(pl.Int64),
+            ratio("parallel_turns", "turns").alias("parallel_turn_share"),
+            pl.col("max_calls_per_turn").max().cast(pl.Int32),
+            *[pl.col(m).mean().alias(f"extract_{m}") for m in EXTRACTION_METHODS],
+        ]
+
+    per_ds = joined.group_by("agent", "dataset").agg(aggs())
+    per_agent = joined.group_by("agent").agg(aggs()).with_columns(pl.lit(ALL).alias("dataset"))
+    out = pl.concat([per_ds, per_agent.select(per_ds.collect_schema().names())]).collect()
+    first = ["agent", "dataset"]
+    return out.select(*first, *[c for c in out.columns if c not in first]).sort(
+        "agent", pl.col("dataset") == ALL, "dataset"
+    )

@@ -1,0 +1,455 @@
+"""The report stage on hand-built run artifacts: every table written with its schema, manifests
+found and recorded, llm_calls optional, Markdown/HTML content, the LLM-judge stage over real
+HTTP (scripted server), Prefect artifacts inside a flow, and the ``querylab report`` command."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import re
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from schemas import artifacts
+from schemas import report as rs
+from tasks import storage
+from tasks.failure_judge import judge_prompt, parse_judge_reply
+from tasks.report import (
+    compute_report_tables,
+    judge_failure_modes,
+    render_report,
+    report_uri,
+)
+from tests.fakes.openai_server import ScriptedOpenAIServer, error, message
+
+MANIFEST = {
+    "name": "movies",
+    "version": "1-test",
+    "databases": {"catalog": {"engine": "mongodb"}, "boxoffice": {"engine": "postgres"}},
+    "queries": [
+        {
+            "id": "oscars",
+            "question": "How many films won at least one Oscar?",
+            "ground_truth": 42,
+            "requires": {
+                "sources": ["catalog.films", "boxoffice.revenue"],
+                "operations": ["join_reformatted_key", "extract_from_text"],
+            },
+        },
+        {
+            "id": "fresh",
+            "question": "How many films are Fresh?",
+            "ground_truth": 7,
+            "requires": {"sources": ["boxoffice.reviews"], "operations": ["domain_knowledge"]},
+        },
+    ],
+}
+
+GOOD = [
+    (
+        "query_db",
+        {
+            "db": "catalog",
+            "query": '{"collection": "films", "find": {"awards": {"$regex": "Oscar"}}}',
+        },
+    ),
+    ("query_db", {"db": "boxoffice", "query": "SELECT omdb_key FROM revenue"}),
+    (
+        "execute_python",
+        {"code": "print(len({int(r['omdb_key'].split(':')[1]) for r in var_call_2}))"},
+    ),
+    ("return_answer", {"answer": "42"}),
+]
+
+
+def _trial(
+    run_id,
+    agent,
+    query,
+    n,
+    correct,
+    reason="return_answer",
+    answer="42",
+    error=None,
+    cost=0.0,
+    tokens=(0, 0, 0),
+    calls=0,
+):
+    return {
+        "run_id": run_id,
+        "trial_key": f"{agent}|movies|{query}|{n}",
+        "agent": agent,
+        "model": agent.removeprefix("openai:") if agent != "oracle" else None,
+        "dataset": "movies",
+        "query_id": query,
+        "trial": n,
+        "answer": answer,
+        "is_correct": correct,
+        "terminate_reason": reason,
+        "error": error,
+        "n_llm_calls": 3 if agent != "oracle" else 0,
+        "n_tool_calls": calls,
+        "prompt_tokens": tokens[0],
+        "completion_tokens": tokens[1],
+        "cached_tokens": tokens[2],
+        "cost_usd": cost,
+        "latency_s": 1.5 + n,
+    }
+
+
+def write_run(
+    root: str, run_id: str = "hand", llm_calls: bool = False, manifest: bool = True
+) -> dict:
+    """A run of 2 agents × 2 queries × 3 trials: the oracle right every time, ``openai:m``
+    with one failure of each kind. Returns the trajectories by trial key."""
+    trials, calls = [], {}
+    for query in ("oscars", "fresh"):
+        for n in range(3):
+            key = f"oracle|movies|{query}|{n}"
+            calls[key] = GOOD
+            trials.append(_trial(run_id, "oracle", query, n, True, calls=len(GOOD)))
+    m = "openai:m"
+    plan = {
+        ("oscars", 0): (True, "return_answer", GOOD),
+        ("oscars", 1): (False, "return_answer", GOOD),  # FM4
+        ("oscars", 2): (False, "return_answer", GOOD[1:]),  # FM3 (no films)
+        ("fresh", 0): (False, "api_error", []),  # FM5
+        ("fresh", 1): (False, "no_tool_call", []),  # FM1
+        ("fresh", 2): (
+            True,
+            "return_answer",
+            [
+                (
+                    "query_db",
+                    {
+                        "db": "boxoffice",
+                        "query": "SELECT count(*) FROM reviews WHERE tomatometer >= 60",
+                    },
+                ),
+                ("return_answer", {"answer": "7"}),
+            ],
+        ),
+    }
+    for (query, n), (ok, reason, traj) in plan.items():
+        key = f"{m}|movies|{query}|{n}"
+        calls[key] = traj
+        trials.append(
+            _trial(
+                run_id,
+                m,
+                query,
+                n,
+                ok,
+                reason,
+                answer=None if reason == "api_error" else "5",
+                error="APIError: 500" if reason == "api_error" else None,
+                cost=0.01 * (n + 1),
+                tokens=(1000, 100, 400),
+                calls=len(traj),
+            )
+        )
+    call_rows = [
+        {
+            "run_id": run_id,
+            "trial_key": key,
+            "call_index": i,
+            "turn": i,
+            "call_id": f"call_{i}",
+            "tool": tool,
+            "arguments": json.dumps(args),
+            "success": True,
+            "error": None,
+            "result_size": 10,
+            "duration_s": 0.01,
+        }
+        for key, traj in calls.items()
+        for i, (tool, args) in enumerate(traj)
+    ]
+    prefix = f"{root}/runs/{run_id}/trials"
+    storage.write_parquet(
+        f"{prefix}/trials.parquet", pl.DataFrame(trials).to_arrow(), artifacts.TRIALS
+    )
+    storage.write_parquet(
+        f"{prefix}/tool_calls.parquet", pl.DataFrame(call_rows).to_arrow(), artifacts.TOOL_CALLS
+    )
+    if llm_calls:
+        rows = [
+            {
+                "run_id": run_id,
+                "trial_key": t["trial_key"],
+                "call_index": i,
+                "model": "m",
+                "base_url": "http://127.0.0.1:1/v1",
+                "prompt_tokens": 300,
+                "cached_tokens": 100,
+                "completion_tokens": 30,
+                "cost_usd": 0.001,
+                "latency_s": 0.2,
+                "finish_reason": "tool_calls",
+                "n_tool_calls": 1,
+                "attempts": 2 if i == 0 else 1,
+                "cache_hit": i == 2,
+                "priced": i != 1 or t["trial"] != 0,
+                "error": None,
+            }
+            for t in trials
+            if t["agent"] == m
+            for i in range(3)
+        ]
+        storage.write_parquet(
+            f"{prefix}/llm_calls.parquet", pl.DataFrame(rows).to_arrow(), artifacts.LLM_CALLS
+        )
+    if manifest:
+        storage.write_json(f"{root}/datasets/movies/1-test/manifest.json", MANIFEST)
+    return calls
+
+
+def make_report(root: str, run_id: str = "hand") -> tuple[dict, dict]:
+    tables = compute_report_tables.fn(run_id, root)
+    return tables, render_report.fn(run_id, root, tables)
+
+
+def test_report_from_artifacts_alone(tmp_path):
+    root = str(tmp_path)
+    write_run(root)
+    tables, out = make_report(root)
+    # every table is Parquet with its schema version
+    for name, uri in tables["uris"].items():
+        meta = pq.read_schema(uri).metadata
+        assert (
+            meta[b"schema_version"]
+            == rs.ALL_SCHEMAS[meta[b"artifact"].decode()].metadata[b"schema_version"]
+        ), name
+    assert tables["counts"] == {
+        "trials": 12,
+        "agents": 2,
+        "datasets": 1,
+        "queries": 2,
+        "incorrect": 4,
+        "tool_calls": 37,
+    }
+    assert tables["failed"] == [
+        {"agent": "openai:m", "dataset": "movies", "query_id": "fresh", "n": 3, "c": 1},
+        {"agent": "openai:m", "dataset": "movies", "query_id": "oscars", "n": 3, "c": 1},
+    ]
+    assert storage.read_json(report_uri(root, "hand", "manifests.json")) == [
+        f"{root}/datasets/movies/1-test/manifest.json"
+    ]
+    assert any("llm_calls.parquet" in n for n in tables["notes"])
+    labels = pl.read_parquet(tables["uris"]["failure_labels"])
+    assert dict(zip(labels["trial_key"], labels["failure_mode"])) == {
+        "openai:m|movies|fresh|0": "FM5",
+        "openai:m|movies|fresh|1": "FM1",
+        "openai:m|movies|oscars|1": "FM4",
+        "openai:m|movies|oscars|2": "FM3",
+    }
+    fm = pl.read_parquet(tables["uris"]["failure_modes"]).filter(pl.col("dataset") == "ALL")
+    assert fm.filter(pl.col("agent") == "oracle")["incorrect"].item() == 0
+    cost = pl.read_parquet(tables["uris"]["cost"])
+    m_all = cost.filter(pl.col("agent") == "openai:m", pl.col("dataset") == "ALL").row(
+        0, named=True
+    )
+    assert m_all["cost_usd"] == pytest.approx(0.12) and m_all[
+        "cost_per_correct_usd"
+    ] == pytest.approx(0.06)
+    assert m_all["llm_calls"] is None
+
+    md = Path(out["markdown"]).read_text()
+    for heading in (
+        "## pass@k",
+        "## pass@1 with confidence intervals",
+        "## Cost",
+        "## Failure modes",
+        "## Tool use",
+        "## Per query",
+        "## Terminate reasons",
+    ):
+        assert heading in md
+    assert re.search(r"\| oracle +\| movies", md) and "pass@3" in md and "pass^3" in md
+    for name in ("pass_at_k", "pass_at_1_heatmap", "cost_vs_pass_at_1", "failure_modes"):
+        assert f"](plots/{name}.png)" in md
+        assert Path(out["plots"][name]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "domain_knowledge" in md  # reported as unchecked
+    assert out["table"].startswith("| agent") and "ALL (queries)" in out["table"]
+
+    html = Path(out["html"]).read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(images) == 4 and all(base64.b64decode(i)[:4] == b"\x89PNG" for i in images)
+    assert html.count('<table class="data"') == 9
+    assert "http://" not in html.replace("http://127.0.0.1", "") and "<link" not in html
+    assert out["prefect_artifacts"] == []  # not inside a flow run
+
+
+def test_llm_calls_feed_cache_and_retries(tmp_path):
+    root = str(tmp_path)
+    write_run(root, llm_calls=True)
+    tables, _ = make_report(root)
+    assert not any("llm_calls" in n for n in tables["notes"])
+    cost = pl.read_parquet(tables["uris"]["cost"])
+    m_all = cost.filter(pl.col("agent") == "openai:m", pl.col("dataset") == "ALL").row(
+        0, named=True
+    )
+    assert m_all["llm_calls"] == 18 and m_all["retries"] == 6
+    assert m_all["unpriced_calls"] == 2  # call 1 of each trial 0
+    assert m_all["response_cache_hit_share"] == pytest.approx(1 / 3)
+    assert m_all["prompt_cache_share"] == pytest.approx(0.4)
+
+
+def test_missing_manifest_and_missing_run(tmp_path):
+    root = str(tmp_path)
+    write_run(root, manifest=False)
+    tables, _ = make_report(root)
+    assert any("No manifest for dataset `movies`" in n for n in tables["notes"])
+    labels = pl.read_parquet(tables["uris"]["failure_labels"])
+    assert set(labels.filter(pl.col("failure_mode") != "FM5")["rule"]) <= {
+        "requirements_unknown",
+        "no_data_tool_call",
+    }
+    with pytest.raises(storage.StorageError, match="runs/nope/trials/trials.parquet"):
+        compute_report_tables.fn("nope", root)
+
+
+def test_parse_judge_reply():
+    assert parse_judge_reply('{"failure_mode": "FM3", "rationale": "no films"}') == (
+        "FM3",
+        "no films",
+        None,
+    )
+    assert parse_judge_reply('```json\n{"failure_mode": "FM 4"}\n```')[0] == "FM4"
+    assert parse_judge_reply("I think this is FM2: wrong plan.")[0] == "FM2"
+    assert parse_judge_reply("no idea") == (None, None, "no failure mode in reply")
+    assert parse_judge_reply(None)[2] == "empty reply"
+    prompt = judge_prompt("Q?", 42, None, "api_error", "boom", [], {"sources": ["a.b"]})
+    assert "Q?" in prompt and "42" in prompt and "(no tool calls)" in prompt and "a.b" in prompt
+
+
+def test_judge_stage_over_http(tmp_path):
+    root = str(tmp_path)
+    write_run(root)
+    tables = compute_report_tables.fn("hand", root)
+
+    def responder(body, index):
+        user = body["messages"][1]["content"]
+        if "fresh|1" in user or "answer: 5" not in user and index == 99:
+            return message("hmm")
+        if "Stop reason: api_error" in user:
+            return message('{"failure_mode": "FM5", "rationale": "API failed"}')
+        if "Stop reason: no_tool_call" in user:
+            return message("unsure")  # unparseable: recorded as an error
+        if "revenue" in user and "films" not in user.split("Trajectory")[1]:
+            return message('{"failure_mode": "FM3", "rationale": "never read films"}')
+        return (
+            error(500, "judge backend down")
+            if index == 100
+            else message('{"failure_mode": "FM2", "rationale": "plan"}')
+        )
+
+    with ScriptedOpenAIServer(responder) as srv:
+        uri = judge_failure_modes.fn(
+            "hand",
+            root,
+            "openai:judge-model",
+            tables["manifests"],
+            limit=10,
+            base_url=srv.base_url,
+            api_key="test",
+        )
+        first = srv.request_count
+        # idempotent: trials judged without error are not asked again
+        judge_failure_modes.fn(
+            "hand",
+            root,
+            "openai:judge-model",
+            tables["manifests"],
+            limit=10,
+            base_url=srv.base_url,
+            api_key="test",
+        )
+        second = srv.request_count - first
+        bodies = srv.requests
+    assert first == 4 and second == 1  # only the unparseable one is retried
+    assert bodies[0]["model"] == "judge-model" and bodies[0]["temperature"] == 0
+    assert "How many films" in bodies[0]["messages"][1]["content"]
+    judged = pl.read_parquet(uri)
+    assert judged.height == 4 and set(judged["model"]) == {"judge-model"}
+    got = dict(zip(judged["trial_key"], judged["failure_mode"]))
+    assert got["openai:m|movies|fresh|0"] == "FM5"
+    assert got["openai:m|movies|oscars|2"] == "FM3"
+    assert got["openai:m|movies|fresh|1"] is None
+    assert (
+        judged.filter(pl.col("failure_mode").is_null())["error"].item()
+        == "no failure mode in reply"
+    )
+    # the deterministic labels are untouched and the report shows the agreement table
+    assert pl.read_parquet(tables["uris"]["failure_labels"]).height == 4
+    tables["uris"]["failure_judge"] = uri
+    out = render_report.fn("hand", root, tables)
+    assert (
+        "LLM judge `judge-model` vs deterministic labels (4 trials judged)"
+        in Path(out["markdown"]).read_text()
+    )
+
+
+def test_report_flow_publishes_prefect_artifacts_and_cli(
+    tmp_path, prefect_harness, capsys, monkeypatch
+):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from querylab.cmd_report import register
+
+    root = str(tmp_path)
+    write_run(root, run_id="flow-hand")
+    parser = argparse.ArgumentParser(prog="querylab")
+    register(parser.add_subparsers(dest="command", required=True))
+    verdict = message('{"failure_mode": "FM2", "rationale": "plan"}')
+    with ScriptedOpenAIServer(lambda body, index: verdict) as srv:
+        monkeypatch.setenv("QUERYLAB_OPENAI_BASE_URL", srv.base_url)
+        monkeypatch.setenv("QUERYLAB_OPENAI_API_KEY", "test-key")
+        args = parser.parse_args(
+            [
+                "report",
+                "--run-id",
+                "flow-hand",
+                "--artifacts",
+                root,
+                "--judge-model",
+                "openai:judge",
+                "--judge-limit",
+                "3",
+            ]
+        )
+        assert args.func(args) == 0  # openai:m failed queries, but no oracle failure
+        assert srv.request_count == 3  # --judge-limit
+        assert srv.request_headers[0]["authorization"] == "Bearer test-key"
+    out = capsys.readouterr().out
+    assert "| openai:m | movies" in out and "openai:m movies/fresh: 1/3 correct" in out
+    html = next(line.split()[-1] for line in out.splitlines() if line.startswith("html:"))
+    assert Path(html).name == "report.html" and Path(html).exists()
+    assert "LLM judge `judge` vs deterministic labels (3 trials judged)" in Path(html).read_text()
+    assert "test-key" not in Path(html).read_text()
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="querylab-%flow-hand"))
+        )
+    kinds = {a.key: a.type for a in found}
+    assert kinds["querylab-report-flow-hand"] == "markdown"
+    assert kinds["querylab-pass-k-flow-hand"] == "table"
+    assert kinds["querylab-failure-modes-of-incorrect-trials-flow-hand"] == "table"
+    assert kinds["querylab-tool-use-flow-hand"] == "table"
+
+
+def test_empty_run_still_reports(tmp_path):
+    root = str(tmp_path)
+    storage.write_parquet(
+        f"{root}/runs/empty/trials/trials.parquet", artifacts.TRIALS.empty_table(), artifacts.TRIALS
+    )
+    tables, out = make_report(root, "empty")
+    assert tables["counts"]["trials"] == 0 and tables["failed"] == []
+    assert any("tool_calls.parquet" in n for n in tables["notes"])
+    assert "0 trials" in Path(out["markdown"]).read_text()
+    assert all(Path(u).read_bytes()[:4] == b"\x89PNG" for u in out["plots"].values())
