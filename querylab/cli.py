@@ -82,7 +82,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``querylab`` console script; returns the exit status."""
-    from querylab import cmd_agents, cmd_datasets, cmd_equivalence, cmd_report, cmd_text2sql
+    from querylab import (
+        cmd_agents,
+        cmd_datasets,
+        cmd_equivalence,
+        cmd_lifecycle,
+        cmd_report,
+        cmd_text2sql,
+    )
 
     _prefect_defaults()
     p = argparse.ArgumentParser(prog="querylab", description=__doc__)
@@ -109,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     b.set_defaults(func=cmd_build)
 
 
-    for module in (cmd_report, cmd_agents, cmd_datasets, cmd_equivalence, cmd_text2sql):
+    for module in (
+        cmd_report, cmd_agents, cmd_datasets, cmd_equivalence, cmd_text2sql, cmd_lifecycle
+    ):
         module.register(sub)
 
     args = p.parse_args(argv)

@@ -234,11 +234,17 @@ def build_spider_databases(
 
 
 def run_sqlite(path: str | Path, sql: str, timeout_ms: int = 30_000) -> list[tuple]:
-    """All rows of ``sql`` on the SQLite file ``path``, opened read-only (``mode=ro``).
+    """All rows of ``sql`` on the SQLite file ``path``, opened read-only (``mode=ro``), with
+    only reads authorised (no ATTACH — which would create a file even on a read-only
+    connection — no PRAGMA writes, no VACUUM INTO; see ``tasks.databases``).
 
     The query is interrupted after ``timeout_ms`` milliseconds. Raises ``sqlite3.Error`` for an
-    engine error (``interrupted`` on timeout)."""
+    engine error (``interrupted`` on timeout, ``not authorized`` for a refused statement)."""
+    from tasks.databases import _sqlite_authorizer
+
     conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, check_same_thread=False)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+    conn.set_authorizer(_sqlite_authorizer)
     deadline = time.monotonic() + timeout_ms / 1000
     conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
     conn.text_factory = lambda b: b.decode("utf-8", errors="replace")

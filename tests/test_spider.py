@@ -161,5 +161,10 @@ def test_run_sqlite_is_read_only_and_times_out(spider_dbs):
             "SELECT count(*) FROM c",
             timeout_ms=100,
         )
-    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+    with pytest.raises(sqlite3.DatabaseError, match="not authorized"):
         run_sqlite(path, "DELETE FROM singer")
+    target = path.parent / "attached-by-a-query.db"
+    with pytest.raises(sqlite3.DatabaseError, match="not authorized|too many attached"):
+        run_sqlite(path, f"ATTACH DATABASE '{target}' AS x")
+    assert not target.exists()
+    assert run_sqlite(path, "SELECT count(*) FROM singer")[0][0] > 0
