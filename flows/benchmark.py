@@ -1,18 +1,20 @@
-"""End-to-end benchmark: datasets → trials → report, each stage a subflow."""
+"""End-to-end benchmark: datasets → trials → report, each stage a subflow keyed by run_id."""
 
 from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
 from flows.datasets import dataset_flows, default_datasets
-from flows.report import report
-from flows.trials import run_trials
+from flows.stages import datasets_stage, report_stage, trials_stage
 from schemas.settings import Settings
+from tasks import runs
+from tasks.trials import agent_options as check_agent_options
+from tasks.trials import parse_agent
 
 
 @flow(name="benchmark")
 def benchmark(
-    run_id: str,
+    run_id: str | None = None,
     datasets: list[str] | None = None,
     agents: list[str] | None = None,
     n_trials: int = 5,
@@ -24,15 +26,28 @@ def benchmark(
     plus the shared-data ones when ``QUERYLAB_SHARED_DATA`` / ``../shared/data`` exists, with a
     warning naming those skipped), run ``agents`` (default: oracle) ``n_trials`` times per
     query, and report pass@k. ``agent_options``: :class:`schemas.models.AgentOptions` fields
-    (limits, retries, sampling, cache). Returns the manifest, trial and report URIs."""
+    (limits, retries, sampling, cache). ``run_id`` default: a new one (scheduled deployments).
+
+    The configuration is recorded in ``runs/<run_id>/run.json`` first, so any stage can be
+    re-run later from the run id alone (:mod:`flows.stages`); the stages run inline here (each
+    records its attempt in ``runs/<run_id>/stages/``), their inner flows as subflows. Returns ``run_id``, the
+    ``manifests``, the ``trials`` URIs and the ``report`` dict."""
     root = artifacts_root or Settings.from_env().artifacts
+    run_id = runs.valid_run_id(run_id or runs.new_run_id())
     flows = dataset_flows()
-    names = datasets or default_datasets(get_run_logger().warning)
+    names = list(datasets or default_datasets(get_run_logger().warning))
     unknown = [n for n in names if n not in flows]
     if unknown:
         raise ValueError(f"unknown datasets {unknown}; have {sorted(flows)}")
-    manifests = [flows[name](artifacts_root=root) for name in names]
-    trials = run_trials(
-        run_id, manifests, agents or ["oracle"], n_trials, batch_size, root, agent_options
-    )
-    return {"manifests": manifests, "trials": trials, "report": report(run_id, root)}
+    agents = list(agents or ["oracle"])
+    for agent in agents:
+        parse_agent(agent)
+    check_agent_options(agent_options)
+    runs.record_benchmark(root, run_id, {
+        "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
+        "agent_options": agent_options or {},
+    })
+    manifests = datasets_stage(run_id, root)
+    trials = trials_stage(run_id, root)
+    report = report_stage(run_id, root)
+    return {"run_id": run_id, "manifests": manifests, "trials": trials, "report": report}

@@ -38,11 +38,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from querylab import cmd_agents
     from querylab.cmd_report import print_report, with_run_details
     from schemas.settings import Settings
+    from tasks.progress import console_progress
+    from tasks.runs import StageFailed, valid_run_id
     from tasks.trials import parse_agent
 
     settings = Settings.from_env()
     root = args.artifacts or settings.artifacts
-    run_id = args.run_id or new_run_id()
+    run_id = valid_run_id(args.run_id or new_run_id())
     agents = args.agent or ["oracle"]
     for agent in agents:
         parse_agent(agent)
@@ -51,15 +53,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--trials and --batch-size must be at least 1")
     print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
           f"artifacts in {root}")
-    out = benchmark(
-        run_id=run_id,
-        datasets=args.dataset or None,
-        agents=agents,
-        n_trials=args.trials,
-        batch_size=args.batch_size,
-        artifacts_root=root,
-        agent_options=cmd_agents.agent_options_from_args(args),
-    )
+    try:
+        with console_progress(args.progress):
+            out = benchmark(
+                run_id=run_id,
+                datasets=args.dataset or None,
+                agents=agents,
+                n_trials=args.trials,
+                batch_size=args.batch_size,
+                artifacts_root=root,
+                agent_options=cmd_agents.agent_options_from_args(args),
+            )
+    except StageFailed as exc:
+        print(f"querylab run: {exc}\n(re-run the failed stage: querylab rerun --run-id {run_id})",
+              file=sys.stderr)
+        return 1
     status = print_report(with_run_details(out["report"], root, run_id))
     for name in ("trials", "tool_calls", "llm_calls", "agents"):
         if name in out["trials"]:
@@ -87,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd_datasets,
         cmd_equivalence,
         cmd_lifecycle,
+        cmd_ops,
         cmd_report,
         cmd_text2sql,
     )
@@ -106,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--batch-size", type=int, default=25, help="trials per mapped task")
     r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
+    r.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="progress bar (default: when stderr is a terminal)",
+    )
     cmd_agents.add_agent_options(r)
     r.set_defaults(func=cmd_run)
 
@@ -117,19 +130,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
     for module in (
-        cmd_report, cmd_agents, cmd_datasets, cmd_equivalence, cmd_text2sql, cmd_lifecycle
+        cmd_report, cmd_ops, cmd_agents, cmd_datasets, cmd_equivalence, cmd_text2sql,
+        cmd_lifecycle,
     ):
         module.register(sub)
 
     args = p.parse_args(argv)
     from schemas.artifacts import ArtifactSchemaError
+    from tasks.runs import RunError
     from tasks.spec import SpecError
     from tasks.storage import StorageError
     from tasks.trials import AgentConfigError
 
     try:
         return args.func(args)
-    except (UsageError, AgentConfigError, SpecError, StorageError, ArtifactSchemaError) as exc:
+    except (
+        UsageError, AgentConfigError, SpecError, StorageError, ArtifactSchemaError, RunError
+    ) as exc:
         print(f"querylab {args.command}: {exc}", file=sys.stderr)
         return 2
 

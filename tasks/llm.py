@@ -14,6 +14,12 @@ infrastructure-only retries.
   HTTP 408, 429 and 5xx, timeouts and connection errors, with exponential backoff and jitter
   (``Retry-After`` / ``retry-after-ms`` honoured). Everything else (401, 404, 400, ...) fails at
   once. A failure raises :class:`LLMCallError` carrying the call's record.
+- Per-model concurrency and rate limits (opt-in, :class:`ModelLimits`): with
+  ``QUERYLAB_MODEL_LIMITS=prefect`` every HTTP attempt to ``openai:<name>`` holds a slot of the
+  Prefect global concurrency limit ``model:<name>`` (at most N requests in flight across every
+  worker sharing the Prefect server) and takes a slot of ``model-rate:<name>`` (a limit with
+  slot decay: a request rate). Only limits that exist are used; cache hits take none. Unset,
+  the call path does no Prefect work at all.
 """
 
 from __future__ import annotations
@@ -24,8 +30,10 @@ import json
 import logging
 import os
 import random
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -363,6 +371,133 @@ def _is_context_overflow(exc: Exception) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
+# Per-model concurrency and rate limits (Prefect global concurrency limits, opt-in)
+# --------------------------------------------------------------------------------------------
+
+#: ``prefect`` (or ``on`` / ``1`` / ``true``) turns per-model limits on; unset or ``off``: none.
+MODEL_LIMITS_ENV = "QUERYLAB_MODEL_LIMITS"
+_PREFECT_BANNED = re.compile(r"[/%&<>]")
+
+
+def model_limit_names(name: str) -> tuple[str, str]:
+    """``("model:<name>", "model-rate:<name>")``: the Prefect global concurrency limits that
+    bound ``openai:<name>`` (``<name>`` as in the models table; the characters Prefect bans in
+    names, ``/ % & < >``, become ``_``)."""
+    safe = _PREFECT_BANNED.sub("_", name)
+    return f"model:{safe}", f"model-rate:{safe}"
+
+
+def model_limits_enabled(env: dict[str, str] | None = None) -> bool:
+    """True when ``QUERYLAB_MODEL_LIMITS`` asks for Prefect limits; AgentConfigError for an
+    unknown value."""
+    value = ((os.environ if env is None else env).get(MODEL_LIMITS_ENV) or "").strip().lower()
+    if value in ("", "0", "off", "false", "no", "none"):
+        return False
+    if value in ("prefect", "1", "on", "true", "yes"):
+        return True
+    raise AgentConfigError(f"{MODEL_LIMITS_ENV}={value!r}: use 'prefect' (on) or 'off'")
+
+
+class _SlotWaitTimeout(Exception):
+    """No limit slot was granted before the trial's deadline."""
+
+
+class ModelLimits:
+    """The Prefect global concurrency limits of one model, looked up once.
+
+    ``concurrency``: name of an existing, active limit whose slots are held while a request is in
+    flight (None: none); ``rate``: name of an existing, active limit with slot decay, one slot
+    per request (None: none). Create them with the Prefect CLI, e.g.
+    ``prefect gcl create model:gpt-4o-mini --limit 8`` (8 requests in flight) and
+    ``prefect gcl create model-rate:gpt-4o-mini --limit 10 --slot-decay-per-second 5``
+    (bursts of 10, 5 requests per second sustained)."""
+
+    def __init__(self, name: str, concurrency: str | None, rate: str | None):
+        self.name, self.concurrency, self.rate = name, concurrency, rate
+
+    def __bool__(self) -> bool:
+        return bool(self.concurrency or self.rate)
+
+    @classmethod
+    def lookup(cls, name: str) -> ModelLimits:
+        """Read both limits of ``name`` from the Prefect API (``PREFECT_API_URL``); a missing,
+        inactive or (for the rate limit) decay-less limit is left out with a warning."""
+        from prefect.client.orchestration import get_client
+        from prefect.exceptions import ObjectNotFound
+
+        conc_name, rate_name = model_limit_names(name)
+        found: dict[str, str | None] = {"concurrency": None, "rate": None}
+        with get_client(sync_client=True) as client:
+            for kind, limit_name in (("concurrency", conc_name), ("rate", rate_name)):
+                try:
+                    limit = client.read_global_concurrency_limit_by_name(limit_name)
+                except ObjectNotFound:
+                    continue
+                if not limit.active:
+                    log.warning("global concurrency limit %s is inactive: not used", limit_name)
+                elif kind == "rate" and not limit.slot_decay_per_second:
+                    log.warning("global concurrency limit %s has no slot decay, so it cannot "
+                                "limit a rate: not used", limit_name)
+                else:
+                    found[kind] = limit_name
+        limits = cls(name, found["concurrency"], found["rate"])
+        if not limits:
+            log.warning("%s is on but neither %s nor %s exists in Prefect: calls to %s are not "
+                        "limited", MODEL_LIMITS_ENV, conc_name, rate_name, name)
+        return limits
+
+    @contextmanager
+    def hold(self, deadline: float | None = None) -> Iterator[None]:
+        """Take a rate slot, then hold a concurrency slot for the block. Waits at most until
+        ``deadline`` (``time.monotonic()``; None: as long as it takes), then raises
+        :class:`_SlotWaitTimeout`."""
+        from prefect.concurrency.sync import concurrency, rate_limit
+
+        def remaining() -> float | None:
+            if deadline is None:
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _SlotWaitTimeout()
+            return left
+
+        stack = ExitStack()
+        try:
+            if self.rate:
+                rate_limit(self.rate, occupy=1, timeout_seconds=remaining())
+            if self.concurrency:
+                stack.enter_context(
+                    concurrency(self.concurrency, occupy=1, timeout_seconds=remaining())
+                )
+        except TimeoutError as exc:  # AcquireConcurrencySlotTimeoutError
+            stack.close()
+            raise _SlotWaitTimeout() from exc
+        except BaseException:
+            stack.close()
+            raise
+        with stack:
+            yield
+
+
+_LIMITS_CACHE: dict[str, ModelLimits] = {}
+
+
+def model_limits(name: str, env: dict[str, str] | None = None) -> ModelLimits | None:
+    """The limits of ``openai:<name>`` when ``QUERYLAB_MODEL_LIMITS`` is on (looked up once per
+    process and model), else None."""
+    if not model_limits_enabled(env):
+        return None
+    if name not in _LIMITS_CACHE:
+        _LIMITS_CACHE[name] = ModelLimits.lookup(name)
+    return _LIMITS_CACHE[name] or None
+
+
+def forget_model_limits() -> None:
+    """Forget looked-up limits (after creating or deleting one in the same process)."""
+    _LIMITS_CACHE.clear()
+
+
+# --------------------------------------------------------------------------------------------
 # The model
 # --------------------------------------------------------------------------------------------
 
@@ -371,7 +506,9 @@ class ChatModel:
     """Chat Completions calls for one resolved model with querylab's retries and cache.
 
     ``options`` give retries, timeouts, sampling and the cache mode; ``cache`` is a
-    :class:`ResponseCache` (None: no cache); ``sleep`` and ``rng`` are injectable for tests.
+    :class:`ResponseCache` (None: no cache); ``sleep`` and ``rng`` are injectable for tests;
+    ``limits``: per-model :class:`ModelLimits` (default: :func:`model_limits`, i.e. none unless
+    ``QUERYLAB_MODEL_LIMITS`` is on).
     """
 
     def __init__(
@@ -381,8 +518,10 @@ class ChatModel:
         cache: ResponseCache | None = None,
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
+        limits: ModelLimits | None | bool = True,
     ):
         self.resolved = resolved
+        self.limits = model_limits(resolved.name) if limits is True else (limits or None)
         self.options = options or AgentOptions()
         self.cache = cache
         self.sleep = sleep
@@ -454,13 +593,22 @@ class ChatModel:
                 # client.post is what chat.completions.create ends in (same HTTP, auth, error
                 # mapping and ChatCompletion parsing) minus its per-call parameter transform,
                 # a no-op for the plain JSON querylab builds that costs ms on long histories
-                resp = self.client.post(
-                    "/chat/completions", body=kwargs, cast_to=ChatCompletion,
-                    options={"timeout": timeout},
-                )
+                if self.limits is None:
+                    resp = self.client.post(
+                        "/chat/completions", body=kwargs, cast_to=ChatCompletion,
+                        options={"timeout": timeout},
+                    )
+                else:
+                    resp = self._limited_post(kwargs, timeout, deadline)
                 if not resp.choices:
                     raise _EmptyResponse("the response has no choices")
                 break
+            except _SlotWaitTimeout:
+                return self._fail(
+                    record, start, "max_wall_time",
+                    f"no slot of the model's Prefect concurrency/rate limits before the trial's "
+                    f"wall time ran out ({model_limit_names(r.name)})",
+                )
             except (openai.OpenAIError, _EmptyResponse) as exc:
                 if _is_context_overflow(exc):
                     _, _, msg = classify_error(exc)
@@ -501,6 +649,20 @@ class ChatModel:
                 },
             )
         return resp, record
+
+    def _limited_post(self, kwargs: dict, timeout: float, deadline: float | None):
+        """The HTTP request inside the model's limits; the request timeout is cut to what is
+        left of the deadline once the slot is granted."""
+        assert self.limits is not None
+        with self.limits.hold(deadline):
+            if deadline is not None:
+                timeout = min(timeout, deadline - time.monotonic())
+                if timeout <= 0:
+                    raise _SlotWaitTimeout()
+            return self.client.post(
+                "/chat/completions", body=kwargs, cast_to=ChatCompletion,
+                options={"timeout": timeout},
+            )
 
     def _fill(self, record: LLMCallRecord, resp: ChatCompletion, cost: bool) -> None:
         prompt, cached, completion = usage_counts(resp.usage)

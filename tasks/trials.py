@@ -162,6 +162,11 @@ def plan_batches(
 ) -> list[dict]:
     """Expand agents × datasets × queries × trials into batches of at most ``batch_size``.
 
+    A ``replay:<file>`` agent's trials come from its file, not from ``n_trials``: for each
+    dataset the file answers, every query gets as many trials as the file's largest run number
+    for that dataset + 1 (a missing run is a ``no_answer`` trial, an incorrect answer, not a
+    runtime failure); datasets the file does not answer are not planned for that agent.
+
     Returns JSON-able dicts ``{"key", "agent", "manifest_uri", "items": [[query_id, trial]],
     "options": {...}}`` (``options``: the :class:`AgentOptions` that differ from the defaults).
     Keys are stable for the same inputs (so re-runs find finished batches) and change with the
@@ -176,7 +181,8 @@ def plan_batches(
     for agent in agents:
         for uri in manifest_uris:
             manifest = storage.read_json(uri)
-            items = [[q["id"], t] for q in manifest["queries"] for t in range(n_trials)]
+            runs = _replay_runs(agent, manifest) if agent.startswith("replay:") else n_trials
+            items = [[q["id"], t] for q in manifest["queries"] for t in range(runs)]
             for start in range(0, len(items), batch_size):
                 chunk = items[start : start + batch_size]
                 material: list = [agent, manifest["version"], chunk]
@@ -192,6 +198,13 @@ def plan_batches(
                      "options": opts}
                 )
     return batches
+
+
+def _replay_runs(agent: str, manifest: dict) -> int:
+    """Trials per query of a replay agent on one dataset: 1 + the largest run the answer file
+    has for the dataset (0 when it answers none of its queries)."""
+    answers = answers_for(load_answers(parse_agent(agent)[1]), manifest)
+    return 1 + max((run for _, run in answers), default=-1)
 
 
 def batch_uri(artifacts_root: str, run_id: str, key: str, what: str) -> str:

@@ -56,6 +56,12 @@ def test_replay_scores_a_leaderboard_file(tmp_path, manifest_uri, stocks_manifes
     assert set(others["terminate_reason"]) == {"no_answer"} and not others["is_correct"].any()
     assert trials["cost_usd"].sum() == 0 and trials["n_llm_calls"].sum() == 0
     assert pl.read_parquet(out["llm_calls"]).height == 0
+    # the file, not n_trials, sets the trials: runs 0..2 → 3 per query, whatever n_trials says
+    items = [i for b in plan_batches([manifest_uri], [agent], 5, 100) for i in b["items"]]
+    assert len(items) == len(ids) * 3 and max(t for _, t in items) == 2
+    # a dataset the file does not answer is not planned for the replay agent
+    other = _write(tmp_path, [entries[-1]], name="other.json")
+    assert plan_batches([manifest_uri], [f"replay:{other}"], 5, 100) == []
     # the same file plans the same batches; an edited file plans new ones
     assert [b["key"] for b in plan_batches([manifest_uri], [agent], 3, 100)] == [b["key"] for b in batches]
     _write(tmp_path, entries[:1])

@@ -1,0 +1,382 @@
+"""Run records and stage bookkeeping: re-run any stage of a run from its run id alone.
+
+Layout under the artifact root (local path or ``s3://``, always through :mod:`tasks.storage`):
+
+- ``runs/<run_id>/run.json`` — :class:`schemas.runs.RunRecord`: the benchmark configuration
+  (datasets, agents, trials, batch size, agent options), the dataset manifests the datasets stage
+  produced, and the parameters of stand-alone stages (generation, equivalence, lifecycle).
+- ``runs/<run_id>/stages/<stage>.json`` — :class:`schemas.runs.StageStatus`: the latest attempt
+  of the stage (``running`` / ``completed`` / ``failed``), its error and outputs, and the
+  earlier attempts. Each stage writes only its own file.
+
+Stages are idempotent on ``(run_id, stage, item)`` (trial batches, dataset versions, generation
+and equivalence batches skip finished work), so re-running a stage only does what is missing.
+:func:`gather` waits for every mapped item of a stage before failing, so one failed batch never
+throws away the work of the others, and names the failed items.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.runs import (
+    BENCHMARK_STAGES,
+    RUN_RECORD_VERSION,
+    STAGES,
+    STANDALONE_REQUIRED,
+    BenchmarkConfig,
+    RunRecord,
+    StageAttempt,
+    StageStatus,
+    check_run_id,
+)
+from tasks import storage
+
+log = logging.getLogger("querylab.runs")
+
+#: Longest error message kept in a stage record (characters).
+MAX_ERROR_CHARS = 4000
+
+
+class RunError(ValueError):
+    """A run cannot be (re-)run as asked: bad run id, no run record, a stage without the
+    parameters it needs. The message names the run and what to do."""
+
+
+class StageFailed(RuntimeError):
+    """Some items of a stage failed after every item was attempted.
+
+    ``failed``: ``[(item key, error message)]``; ``total``: items in the stage. The message
+    names each failed item (first line of its error) and how to re-run the stage."""
+
+    def __init__(self, run_id: str, stage: str, failed: list[tuple[str, str]], total: int):
+        self.run_id, self.stage, self.failed, self.total = run_id, stage, failed, total
+        lines = [f"{key}: {err.splitlines()[0] if err else '?'}" for key, err in failed]
+        super().__init__(
+            f"{stage}: {len(failed)} of {total} items failed in run {run_id!r} "
+            f"(the other {total - len(failed)} finished and are kept); failed: "
+            + "; ".join(lines)
+            + f". Re-run with `querylab rerun --run-id {run_id} --stage {stage}`."
+        )
+
+
+def now_iso() -> str:
+    """The current UTC time as ISO 8601 with seconds (``2025-01-31T12:00:00Z``)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_run_id() -> str:
+    """``YYYYmmdd-HHMMSS-xxxx`` (UTC time + 4 random hex digits), as ``querylab run`` makes."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+
+
+def valid_run_id(run_id: str) -> str:
+    """:func:`schemas.runs.check_run_id` raising :class:`RunError`."""
+    try:
+        return check_run_id(run_id)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+
+
+def run_uri(artifacts_root: str, run_id: str) -> str:
+    """URI of ``runs/<run_id>/run.json``."""
+    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "run.json")
+
+
+def stage_uri(artifacts_root: str, run_id: str, stage: str) -> str:
+    """URI of ``runs/<run_id>/stages/<stage>.json``; RunError for an unknown stage."""
+    check_stage(stage)
+    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "stages", f"{stage}.json")
+
+
+def check_stage(stage: str) -> str:
+    """Return ``stage`` when it is one of :data:`schemas.runs.STAGES`; else RunError."""
+    if stage not in STAGES:
+        raise RunError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+    return stage
+
+
+# --------------------------------------------------------------------------------------------
+# run.json
+# --------------------------------------------------------------------------------------------
+
+
+def _parse(model, data: Any, uri: str):
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "-"
+        raise RunError(f"{uri}: not a valid record: {loc}: {first['msg']}") from None
+
+
+def find_run(artifacts_root: str, run_id: str) -> RunRecord | None:
+    """The run record of ``run_id``, or None when the run has none. RunError for a record of
+    another major schema version or one that does not validate."""
+    uri = run_uri(artifacts_root, run_id)
+    if not storage.exists(uri):
+        return None
+    data = storage.read_json(uri)
+    version = str(data.get("schema_version", "")) if isinstance(data, dict) else ""
+    if version.split(".")[0] != RUN_RECORD_VERSION.split(".")[0]:
+        raise RunError(f"{uri}: run record schema_version {version!r}, expected "
+                       f"{RUN_RECORD_VERSION}")
+    return _parse(RunRecord, data, uri)
+
+
+def load_run(artifacts_root: str, run_id: str) -> RunRecord:
+    """The run record of ``run_id``; RunError naming the URI when there is none."""
+    record = find_run(artifacts_root, run_id)
+    if record is None:
+        hint = ""
+        if storage.exists(storage.join(artifacts_root, "runs", run_id, "trials", "trials.parquet")):
+            hint = (" The run has trials but no record (it predates run records): run it again "
+                    f"with `querylab run --run-id {run_id} ...` and the same options to record it.")
+        raise RunError(
+            f"no run {run_id!r} under {artifacts_root} (missing {run_uri(artifacts_root, run_id)})."
+            + hint
+        )
+    return record
+
+
+def save_run(artifacts_root: str, record: RunRecord) -> str:
+    """Write ``record`` (``updated_at`` set to now) atomically; returns its URI."""
+    record.updated_at = now_iso()
+    return storage.write_json(run_uri(artifacts_root, record.run_id), record.model_dump(mode="json"))
+
+
+def _new_record(run_id: str) -> RunRecord:
+    stamp = now_iso()
+    return RunRecord(run_id=valid_run_id(run_id), created_at=stamp, updated_at=stamp)
+
+
+def record_benchmark(
+    artifacts_root: str, run_id: str, config: BenchmarkConfig | dict
+) -> RunRecord:
+    """Create or update ``run.json`` with the benchmark configuration.
+
+    Re-using a run id with the same configuration changes nothing; with a different one the new
+    configuration replaces the old (a warning names the fields) and, when the datasets changed,
+    the recorded manifests are dropped (the datasets stage records new ones). RunError for a bad
+    configuration."""
+    try:
+        cfg = BenchmarkConfig.model_validate(
+            config.model_dump() if isinstance(config, BenchmarkConfig) else config
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "-"
+        raise RunError(f"run {run_id!r}: bad configuration: {loc}: {first['msg']}") from None
+    record = find_run(artifacts_root, run_id) or _new_record(run_id)
+    if record.benchmark == cfg and storage.exists(run_uri(artifacts_root, run_id)):
+        return record
+    if record.benchmark is not None:
+        old, new = record.benchmark.model_dump(), cfg.model_dump()
+        changed = sorted(k for k in new if old.get(k) != new[k])
+        log.warning("run %s: configuration changed (%s); the new one replaces it",
+                    run_id, ", ".join(changed))
+        if old["datasets"] != new["datasets"]:
+            record.manifests = []
+    record.benchmark = cfg
+    save_run(artifacts_root, record)
+    return record
+
+
+def record_manifests(artifacts_root: str, run_id: str, manifests: Sequence[str]) -> RunRecord:
+    """Record the dataset manifest URIs the datasets stage produced (in dataset order)."""
+    record = load_run(artifacts_root, run_id)
+    record.manifests = list(manifests)
+    save_run(artifacts_root, record)
+    return record
+
+
+def benchmark_config(artifacts_root: str, run_id: str) -> BenchmarkConfig:
+    """The run's benchmark configuration; RunError when the run has none (a stand-alone run)."""
+    record = load_run(artifacts_root, run_id)
+    if record.benchmark is None:
+        raise RunError(
+            f"run {run_id!r} has no benchmark configuration (it only ran "
+            f"{', '.join(record.stages) or 'no'} stages); start it with `querylab run --run-id "
+            f"{run_id}`"
+        )
+    return record.benchmark
+
+
+def run_manifests(artifacts_root: str, run_id: str) -> list[str]:
+    """The dataset manifests of the run; RunError when the datasets stage has not recorded any
+    or one of them is missing."""
+    record = load_run(artifacts_root, run_id)
+    if not record.manifests:
+        raise RunError(
+            f"run {run_id!r} has no dataset manifests yet: run its datasets stage first "
+            f"(`querylab rerun --run-id {run_id} --stage datasets`)"
+        )
+    missing = [u for u in record.manifests if not storage.exists(u)]
+    if missing:
+        raise RunError(
+            f"run {run_id!r}: dataset manifests missing: {missing}; re-run the datasets stage "
+            f"(`querylab rerun --run-id {run_id} --stage datasets`)"
+        )
+    return list(record.manifests)
+
+
+def resolve_stage_params(
+    artifacts_root: str, run_id: str, stage: str, given: dict[str, Any]
+) -> dict[str, Any]:
+    """Parameters of a stand-alone stage (generation, equivalence, lifecycle).
+
+    ``given`` (None values ignored) override and are recorded in ``run.json``; with nothing
+    given the recorded ones are used, so ``rerun --stage <stage>`` needs only the run id.
+    RunError naming the missing parameters when a required one is in neither."""
+    if stage not in STANDALONE_REQUIRED:
+        raise RunError(f"{stage!r} is not a stand-alone stage ({', '.join(STANDALONE_REQUIRED)})")
+    given = {k: v for k, v in given.items() if v is not None}
+    record = find_run(artifacts_root, run_id)
+    recorded = dict(record.stages.get(stage, {})) if record else {}
+    params = {**recorded, **given}
+    missing = [p for p in STANDALONE_REQUIRED[stage] if params.get(p) in (None, "", [])]
+    if missing:
+        raise RunError(
+            f"run {run_id!r}: the {stage} stage needs {', '.join(missing)} (none recorded in "
+            f"{run_uri(artifacts_root, run_id)}); pass them the first time the stage runs"
+        )
+    if record is None or params != recorded:
+        record = record or _new_record(run_id)
+        record.stages[stage] = params
+        save_run(artifacts_root, record)
+    return params
+
+
+def configured_stages(record: RunRecord) -> list[str]:
+    """The stages ``record`` has the configuration for, in DAG order."""
+    have = set(record.stages) | (set(BENCHMARK_STAGES) if record.benchmark else set())
+    return [s for s in STAGES if s in have]
+
+
+# --------------------------------------------------------------------------------------------
+# stages/<stage>.json
+# --------------------------------------------------------------------------------------------
+
+
+def stage_status(artifacts_root: str, run_id: str, stage: str) -> StageStatus | None:
+    """The latest attempt of ``stage`` in ``run_id`` (None when it never started)."""
+    uri = stage_uri(artifacts_root, run_id, stage)
+    if not storage.exists(uri):
+        return None
+    return _parse(StageStatus, storage.read_json(uri), uri)
+
+
+def stage_statuses(artifacts_root: str, run_id: str) -> dict[str, StageStatus]:
+    """Stage → latest attempt, for every stage of ``run_id`` that started (DAG order)."""
+    out = {}
+    for stage in STAGES:
+        status = stage_status(artifacts_root, run_id, stage)
+        if status is not None:
+            out[stage] = status
+    return out
+
+
+def pending_stages(artifacts_root: str, run_id: str) -> list[str]:
+    """The configured stages of the run that have not completed (failed, interrupted while
+    ``running``, or never started), in DAG order."""
+    record = load_run(artifacts_root, run_id)
+    statuses = stage_statuses(artifacts_root, run_id)
+    return [
+        s for s in configured_stages(record)
+        if s not in statuses or statuses[s].status != "completed"
+    ]
+
+
+def _flow_run_id() -> str | None:
+    try:
+        from prefect.runtime import flow_run
+
+        value = flow_run.id
+        return str(value) if value else None
+    except Exception:  # noqa: BLE001 - bookkeeping must never fail a stage
+        return None
+
+
+class StageHandle:
+    """What :func:`stage_run` yields: put the stage's results in ``outputs``."""
+
+    def __init__(self, status: StageStatus):
+        self.status = status
+        self.outputs: dict[str, Any] = {}
+
+
+@contextmanager
+def stage_run(artifacts_root: str, run_id: str, stage: str) -> Iterator[StageHandle]:
+    """Record one attempt of ``stage``: ``running`` on entry, then ``completed`` with the
+    handle's ``outputs`` or ``failed`` with the exception's message (re-raised).
+
+    A stage killed while running stays ``running``; the next attempt moves it to the history."""
+    uri = stage_uri(artifacts_root, run_id, stage)
+    previous = stage_status(artifacts_root, run_id, stage)
+    history = []
+    if previous is not None:
+        history = [*previous.history, StageAttempt(
+            attempt=previous.attempt, status=previous.status, started_at=previous.started_at,
+            finished_at=previous.finished_at, error=previous.error,
+        )]
+    status = StageStatus(
+        run_id=run_id, stage=stage, status="running",
+        attempt=(previous.attempt + 1) if previous else 1, started_at=now_iso(),
+        flow_run_id=_flow_run_id(), history=history,
+    )
+    storage.write_json(uri, status.model_dump(mode="json"))
+    handle = StageHandle(status)
+    try:
+        yield handle
+    except BaseException as exc:
+        status.status = "failed"
+        status.finished_at = now_iso()
+        status.error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        try:
+            storage.write_json(uri, status.model_dump(mode="json"))
+        except Exception as write_exc:  # noqa: BLE001 - keep the stage's own error
+            log.error("could not record the failure of stage %s of run %s: %s",
+                      stage, run_id, write_exc)
+        raise
+    status.status = "completed"
+    status.finished_at = now_iso()
+    status.outputs = json.loads(json.dumps(handle.outputs, default=str))  # JSON-able, always
+    storage.write_json(uri, status.model_dump(mode="json"))
+
+
+# --------------------------------------------------------------------------------------------
+# Mapped items
+# --------------------------------------------------------------------------------------------
+
+
+def gather(futures: Sequence, keys: Sequence[str], run_id: str, stage: str) -> list:
+    """Wait for every Prefect future of a mapped stage, then return their results in order.
+
+    Unlike calling ``result()`` in a loop, no failure stops the wait: every item runs to its
+    end (so finished items are kept for the re-run), then :class:`StageFailed` names each
+    failed key with its error. ``keys``: one item key per future."""
+    from prefect.futures import wait
+
+    if len(futures) != len(keys):
+        raise ValueError(f"{len(futures)} futures but {len(keys)} keys")
+    wait(list(futures))
+    results, failed = [], []
+    for key, future in zip(keys, futures):
+        try:
+            results.append(future.result())
+        except Exception as exc:  # noqa: BLE001 - collected and reported below
+            failed.append((key, f"{type(exc).__name__}: {exc}"))
+    if failed:
+        for key, err in failed:
+            log.error("%s of run %s: item %s failed: %s", stage, run_id, key, err)
+        raise StageFailed(run_id, stage, failed, len(keys))
+    return results

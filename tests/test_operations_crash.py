@@ -1,0 +1,99 @@
+"""Crash safety at the operations level: `querylab run` (a subprocess, reporting to the test's
+Prefect server) is SIGKILLed during its trials stage; `querylab rerun --run-id` then finishes the
+run — no trial lost or duplicated, and no checkpointed trial calls the model again.
+
+tests/test_resume.py kills a bare batch loop; this kills the whole CLI → benchmark flow →
+Prefect-mapped batches (running concurrently) and resumes through the run record alone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+
+from tasks import runs, storage
+from tasks.progress import count_finished_trials
+from tasks.trials import plan_batches
+from tests.fakes.openai_server import ScriptedOpenAIServer, delay
+from tests.test_operations import _cli, scripted_model  # noqa: F401 - fixture
+from tests.test_resume import _turn
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _checkpointed(root: str, run_id: str) -> dict[str, dict]:
+    """trial_key → trial row of every trial finished on disk (batch files and checkpoints)."""
+    prefix = Path(root, "runs", run_id, "trials", "batches")
+    rows = {}
+    for f in prefix.glob("*.trials.parquet"):
+        for r in pl.read_parquet(f).to_dicts():
+            rows[r["trial_key"]] = r
+    for f in prefix.glob("*.parts/*.json"):
+        r = storage.read_json(str(f))["trial"]
+        rows[r["trial_key"]] = r
+    return rows
+
+
+def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_model):  # noqa: F811
+    from prefect.settings import PREFECT_API_URL
+
+    root = str(tmp_path / "artifacts")
+    hang_at = 19  # this request never gets its answer before the kill
+
+    def responder(body, index):
+        step = _turn(body)
+        return delay(60, step) if index == hang_at else step
+
+    with ScriptedOpenAIServer(responder) as srv:
+        agent = scripted_model(srv)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_API_URL": PREFECT_API_URL.value(),
+               "QUERYLAB_ARTIFACTS": root}
+        child = subprocess.Popen(
+            [sys.executable, "-m", "querylab.cli", "run", "--dataset", "stocks", "--agent", agent,
+             "--trials", "3", "--batch-size", "4", "--run-id", "crash"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        try:
+            end = time.monotonic() + 120
+            while srv.request_count <= hang_at:
+                assert child.poll() is None, child.communicate()[1].decode()[-3000:]
+                assert time.monotonic() < end, "the run never reached the hanging request"
+                time.sleep(0.05)
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+        n_killed = srv.request_count
+        assert runs.stage_status(root, "crash", "datasets").status == "completed"
+        assert runs.stage_status(root, "crash", "trials").status == "running"  # cut short
+        saved = _checkpointed(root, "crash")
+        manifests = runs.load_run(root, "crash").manifests
+        batches = plan_batches(manifests, [agent], 3, 4)
+        assert 1 <= len(saved) < 15 and count_finished_trials(root, "crash", batches) == len(saved)
+
+        assert _cli(["rerun", "--run-id", "crash", "--artifacts", root]) == 0
+        rerun_requests = srv.request_count - n_killed
+
+    # checkpointed trials made no request; the others made at most their 3 each
+    assert rerun_requests <= 3 * (15 - len(saved))
+    out = Path(root, "runs", "crash", "trials")
+    trials = pl.read_parquet(out / "trials.parquet")
+    assert trials.height == 15 and trials["trial_key"].n_unique() == 15
+    assert set(trials["terminate_reason"]) == {"return_answer"}
+    for key, row in saved.items():  # kept from before the kill, not run again
+        again = trials.filter(pl.col("trial_key") == key).row(0, named=True)
+        assert (again["latency_s"], again["cost_usd"]) == (row["latency_s"], row["cost_usd"])
+    for name in ("llm_calls", "tool_calls"):
+        calls = pl.read_parquet(out / f"{name}.parquet")
+        assert calls.height == 45 and calls.select("trial_key", "call_index").n_unique() == 45
+    status = runs.stage_status(root, "crash", "trials")
+    assert status.status == "completed" and status.attempt == 2
+    assert [h.status for h in status.history] == ["running"]
+    assert runs.pending_stages(root, "crash") == []
+    assert storage.exists(storage.join(root, "runs", "crash", "report", "pass_at_k.parquet"))
