@@ -17,7 +17,9 @@ dataset). Prints one line per dataset, then the figure (target: <= 60 s for the 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -35,6 +37,9 @@ def main(argv: list[str]) -> int:
     if "--shared" in argv:
         names += [n for n in SHARED if n not in names]
     tmp = Path(tempfile.mkdtemp(prefix="querylab-bench-datasets-"))
+    # registered before the embedded PostgreSQL server's own atexit hook, so it runs after the
+    # server has stopped (atexit is last-in, first-out)
+    atexit.register(shutil.rmtree, tmp, True)
     os.environ["QUERYLAB_HOME"] = str(tmp / "home")
     os.environ["QUERYLAB_ARTIFACTS"] = str(tmp / "artifacts")
     for var in ("QUERYLAB_POSTGRES_URL", "QUERYLAB_MONGO_URI"):

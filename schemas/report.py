@@ -81,16 +81,16 @@ PASS_AT_1_CI = _schema(
 #: ``cost_per_correct_usd`` is null without a correct trial; ``prompt_cache_share`` is
 #: cached_tokens / prompt_tokens (null without prompt tokens); ``llm_calls``,
 #: ``response_cache_hit_share`` and ``retries`` come from ``llm_calls.parquet`` and are null when
-#: the run has none; ``unpriced_calls`` counts model calls of models without a price (their
-#: cost is 0 and ``cost_usd`` a lower bound). Latency in seconds; iterations = model calls per
-#: trial.
+#: the run has none; ``unpriced_calls`` counts model calls of models without a price — a row
+#: with any has null (unknown) ``cost_usd`` and per-trial/per-correct costs. Latency in
+#: seconds; iterations = model calls per trial.
 COST = _schema(
     "cost",
     [
         *_KEYS,
         _f("trials", pa.int64(), False),
         _f("correct", pa.int64(), False),
-        _f("cost_usd", pa.float64(), False),
+        _f("cost_usd", pa.float64()),
         _f("cost_per_trial_usd", pa.float64()),
         _f("cost_per_correct_usd", pa.float64()),
         _f("prompt_tokens", pa.int64(), False),
@@ -110,6 +110,7 @@ COST = _schema(
         _f("iterations_p50", pa.float64()),
         _f("iterations_p95", pa.float64()),
     ],
+    version="2",  # 2: cost_usd is null (unknown) when calls were unpriced
 )
 
 #: One row per incorrect trial: the deterministic failure mode (FM1–FM5), the ``rule`` that

@@ -286,7 +286,8 @@ def cost_table(trials: pl.DataFrame, llm_calls: pl.DataFrame | None = None) -> p
     a run of offline agents or from before per-call accounting has none) adds ``llm_calls``,
     ``response_cache_hit_share`` (share of model calls answered from querylab's response cache),
     ``retries`` (HTTP attempts beyond the first) and ``unpriced_calls`` (calls with ``priced``
-    false: no price configured, so ``cost_usd`` is a lower bound); without it those are null.
+    false: no price configured); without it those are null. A row with unpriced calls has
+    null ``cost_usd`` and per-trial / per-correct costs: unknown, not $0.
 
     Per-correct figures divide by correct trials and are null when there are none; per-trial
     figures divide by all trials. ``prompt_cache_share`` = cached_tokens / prompt_tokens (the
@@ -340,6 +341,12 @@ def cost_table(trials: pl.DataFrame, llm_calls: pl.DataFrame | None = None) -> p
             pl.lit(None, pl.Int64).alias("retries"),
             pl.lit(None, pl.Int64).alias("unpriced_calls"),
         )
+    table = table.with_columns(
+        pl.when(pl.col("unpriced_calls").fill_null(0) > 0)
+        .then(pl.lit(None, pl.Float64))
+        .otherwise(pl.col("cost_usd"))
+        .alias("cost_usd")
+    )
     tokens = pl.col("prompt_tokens") + pl.col("completion_tokens")
     correct = pl.when(pl.col("correct") > 0).then(pl.col("correct"))
     table = table.with_columns(

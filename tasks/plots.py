@@ -97,7 +97,8 @@ def pass_at_k_curves(summary: pl.DataFrame, dataset: str = ALL_QUERIES) -> bytes
 
 def cost_vs_pass_at_1(cost: pl.DataFrame, ci: pl.DataFrame) -> bytes:
     """Scatter of mean cost per trial (USD) against pass@1 (mean over queries) per agent, with
-    the Wilson interval as a vertical error bar. ``cost``: :func:`tasks.metrics.cost_table`;
+    the Wilson interval as a vertical error bar; agents whose cost is unknown (unpriced model
+    calls) are left out and named in a note. ``cost``: :func:`tasks.metrics.cost_table`;
     ``ci``: :func:`tasks.metrics.pass_at_1_ci`. Returns PNG bytes."""
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.add_subplot()
@@ -112,15 +113,20 @@ def cost_vs_pass_at_1(cost: pl.DataFrame, ci: pl.DataFrame) -> bytes:
         )
         .sort("agent")
     )
+    unknown = pts.filter(pl.col("cost_per_trial_usd").is_null())["agent"].to_list()
+    pts = pts.filter(pl.col("cost_per_trial_usd").is_not_null())
+    if unknown:
+        ax.text(0.5, 0.96, "cost unknown (unpriced model): " + ", ".join(unknown),
+                ha="center", transform=ax.transAxes, fontsize=8, color="#555555")
     if pts.is_empty():
-        _empty(ax, "no trials")
+        _empty(ax, "no trials" if not unknown else "no agent with a known cost")
         return _png(fig)
     for i, r in enumerate(pts.iter_rows(named=True)):  # one point per agent
-        x, y = r["cost_per_trial_usd"] or 0.0, r["pass_at_1"]
+        x, y = r["cost_per_trial_usd"], r["pass_at_1"]
         yerr = [[y - r["ci_low"]], [r["ci_high"] - y]]
         ax.errorbar([x], [y], yerr=yerr, fmt="o", color=f"C{i % 10}", capsize=4, label=r["agent"])
         ax.annotate(r["agent"], (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
-    if float(pts["cost_per_trial_usd"].fill_null(0).max()) == 0.0:
+    if float(pts["cost_per_trial_usd"].max()) == 0.0:
         ax.set_xlim(-0.01, 0.01)
         ax.text(
             0.5,

@@ -295,6 +295,8 @@ def test_llm_calls_feed_cache_and_retries(tmp_path):
     )
     assert m_all["llm_calls"] == 18 and m_all["retries"] == 6
     assert m_all["unpriced_calls"] == 2  # call 1 of each trial 0
+    # a cost with unpriced calls in it is unknown, not $0 (or a lower bound passed off as one)
+    assert m_all["cost_usd"] is None and m_all["cost_per_trial_usd"] is None
     assert m_all["response_cache_hit_share"] == pytest.approx(1 / 3)
     assert m_all["prompt_cache_share"] == pytest.approx(0.4)
 
