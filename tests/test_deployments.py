@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from tasks import runs, storage
-from tests.test_s3_run import moto_s3
+from tests.fakes.s3 import moto_s3
 
 REPO = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).with_name("prefect"))

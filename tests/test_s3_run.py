@@ -6,42 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
-import pytest
 
 from tasks import runs, storage
+from tests.fakes.s3 import SECRET, moto_s3
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "querylab-ops"
-SECRET = "moto-SECRET-key-0f3a"  # must never reach an artifact
-
-
-@contextmanager
-def moto_s3(bucket: str = BUCKET) -> Iterator[dict[str, str]]:
-    """moto's S3 server on 127.0.0.1 with ``bucket`` created; the ``AWS_*`` variables point
-    boto3 at it while the block runs (yielded, for subprocesses)."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "querylab-test",
-           "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1"}
-    mp = pytest.MonkeyPatch()
-    for k, v in env.items():
-        mp.setenv(k, v)
-    storage.reset_s3_client()
-    try:
-        storage._s3().create_bucket(Bucket=bucket)
-        yield env
-    finally:
-        storage.reset_s3_client()
-        mp.undo()
-        server.stop()
 
 
 def _tables(root: str, run_id: str) -> dict[str, pl.DataFrame]:
@@ -65,7 +38,7 @@ def test_default_run_on_s3_then_report_from_s3_alone(
     # the default run of an installation without the shared data directory: the PyPI datasets
     monkeypatch.setenv("QUERYLAB_SHARED_DATA", str(tmp_path / "no-shared-data"))
     monkeypatch.setattr(storage, "MULTIPART_THRESHOLD", 5 * 1024 * 1024)  # S3's smallest part
-    with moto_s3() as aws:
+    with moto_s3(BUCKET) as aws:
         assert main(["run", "--run-id", "s3-run"]) == 0
         out = capsys.readouterr().out
         for dataset in ("movies", "stocks", "flights", "superstore"):

@@ -7,26 +7,13 @@ import pytest
 
 from schemas import report as report_schemas
 from tasks import storage
+from tests.fakes.s3 import moto_s3
 
 
 @pytest.fixture(scope="module")
-def s3_root(tmp_path_factory):
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    mp = pytest.MonkeyPatch()
-    mp.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
-    mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-    mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    storage.reset_s3_client()
-    storage._s3().create_bucket(Bucket="querylab-test")
-    yield "s3://querylab-test/prefix"
-    storage.reset_s3_client()
-    mp.undo()
-    server.stop()
+def s3_root():
+    with moto_s3("querylab-test"):
+        yield "s3://querylab-test/prefix"
 
 
 @pytest.fixture(params=["local", "s3"])
