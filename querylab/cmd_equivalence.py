@@ -27,21 +27,13 @@ def _budget_args(p: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace) -> dict:
-    prices = {}
-    for spec in getattr(args, "price", None) or []:
-        model, _, value = spec.partition("=")
-        try:
-            pin, pout = (float(x) for x in value.split(","))
-        except ValueError:
-            raise SystemExit(f"--price {spec!r}: use MODEL=INPUT,OUTPUT (USD per million tokens)")
-        prices[model] = (pin, pout)
     opts = {
         "match": {"bag": args.bag, "order": args.order, "permute_columns": args.permute_columns},
         "budget": {"max_instances": args.max_instances, "time_limit_s": args.time_limit,
                    "max_rows": args.max_rows, "seed": args.seed},
     }
-    if prices:
-        opts["judge"] = {"prices": prices}
+    if getattr(args, "cache", None):
+        opts["judge"] = {"cache": args.cache}
     if getattr(args, "db_root", None):
         opts["db_root"] = args.db_root
     from pydantic import ValidationError
@@ -156,8 +148,10 @@ def register(subparsers) -> None:
     r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument("--batch-size", type=int, default=20, help="pairs per mapped task")
-    r.add_argument("--price", action="append", metavar="MODEL=IN,OUT",
-                   help="judge model price in USD per million input/output tokens; repeat")
+    r.add_argument("--cache", choices=["on", "off", "refresh"],
+                   help="judges' shared LLM response cache under <artifacts>/cache/llm "
+                        "(default: on); judge prices come from the models table "
+                        "(`querylab models`)")
     _budget_args(r)
     r.set_defaults(func=cmd_run)
 

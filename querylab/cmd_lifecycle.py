@@ -53,20 +53,8 @@ def _config(args: argparse.Namespace) -> dict:
         value = getattr(args, flag, None)
         if value is not None:
             cfg[key] = value
-    prices = {}
-    for v in getattr(args, "price", None) or []:
-        name, sep, rest = v.partition("=")
-        try:
-            if not sep or not name:
-                raise ValueError
-            i, o = (float(x) for x in rest.split(","))
-        except ValueError:
-            raise SystemExit(
-                f"querylab lifecycle: --price must be MODEL=IN,OUT (USD per million tokens), got {v!r}"
-            ) from None
-        prices[name] = (i, o)
-    if prices:
-        cfg["prices"] = prices
+    if getattr(args, "cache", None):
+        cfg["cache"] = args.cache
     return cfg
 
 
@@ -280,10 +268,10 @@ def register(subparsers) -> None:
     r.add_argument("--batch-size", type=int, help="items per mapped task (default 20)")
     r.add_argument("--temperature", type=float)
     r.add_argument(
-        "--price",
-        action="append",
-        metavar="MODEL=IN,OUT",
-        help="USD per million input,output tokens of a model",
+        "--cache",
+        choices=["on", "off", "refresh"],
+        help="shared LLM response cache under <artifacts>/cache/llm (default: on); prices of "
+        "openai:<model> come from the models table (`querylab models`)",
     )
     r.set_defaults(func=cmd_run)
 

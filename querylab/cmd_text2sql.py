@@ -104,16 +104,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if not args.descriptions:
         print("--descriptions is required (TPC-DS business questions JSON)", file=sys.stderr)
         return 2
-    prices = {}
-    for name, value in _pairs(args.price, "--price").items():
-        try:
-            i, o = (float(x) for x in value.split(","))
-        except ValueError:
-            raise SystemExit(
-                f"querylab text2sql: --price {name}={value!r}: expected IN,OUT (USD per million tokens)"
-            ) from None
-        prices[name] = (i, o)
-    config = {"max_retries": args.max_retries, "temperature": args.temperature, "prices": prices}
+    config = {
+        "max_retries": args.max_retries,
+        "temperature": args.temperature,
+        "cache": args.cache,
+    }
     run_id = _run_id(args)
     models = args.model or ["oracle"]
     print(f"querylab text2sql generate {run_id}: models {models}")
@@ -214,10 +209,11 @@ def register(subparsers) -> None:
     g.add_argument("--max-retries", type=int, default=3)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument(
-        "--price",
-        action="append",
-        metavar="MODEL=IN,OUT",
-        help="USD per million input,output tokens of a model",
+        "--cache",
+        choices=["on", "off", "refresh"],
+        default="on",
+        help="shared LLM response cache under <artifacts>/cache/llm: on (default), off, refresh "
+        "(prices of openai:<model> come from the models table: `querylab models`)",
     )
     g.add_argument("--batch-size", type=int, default=10, help="queries per mapped task")
     g.add_argument("--run-id", help="reuse a run id to resume it (finished batches are skipped)")

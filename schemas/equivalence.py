@@ -25,7 +25,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from schemas.models import AgentOptions
 
 SCHEMA_VERSION = "1"
 
@@ -189,13 +191,36 @@ class FinderBudget(_Strict):
 
 class JudgeOptions(_Strict):
     """LLM judge call settings: temperature 0 (zero-shot, deterministic decoding),
-    ``max_tokens`` for the reply, HTTP ``timeout_s``; ``prices`` maps a model to
-    ``[input, output]`` USD per million tokens (cost 0 for models not listed)."""
+    ``max_tokens`` for the reply (sent as ``max_completion_tokens``), HTTP ``timeout_s`` per
+    attempt, ``api_retries`` extra attempts after an infrastructure error (408/429/5xx,
+    timeouts, connection errors; backoff honouring ``Retry-After``), ``cache`` the shared
+    response cache (``on`` / ``refresh`` / ``off``). Prices come from the models table
+    (``data/models.yaml`` / ``QUERYLAB_MODELS``), not from here."""
 
-    temperature: float = 0.0
+    temperature: float = Field(default=0.0, ge=0, le=2)
     max_tokens: int = Field(default=2048, ge=1)
     timeout_s: float = Field(default=120.0, gt=0)
-    prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    api_retries: int = Field(default=2, ge=0, le=10)
+    cache: Literal["on", "off", "refresh"] = "on"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_prices(cls, data):
+        if isinstance(data, dict) and "prices" in data:
+            raise ValueError(
+                "judge prices are no longer an option: a model's USD prices come from the "
+                "models table (data/models.yaml, or your own file in QUERYLAB_MODELS; see "
+                "`querylab models`); a model in no file is recorded with cost 0, unpriced"
+            )
+        return data
+
+    def agent_options(self) -> AgentOptions:
+        """These options as the shared model-call options of :class:`tasks.llm.ChatModel`."""
+        return AgentOptions(
+            max_retries=self.api_retries, request_timeout_s=self.timeout_s,
+            temperature=self.temperature, max_completion_tokens=self.max_tokens,
+            cache=self.cache,
+        )
 
 
 class EquivalenceOptions(_Strict):
@@ -233,8 +258,9 @@ def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
 #:   queries; ``response``: the judge's raw reply; ``details``: JSON with method-specific facts
 #:   (results previews, the engine, budget spent, shrink steps).
 #: - ``instances_tried``: database instances the finder executed (its budget spent);
-#:   tokens as reported by the API; ``cost_usd`` from the configured prices; ``seconds`` wall
-#:   time of the method on the pair.
+#:   tokens as reported by the API; ``cost_usd`` from the models-table prices (0 for a model in
+#:   no models file, a response-cache hit or a failed call; judge ``details`` carry ``priced``,
+#:   ``cache_hit`` and HTTP ``attempts``); ``seconds`` wall time of the method on the pair.
 EQUIVALENCE = _schema(
     "equivalence",
     [

@@ -18,8 +18,12 @@ Artifacts (run-scoped, under ``<root>/runs/<run_id>/lifecycle/``):
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from schemas.models import AgentOptions
 
 SCHEMA_VERSION = "1"
 
@@ -271,10 +275,13 @@ class LifecycleConfig(_Strict):
 
     Running: ``debug_rounds`` (attempts in multi-round debugging; round 1 is the single-round
     score), ``expert_max_turns`` (model calls of an Expert), ``batch_size`` (items per mapped
-    task), ``timeout_ms`` (per SQL execution), ``temperature``/``max_tokens``,
-    ``request_timeout_s``, ``api_retries`` (the ``openai`` client's retries of 429/5xx/timeouts)
-    and ``prices`` ``{model: [USD per million input tokens, per million output tokens]}`` (a
-    model without a price gets a null cost).
+    task), ``timeout_ms`` (per SQL execution), ``temperature``/``max_tokens`` (sent as
+    ``max_completion_tokens``), ``request_timeout_s`` (per HTTP attempt), ``api_retries`` (extra
+    attempts of a model call after HTTP 408/429/5xx, timeouts or connection errors, backoff
+    honouring ``Retry-After``) and ``cache`` (the shared response cache: ``on``, ``refresh``,
+    ``off``) — the model-call options of :class:`tasks.llm.ChatModel`. Prices come from the
+    models table (``data/models.yaml`` / ``QUERYLAB_MODELS``); a model in no file gets a null
+    cost.
     """
 
     seed: int = 0
@@ -297,7 +304,28 @@ class LifecycleConfig(_Strict):
     max_tokens: int | None = Field(default=None, gt=0)
     request_timeout_s: float = Field(default=120.0, gt=0)
     api_retries: int = Field(default=2, ge=0, le=10)
-    prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    cache: Literal["on", "off", "refresh"] = "on"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_prices(cls, data):
+        if isinstance(data, dict) and "prices" in data:
+            raise ValueError(
+                "prices are no longer a lifecycle option: a model's USD prices come from the "
+                "models table (data/models.yaml, or your own file in QUERYLAB_MODELS; see "
+                "`querylab models`); a model in no file gets a null cost"
+            )
+        return data
+
+    def agent_options(self) -> AgentOptions:
+        """The model-call options of :class:`tasks.llm.ChatModel` for ``openai:`` agents."""
+        return AgentOptions(
+            max_retries=self.api_retries,
+            request_timeout_s=self.request_timeout_s,
+            temperature=self.temperature,
+            max_completion_tokens=self.max_tokens,
+            cache=self.cache,
+        )
 
     @field_validator("design_table_counts")
     @classmethod

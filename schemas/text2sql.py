@@ -24,6 +24,8 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.models import AgentOptions
+
 SCHEMA_VERSION = "1"
 
 _NUMERIC = (
@@ -94,10 +96,11 @@ COMPLEXITY = _schema(
 #: ``replay:<name>``, ``oracle``); ``attempt`` 0 is the first try, attempt k > 0 the k-th retry
 #: (after PostgreSQL's error was sent back); ``valid``: the SQL passed ``EXPLAIN`` on the TPC-DS
 #: schema; ``error``: PostgreSQL's message (or why no SQL was produced; ``api_error: ...`` for an
-#: API failure after the client's own retries); ``final``: the last attempt of its (model, query);
-#: tokens as reported by the API (0 offline); ``cost_usd`` tokens × the model's price per million
-#: (null when no price is configured; 0 for offline generators); ``latency_s`` the model call in
-#: seconds.
+#: API failure after the shared retries of :mod:`tasks.llm`); ``final``: the last attempt of its
+#: (model, query); tokens as reported by the API (0 offline; on a response-cache hit as first
+#: reported); ``cost_usd`` what the call cost, from the models-table prices (0 on a cache hit or
+#: a failed call; null when the model is not in the models table, i.e. unpriced; 0 for offline
+#: generators); ``latency_s`` the model call in seconds, retry waits included.
 GENERATIONS = _schema(
     "generations",
     [
@@ -220,17 +223,30 @@ class CorpusSpec(_Strict):
         return self
 
 
+#: Where per-stage prices went (raised for a config that still carries ``prices``).
+PRICES_MOVED = (
+    "prices are no longer a per-stage option: a model's USD prices come from the models table "
+    "(data/models.yaml, or your own file in QUERYLAB_MODELS; see `querylab models`); a model "
+    "in no file runs with cost recorded as unknown"
+)
+
+
 class GenerationConfig(_Strict):
     """Options of the TPC-DS generation flow.
 
     - ``max_retries``: regenerations after an invalid query (the paper: 3), so at most
       ``1 + max_retries`` attempts per (model, query);
-    - ``temperature``, ``max_tokens``: sampling parameters of ``openai:`` models;
-    - ``request_timeout_s``: per HTTP request; ``api_retries``: the ``openai`` client's own
-      retries of infrastructure errors (429, 5xx, timeouts, connection) with exponential backoff;
-    - ``statement_timeout_ms``: limit of one ``EXPLAIN`` on PostgreSQL;
-    - ``prices``: ``{model: [USD per million input tokens, USD per million output tokens]}``
-      (model name without the ``openai:`` prefix); a model without a price gets a null cost.
+    - ``temperature``, ``max_tokens``: sampling parameters of ``openai:`` models
+      (``max_tokens`` is sent as ``max_completion_tokens``);
+    - ``request_timeout_s``: per HTTP attempt; ``api_retries``: extra attempts of one model call
+      after an infrastructure error (HTTP 408/429/5xx, timeouts, connection errors) with
+      exponential backoff honouring ``Retry-After`` (the shared loop of :mod:`tasks.llm`);
+    - ``cache``: the shared response cache under ``<artifacts>/cache/llm`` — ``on`` (read and
+      write), ``refresh`` (write only), ``off``; each attempt's conversation differs (it carries
+      the previous errors), so a retry never gets a cached answer of an earlier attempt;
+    - ``statement_timeout_ms``: limit of one ``EXPLAIN`` on PostgreSQL.
+
+    Prices come from the models table (:func:`tasks.llm.resolve_model`), not from here.
     """
 
     max_retries: int = Field(default=3, ge=0, le=10)
@@ -238,8 +254,25 @@ class GenerationConfig(_Strict):
     max_tokens: int | None = Field(default=None, gt=0)
     request_timeout_s: float = Field(default=120.0, gt=0)
     api_retries: int = Field(default=2, ge=0, le=10)
+    cache: Literal["on", "off", "refresh"] = "on"
     statement_timeout_ms: int = Field(default=10_000, gt=0)
-    prices: dict[str, tuple[float, float]] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_prices(cls, data):
+        if isinstance(data, dict) and "prices" in data:
+            raise ValueError(PRICES_MOVED)
+        return data
+
+    def agent_options(self) -> AgentOptions:
+        """These options as the shared model-call options of :class:`tasks.llm.ChatModel`."""
+        return AgentOptions(
+            max_retries=self.api_retries,
+            request_timeout_s=self.request_timeout_s,
+            temperature=self.temperature,
+            max_completion_tokens=self.max_tokens,
+            cache=self.cache,
+        )
 
 
 GeneratorKind = Literal["oracle", "openai", "replay"]

@@ -274,8 +274,9 @@ def evaluate(pair: QueryPair, method: Method, options: EquivalenceOptions,
              client: Any = None, client_error: str | None = None) -> dict[str, Any]:
     """One row of ``equivalence.parquet`` (without ``run_id``) for ``pair`` × ``method``.
 
-    ``client`` is an ``openai.OpenAI`` for judge methods (``client_error`` explains why there
-    is none). Never raises for a bad pair: failures become ``verdict="error"`` rows."""
+    ``client`` is the judge model for judge methods, a :class:`tasks.llm.ChatModel` from
+    :func:`tasks.judges.judge_model` (``client_error`` explains why there is none). Never
+    raises for a bad pair: failures become ``verdict="error"`` rows."""
     row = _empty_row(pair, method)
     start = time.perf_counter()
     try:
@@ -322,22 +323,24 @@ def _judge_row(row: dict, pair: QueryPair, method: Method, options: EquivalenceO
     from tasks.judges import run_judge
 
     if client is None:
-        row.update(verdict="error", error=client_error or "no OpenAI client configured")
+        row.update(verdict="error", error=client_error or "no judge model configured")
         return
     try:
         schema: RelSchema | None = pair_schema(pair, options.db_root)
     except SchemaError:
         schema = None
     ddl = schema_text(pair, options.db_root) if (schema is not None or isinstance(pair.schema_, str)) else ""
-    out = run_judge(client, method.model, method.technique, method.notion, sql1=pair.sql1,
-                    sql2=pair.sql2, schema_ddl=ddl, dialect=pair.dialect, options=options.judge)
+    trial = int.from_bytes(hashlib.sha256(pair.id.encode()).digest()[:6], "big")
+    out = run_judge(client, method.technique, method.notion, sql1=pair.sql1, sql2=pair.sql2,
+                    schema_ddl=ddl, dialect=pair.dialect, trial=trial)
     row.update(
         verdict=out.verdict, response=out.response, explanation=out.explanation,
         counterexample=out.counterexample, prompt_tokens=out.prompt_tokens,
         completion_tokens=out.completion_tokens, cost_usd=out.cost_usd, seconds=out.seconds,
         error=out.error,
     )
-    details: dict[str, Any] = {"finish_reason": out.finish_reason}
+    details: dict[str, Any] = {"finish_reason": out.finish_reason, "priced": out.priced,
+                               "cache_hit": out.cache_hit, "attempts": out.attempts}
     if out.counterexample:
         check = verify_counterexample(
             pair.sql1, pair.sql2, out.counterexample, dialect=pair.dialect, schema=schema,
@@ -424,8 +427,10 @@ def run_equivalence_batch(run_id: str, artifacts_root: str, pairs_uri: str, batc
                           options: dict | None = None) -> str:
     """Judge every pair of one batch with its method; write the batch's rows.
 
-    Returns the batch URI; skips all work when it already exists. The OpenAI client for judge
-    methods comes from the environment (``QUERYLAB_OPENAI_*``), never from parameters."""
+    Returns the batch URI; skips all work when it already exists. The judge model of judge
+    methods is resolved from the models table / the environment (``QUERYLAB_MODELS``,
+    ``QUERYLAB_OPENAI_*``), never from parameters; its responses are cached under
+    ``<artifacts_root>/cache/llm``."""
     out_uri = batch_uri(artifacts_root, run_id, batch["key"])
     if storage.exists(out_uri):
         return out_uri
@@ -434,17 +439,21 @@ def run_equivalence_batch(run_id: str, artifacts_root: str, pairs_uri: str, batc
     pairs = _read_pairs(pairs_uri)
     client, client_error = None, None
     if method.kind == "judge":
-        from tasks.judges import judge_client
+        from tasks.judges import judge_model
 
         try:
-            client = judge_client(Settings.from_env(), opts.judge.timeout_s)
+            client = judge_model(method.model, Settings.from_env(), opts.judge, artifacts_root)
         except ValueError as exc:
             client_error = str(exc)
     logger = _logger()
     rows = []
-    for pid in batch["pair_ids"]:
-        row = evaluate(pairs[pid], method, opts, client, client_error)
-        rows.append({"run_id": run_id, **row})
+    try:
+        for pid in batch["pair_ids"]:
+            row = evaluate(pairs[pid], method, opts, client, client_error)
+            rows.append({"run_id": run_id, **row})
+    finally:
+        if client is not None:
+            client.close()
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1

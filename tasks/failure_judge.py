@@ -2,22 +2,28 @@
 taxonomy (FM1–FM5) as the deterministic classifier, and its labels are written beside the
 deterministic ones (``report/failure_judge.parquet``), never replacing them.
 
-The judge is reached through the ``openai`` client with a configurable ``base_url`` (any
-OpenAI-compatible server). Each judged trial gets one chat completion; a reply that names no
-mode, or a failed call, is recorded with ``failure_mode = null`` and the reason in ``error``
-(the trial is not retried by this stage; the client's own retries cover 429/5xx). The stage is
-idempotent per (run, judge model): trials already judged by that model are skipped.
+The judge is called through the shared model layer :mod:`tasks.llm` (a
+:class:`tasks.llm.ChatModel`: models table, ``openai`` client at a configurable ``base_url``,
+infra-only retries of 408/429/5xx/timeouts with backoff honouring ``Retry-After``, response
+cache, optional per-model limits). Each judged trial gets one chat completion; a reply that
+names no mode, or a call that failed after those retries, is recorded with
+``failure_mode = null`` and the reason in ``error``. The stage is idempotent per (run, judge
+model): trials already judged by that model without error are skipped; trials judged before
+with an error (``rejudge``) are asked again past the response cache, so a cached unreadable
+reply is not served twice.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 import re
 
-import openai
 import polars as pl
 
 from schemas.report import FAILURE_JUDGE, FAILURE_MODES
+from tasks.llm import ChatModel, LLMCallError
 
 JUDGE_SYSTEM = """You are auditing a data agent that answered a question over several databases
 with the tools list_db, query_db, execute_python and return_answer. Its final answer was WRONG.
@@ -109,20 +115,25 @@ def judge_failures(
     trials: pl.DataFrame,
     tool_calls: pl.DataFrame,
     manifests: list[dict],
-    client: openai.OpenAI,
-    model: str,
+    chat: ChatModel,
+    model: str | None = None,
     limit: int | None = None,
     skip: set[str] | None = None,
+    rejudge: set[str] | None = None,
 ) -> pl.DataFrame:
-    """Ask ``model`` for the failure mode of each labelled (incorrect) trial.
+    """Ask the judge model ``chat`` for the failure mode of each labelled (incorrect) trial.
 
     ``labels``: :func:`tasks.failure_modes.classify_failures` output (defines which trials and
     their order); ``trials`` / ``tool_calls``: the run's artifacts; ``manifests``: dataset
     manifests (question, ground truth, requirements); ``limit``: at most this many trials
-    (in trial-key order); ``skip``: trial keys already judged. Returns
-    ``schemas.report.FAILURE_JUDGE`` columns, one row per judged trial. One HTTP request per
-    trial (a loop over the judged trials, not over rows of the run).
+    (in trial-key order); ``skip``: trial keys already judged; ``rejudge``: trial keys whose
+    earlier judgement failed (asked with the response cache in ``refresh`` mode); ``model``:
+    the ``model`` column (default ``chat.resolved.name``). Returns
+    ``schemas.report.FAILURE_JUDGE`` columns, one row per judged trial. At most one model call
+    per trial (a loop over the judged trials, not over rows of the run); the response-cache
+    trial index is a stable number from the trial key.
     """
+    model = model or chat.resolved.name
     queries = {(m["name"], q["id"]): q for m in manifests for q in m.get("queries", [])}
     todo = labels.filter(~pl.col("trial_key").is_in(list(skip or ())))
     if limit is not None:
@@ -162,25 +173,34 @@ def judge_failures(
             "prompt_tokens": 0,
             "completion_tokens": 0,
         }
+        messages = [
+            {"role": "system", "content": JUDGE_SYSTEM},
+            {"role": "user", "content": prompt},
+        ]
         try:
-            resp = client.chat.completions.create(
-                model=model,
-                messages=[
-                    {"role": "system", "content": JUDGE_SYSTEM},
-                    {"role": "user", "content": prompt},
-                ],
-                temperature=0,
-            )
-        except openai.OpenAIError as exc:
-            row["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            resp, rec = _ask(chat, messages, r["trial_key"], r["trial_key"] in (rejudge or ()))
+        except LLMCallError as exc:
+            row["error"] = str(exc)[:500]
         else:
-            if resp.usage is not None:
-                row["prompt_tokens"] = resp.usage.prompt_tokens or 0
-                row["completion_tokens"] = resp.usage.completion_tokens or 0
+            row["prompt_tokens"], row["completion_tokens"] = rec.prompt_tokens, rec.completion_tokens
             mode, rationale, err = parse_judge_reply(resp.choices[0].message.content)
             row.update(failure_mode=mode, rationale=rationale, error=err)
         rows.append(row)
     return pl.DataFrame(rows, schema=pl.from_arrow(FAILURE_JUDGE.empty_table()).schema)
+
+
+def _ask(chat: ChatModel, messages: list[dict], trial_key: str, refresh: bool):
+    """One judge call for ``trial_key``; ``refresh``: skip a cached response (and store the
+    new one)."""
+    trial = int.from_bytes(hashlib.sha256(trial_key.encode()).digest()[:6], "big")
+    cache = chat.cache
+    if refresh and cache is not None and cache.mode == "on":
+        chat.cache = copy.copy(cache)
+        chat.cache.mode = "refresh"
+    try:
+        return chat.complete(messages, None, trial=trial, call_index=0)
+    finally:
+        chat.cache = cache
 
 
 def judge_agreement(labels: pl.DataFrame, judged: pl.DataFrame) -> pl.DataFrame:

@@ -15,22 +15,23 @@ Notions: ``semantic`` (same result on every database allowed by the schema) and 
 (same logic up to trivial edits). The paper pairs Miniature & Mull with semantic and Explain &
 Compare with relaxed equivalence; here every technique can be asked about either notion.
 
-Model calls go through the ``openai`` client with a configurable ``base_url``
-(``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY``). TODO(#3): switch to the shared
-model config (``tasks.llm``: model resolution, prices, response cache, retries with backoff)
-once it has landed; until then prices come from :class:`schemas.equivalence.JudgeOptions`.
+Model calls go through the shared model layer :mod:`tasks.llm` (:func:`judge_model`): the
+judge model is resolved in the models table (``data/models.yaml`` + ``QUERYLAB_MODELS``:
+endpoint, key, USD prices), a model in no file runs at ``QUERYLAB_OPENAI_BASE_URL`` /
+``QUERYLAB_OPENAI_API_KEY`` unpriced (cost 0, ``priced=False``); the ``openai`` client with
+querylab's infra-only retries (408/429/5xx, timeouts, connection errors; ``Retry-After``
+honoured), the response cache under ``<artifacts>/cache/llm`` and the optional per-model
+Prefect limits.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass
-
-import openai
 
 from schemas.equivalence import NOTIONS, TECHNIQUES, JudgeOptions
 from schemas.settings import Settings
+from tasks.llm import ChatModel, LLMCallError, ResponseCache, resolve_model, settings_env
 
 SYSTEM_PROMPT = (
     "You are an expert in SQL semantics. You decide whether two SQL queries written against "
@@ -231,8 +232,10 @@ def explanation_of(text: str | None) -> str | None:
 class JudgeOutcome:
     """One judge call: ``verdict`` (``equivalent``/``not_equivalent``/``unparsed``/``error``),
     ``response`` the raw reply, ``explanation`` its reasoning, ``counterexample`` the proposed
-    database (SQL) or None, tokens as reported by the API, ``cost_usd`` from the prices,
-    ``seconds`` wall time, ``error`` the API error message, ``finish_reason``."""
+    database (SQL) or None, tokens as reported by the API, ``cost_usd`` from the models-table
+    prices (0 for an unpriced model, a cache hit or a failed call), ``seconds`` wall time
+    (retry waits included), ``error`` the API error message, ``finish_reason``, ``priced``
+    (False: the model is in no models file), ``cache_hit`` and HTTP ``attempts``."""
 
     verdict: str
     response: str | None = None
@@ -244,55 +247,64 @@ class JudgeOutcome:
     seconds: float = 0.0
     error: str | None = None
     finish_reason: str | None = None
+    priced: bool = True
+    cache_hit: bool = False
+    attempts: int = 0
 
 
-def judge_client(settings: Settings, timeout_s: float = 120.0) -> openai.OpenAI:
-    """An ``openai.OpenAI`` client from the settings (base URL and key; a local server with
-    a base URL needs no key). Raises ValueError when neither is configured."""
-    if not settings.openai_api_key and not settings.openai_base_url:
-        raise ValueError(
-            "LLM judges need QUERYLAB_OPENAI_API_KEY (or OPENAI_API_KEY), or "
-            "QUERYLAB_OPENAI_BASE_URL for a local OpenAI-compatible server"
-        )
-    return openai.OpenAI(base_url=settings.openai_base_url,
-                         api_key=settings.openai_api_key or "not-needed", timeout=timeout_s)
+def judge_model(
+    model: str,
+    settings: Settings | None = None,
+    options: JudgeOptions | None = None,
+    artifacts_root: str | None = None,
+) -> ChatModel:
+    """The judge ``model`` (as in ``judge:<technique>:<notion>:<model>``) ready to call:
+    resolved with :func:`tasks.llm.resolve_model` (models table, else the endpoint of
+    ``settings``, default :meth:`Settings.from_env`), with ``options`` (temperature,
+    ``max_tokens`` sent as ``max_completion_tokens``, HTTP ``timeout_s`` per attempt,
+    ``api_retries``, ``cache`` mode) and the response cache under ``artifacts_root`` (None: no
+    cache). Raises ValueError (:class:`tasks.llm.AgentConfigError`) when the model has no
+    endpoint or its key is missing."""
+    options = options or JudgeOptions()
+    settings = settings or Settings.from_env()
+    resolved = resolve_model(model, env=settings_env(settings))
+    cache = ResponseCache(artifacts_root, options.cache) if artifacts_root else None
+    return ChatModel(resolved, options.agent_options(), cache)
 
 
 def run_judge(
-    client: openai.OpenAI, model: str, technique: str, notion: str, *, sql1: str, sql2: str,
-    schema_ddl: str, dialect: str = "duckdb", options: JudgeOptions | None = None,
+    chat: ChatModel, technique: str, notion: str, *, sql1: str, sql2: str,
+    schema_ddl: str, dialect: str = "duckdb", trial: int = 0,
 ) -> JudgeOutcome:
-    """Ask ``model`` (zero-shot, ``options.temperature``, default 0) whether two queries are
-    equivalent under ``notion`` with ``technique``; parse the verdict and any counterexample.
+    """Ask the judge model ``chat`` (:func:`judge_model`; zero-shot, its options' temperature,
+    default 0) whether two queries are equivalent under ``notion`` with ``technique``; parse
+    the verdict and any counterexample. One model call; ``trial`` is its response-cache trial
+    index (with the messages it keys the cache; :mod:`tasks.equivalence` passes a stable number
+    per pair id so that two pairs with the same queries are still two samples).
 
-    API errors are returned as ``verdict="error"`` (never raised); ValueError for an unknown
-    technique or notion."""
-    options = options or JudgeOptions()
+    API errors (after the shared retries) are returned as ``verdict="error"`` (never raised);
+    ValueError for an unknown technique or notion."""
     messages = build_messages(technique, notion, sql1, sql2, schema_ddl, dialect)
-    start = time.perf_counter()
+    priced = chat.resolved.priced
     try:
-        resp = client.chat.completions.create(
-            model=model, messages=messages, temperature=options.temperature,
-            max_tokens=options.max_tokens,
-        )
-    except openai.OpenAIError as exc:
-        return JudgeOutcome("error", error=f"{type(exc).__name__}: {exc}",
-                            seconds=time.perf_counter() - start)
-    seconds = time.perf_counter() - start
-    choice = resp.choices[0] if resp.choices else None
-    text = choice.message.content if choice is not None else None
-    usage = resp.usage
-    prompt = (usage.prompt_tokens or 0) if usage else 0
-    completion = (usage.completion_tokens or 0) if usage else 0
-    price_in, price_out = options.prices.get(model, (0.0, 0.0))
+        resp, rec = chat.complete(messages, None, trial=trial, call_index=0)
+    except LLMCallError as exc:
+        rec = exc.record
+        return JudgeOutcome("error", error=str(exc), seconds=rec.latency_s, priced=priced,
+                            attempts=rec.attempts)
+    choice = resp.choices[0]
+    text = choice.message.content
     return JudgeOutcome(
         verdict=parse_verdict(text),
         response=text,
         explanation=explanation_of(text),
         counterexample=extract_counterexample(text),
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        cost_usd=(prompt * price_in + completion * price_out) / 1_000_000,
-        seconds=seconds,
-        finish_reason=choice.finish_reason if choice is not None else None,
+        prompt_tokens=rec.prompt_tokens,
+        completion_tokens=rec.completion_tokens,
+        cost_usd=rec.cost_usd,
+        seconds=rec.latency_s,
+        finish_reason=choice.finish_reason,
+        priced=priced,
+        cache_hit=rec.cache_hit,
+        attempts=rec.attempts,
     )

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 import yaml
@@ -52,6 +52,9 @@ MODELS_FILE = Path(__file__).resolve().parents[1] / "data" / "models.yaml"
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 #: Bump when the cache entry layout or key material changes.
 CACHE_VERSION = "1"
+
+if TYPE_CHECKING:
+    from schemas.settings import Settings
 
 
 class AgentConfigError(ValueError):
@@ -141,6 +144,21 @@ def _first_env(env: dict[str, str], names: list[str]) -> str | None:
         if env.get(name):
             return env[name]
     return None
+
+
+def settings_env(settings: "Settings") -> dict[str, str]:
+    """The process environment with the OpenAI endpoint variables replaced by ``settings``'
+    (``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY``; the ``OPENAI_*`` fallbacks
+    removed), for :func:`tasks.llm.resolve_model` of a model in no models file."""
+    env = dict(os.environ)
+    for name in ("QUERYLAB_OPENAI_BASE_URL", "OPENAI_BASE_URL",
+                 "QUERYLAB_OPENAI_API_KEY", "OPENAI_API_KEY"):
+        env.pop(name, None)
+    if settings.openai_base_url:
+        env["QUERYLAB_OPENAI_BASE_URL"] = settings.openai_base_url
+    if settings.openai_api_key:
+        env["QUERYLAB_OPENAI_API_KEY"] = settings.openai_api_key
+    return env
 
 
 def resolve_model(

@@ -15,6 +15,7 @@ Outputs (``<root>/runs/<run_id>/report/``): ``pass_at_k.parquet``, ``pass_at_k_s
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import UTC, datetime
 
@@ -241,22 +242,39 @@ def judge_failure_modes(
     """The optional LLM-judge stage: label up to ``limit`` incorrect trials (not yet judged by
     ``model``) and merge them into ``report/failure_judge.parquet``; returns its URI.
 
-    ``model`` is ``openai:<model>`` or a bare model name; ``base_url`` / ``api_key`` default to
-    ``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY`` (the key is never written).
-    Needs ``report/failure_labels.parquet`` (run :func:`compute_report_tables` first).
+    ``model`` is ``openai:<model>`` or a bare model name, resolved through the shared model
+    layer (:func:`tasks.llm.resolve_model`: the models table ``data/models.yaml`` +
+    ``QUERYLAB_MODELS``, else ``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY``);
+    ``base_url`` / ``api_key`` given here replace the resolved endpoint / key (the key is never
+    written). Calls use temperature 0, the shared infra-only retries (3) and the response cache
+    under ``<artifacts_root>/cache/llm``. Raises AgentConfigError (a ValueError) when the model
+    has no endpoint. Needs ``report/failure_labels.parquet`` (run
+    :func:`compute_report_tables` first).
     """
-    import openai
+    import dataclasses
 
-    from schemas.settings import Settings
+    from schemas.models import AgentOptions, check_base_url
     from tasks.failure_judge import judge_failures
+    from tasks.llm import AgentConfigError, ChatModel, ResponseCache, resolve_model
 
     name = model.removeprefix("openai:")
-    settings = Settings.from_env()
-    client = openai.OpenAI(
-        base_url=base_url or settings.openai_base_url,
-        api_key=api_key or settings.openai_api_key or "not-needed",
-        timeout=120.0,
-        max_retries=3,
+    env = dict(os.environ)
+    if base_url:
+        env["QUERYLAB_OPENAI_BASE_URL"] = base_url
+    if api_key:
+        env["QUERYLAB_OPENAI_API_KEY"] = api_key
+    resolved = resolve_model(name, env=env)
+    if base_url:
+        try:
+            resolved = dataclasses.replace(resolved, base_url=check_base_url(base_url))
+        except ValueError as exc:
+            raise AgentConfigError(f"judge base_url: {exc}") from None
+    if api_key:
+        resolved = dataclasses.replace(resolved, api_key=api_key)
+    chat = ChatModel(
+        resolved,
+        AgentOptions(temperature=0, max_retries=3, request_timeout_s=120.0),
+        ResponseCache(artifacts_root),
     )
     labels = pl.from_arrow(
         storage.read_parquet(
@@ -270,12 +288,20 @@ def judge_failure_modes(
         else pl.from_arrow(rs.FAILURE_JUDGE.empty_table())
     )
     done = set(previous.filter((pl.col("model") == name) & pl.col("error").is_null())["trial_key"])
+    failed = set(
+        previous.filter((pl.col("model") == name) & pl.col("error").is_not_null())["trial_key"]
+    )
     trials = load_trials(artifacts_root, run_id)
     calls = load_tool_calls(artifacts_root, run_id)
     if calls is None:
         calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table())
     manifests = [storage.read_json(u) for u in manifest_uris]
-    judged = judge_failures(labels, trials, calls, manifests, client, name, limit, done)
+    try:
+        judged = judge_failures(
+            labels, trials, calls, manifests, chat, name, limit, done, rejudge=failed
+        )
+    finally:
+        chat.close()
     keep = previous.filter(
         ~((pl.col("model") == name) & pl.col("trial_key").is_in(judged["trial_key"].to_list()))
     )

@@ -10,8 +10,10 @@ SQL is validated with ``EXPLAIN`` on the TPC-DS schema held (without data) in Po
 invalid query is sent back with PostgreSQL's error message in a new user turn, at most
 ``max_retries`` (3) times. Every attempt is a row of ``generations.parquet``. Generators:
 
-- ``openai:<model>`` — any OpenAI-compatible API (``QUERYLAB_OPENAI_BASE_URL`` /
-  ``QUERYLAB_OPENAI_API_KEY``) through the ``openai`` client;
+- ``openai:<model>`` — a model of the models table (``data/models.yaml`` + ``QUERYLAB_MODELS``:
+  endpoint, key, prices) or any model at ``QUERYLAB_OPENAI_BASE_URL`` /
+  ``QUERYLAB_OPENAI_API_KEY`` (unpriced), called through the shared model layer
+  :mod:`tasks.llm` (``openai`` client, infra-only retries, response cache, per-model limits);
 - ``replay:<path>`` — SQL generated elsewhere: a directory with one file per query (the query
   number is the first integer in the file name: ``1.sql``, ``q01.sql``, ``query1.sql``) or a
   JSONL file of ``{"query_id": 1, "sql": "...", "attempt": 0}`` (``attempt`` optional: several
@@ -28,7 +30,6 @@ import hashlib
 import io
 import json
 import re
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,14 @@ from tasks.corpora import (
     tpcds_ddl,
     tpcds_gold_queries,
     tpcds_schema,
+)
+from tasks.llm import (
+    AgentConfigError,
+    ChatModel,
+    LLMCallError,
+    ResponseCache,
+    resolve_model,
+    settings_env,
 )
 from tasks.sql_features import (
     BAG_FEATURES,
@@ -274,6 +283,9 @@ class Generator:
     def reply(self, query_id: str, messages: list[dict], attempt: int) -> Reply | None:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release resources (HTTP connections); a no-op offline."""
+
 
 class OracleGenerator(Generator):
     """Answers with the TPC-DS gold query (self-check of the pipeline)."""
@@ -348,69 +360,71 @@ class ReplayGenerator(Generator):
 
 
 class OpenAIGenerator(Generator):
-    """A chat model behind an OpenAI-compatible API (``openai`` client, ``base_url`` and key
-    from :class:`Settings`). Infrastructure errors (429, 5xx, timeouts, connection) are retried by
-    the client with exponential backoff (``config.api_retries``); what is left is returned as a
-    :class:`Reply` with ``error`` set."""
+    """A chat model called through the shared model layer (:mod:`tasks.llm`): ``model`` is
+    resolved in the models table (endpoint, key, prices; ``data/models.yaml`` +
+    ``QUERYLAB_MODELS``), a model in no file falls back to the endpoint of ``settings``
+    (``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY``) and is unpriced (cost null).
+    Infrastructure errors (408/429/5xx, timeouts, connection) are retried by
+    :class:`tasks.llm.ChatModel` (``config.api_retries``, backoff honouring ``Retry-After``);
+    a call that still fails comes back as a :class:`Reply` with ``error`` set. ``cache``: the
+    shared :class:`tasks.llm.ResponseCache` (None: no cache). Raises
+    :class:`GeneratorConfigError` when the model cannot be resolved (no endpoint, missing key).
+    """
 
-    def __init__(self, model: str, settings: Settings, config: GenerationConfig):
-        import openai
-
-        if not settings.openai_api_key and not settings.openai_base_url:
-            raise GeneratorConfigError(
-                "openai: generators need QUERYLAB_OPENAI_API_KEY (or OPENAI_API_KEY), or "
-                "QUERYLAB_OPENAI_BASE_URL for a local server"
-            )
+    def __init__(
+        self,
+        model: str,
+        settings: Settings,
+        config: GenerationConfig,
+        cache: ResponseCache | None = None,
+    ):
+        try:
+            resolved = resolve_model(model, env=settings_env(settings))
+        except AgentConfigError as exc:
+            raise GeneratorConfigError(str(exc)) from None
         self.model = model
         self.label = f"openai:{model}"
         self.config = config
-        self.price = config.prices.get(model)
-        self.client = openai.OpenAI(
-            base_url=settings.openai_base_url,
-            api_key=settings.openai_api_key or "not-needed",
-            timeout=config.request_timeout_s,
-            max_retries=config.api_retries,
-        )
+        self.resolved = resolved
+        self.chat = ChatModel(resolved, config.agent_options(), cache)
 
     def reply(self, query_id: str, messages: list[dict], attempt: int) -> Reply | None:
-        import openai
-
-        kwargs: dict[str, Any] = {
-            "model": self.model,
-            "messages": messages,
-            "temperature": self.config.temperature,
-        }
-        if self.config.max_tokens:
-            kwargs["max_tokens"] = self.config.max_tokens
-        start = time.perf_counter()
+        # trial 0: one generation per (model, query); every attempt's conversation is longer
+        # than the previous one's, so attempts never share a cache entry
         try:
-            resp = self.client.chat.completions.create(**kwargs)
-        except openai.OpenAIError as e:
-            status = getattr(e, "status_code", None)
-            msg = f"api_error: {type(e).__name__}" + (f" {status}" if status else "") + f": {e}"
+            resp, rec = self.chat.complete(list(messages), None, trial=0, call_index=attempt)
+        except LLMCallError as exc:
+            rec = exc.record
             return Reply(
-                None, latency_s=time.perf_counter() - start, cost_usd=None, error=msg[:500]
+                None, rec.prompt_tokens, rec.completion_tokens, rec.latency_s,
+                cost_usd=0.0 if rec.priced else None, error=f"api_error: {exc}"[:500],
             )
-        latency = time.perf_counter() - start
-        usage = resp.usage
-        pt = int(getattr(usage, "prompt_tokens", 0) or 0)
-        ct = int(getattr(usage, "completion_tokens", 0) or 0)
-        cost = None if self.price is None else (pt * self.price[0] + ct * self.price[1]) / 1e6
-        content = resp.choices[0].message.content if resp.choices else None
-        return Reply(content, pt, ct, latency, cost)
+        content = resp.choices[0].message.content
+        cost = rec.cost_usd if rec.priced else None
+        return Reply(content, rec.prompt_tokens, rec.completion_tokens, rec.latency_s, cost)
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self.chat.close()
 
 
 def make_generator(
-    spec: str, settings: Settings | None = None, config: GenerationConfig | None = None
+    spec: str,
+    settings: Settings | None = None,
+    config: GenerationConfig | None = None,
+    artifacts_root: str | None = None,
 ) -> Generator:
     """A generator from its spec: ``oracle``, ``openai:<model>`` or ``replay:<path>``.
-    Raises :class:`GeneratorConfigError` for anything else."""
+    ``artifacts_root``: where ``openai:`` generators keep the shared response cache
+    (``<root>/cache/llm``, mode ``config.cache``); None: no cache. Raises
+    :class:`GeneratorConfigError` for anything else."""
     config = config or GenerationConfig()
     if spec == "oracle":
         return OracleGenerator()
     kind, _, arg = spec.partition(":")
     if kind == "openai" and arg:
-        return OpenAIGenerator(arg, settings or Settings.from_env(), config)
+        cache = ResponseCache(artifacts_root, config.cache) if artifacts_root else None
+        return OpenAIGenerator(arg, settings or Settings.from_env(), config, cache)
     if kind == "replay" and arg:
         return ReplayGenerator(arg)
     raise GeneratorConfigError(
@@ -587,20 +601,27 @@ def run_generation_batch(
         return uri
     cfg = GenerationConfig.model_validate(config or {})
     settings = Settings.from_env()
-    generator = make_generator(batch["generator"], settings, cfg)
     corpus = load_tpcds_corpus(descriptions_path).by_id()
     unknown = [q for q in batch["query_ids"] if q not in corpus]
     if unknown:
         raise ValueError(f"unknown TPC-DS query ids {unknown}; expected 1..99")
     ddl = tpcds_ddl()
     rows: list[dict] = []
-    with PostgresValidator(tpcds_postgres_dsn(settings), cfg.statement_timeout_ms) as validator:
-        for qid in batch["query_ids"]:
-            prompt = build_prompt(corpus[qid], ddl)
-            for r in generate_with_validation(
-                generator, qid, prompt, validator.validate, cfg.max_retries
-            ):
-                rows.append({"run_id": run_id, "model": generator.label, "query_id": qid, **r})
+    generator = make_generator(batch["generator"], settings, cfg, artifacts_root)
+    try:
+        with PostgresValidator(
+            tpcds_postgres_dsn(settings), cfg.statement_timeout_ms
+        ) as validator:
+            for qid in batch["query_ids"]:
+                prompt = build_prompt(corpus[qid], ddl)
+                for r in generate_with_validation(
+                    generator, qid, prompt, validator.validate, cfg.max_retries
+                ):
+                    rows.append(
+                        {"run_id": run_id, "model": generator.label, "query_id": qid, **r}
+                    )
+    finally:
+        generator.close()
     table = pa.Table.from_pylist(rows, schema=schema.GENERATIONS)
     return storage.write_parquet(uri, table, schema.GENERATIONS)
 

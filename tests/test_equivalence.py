@@ -269,10 +269,16 @@ def test_flow_over_pairs_and_methods(prefect_harness, tmp_path, shop_db, monkeyp
     pairs = _pairs_file(tmp_path, shop_db)
     methods = ["exec_match", "finder", "judge:counter_example:semantic:scripted",
                "judge:explain_compare:relaxed:scripted"]
-    options = {"budget": {"max_instances": 150, "time_limit_s": 60},
-               "judge": {"prices": {"scripted": [1.0, 4.0]}}}
+    options = {"budget": {"max_instances": 150, "time_limit_s": 60}}
     with ScriptedOpenAIServer(_judge_reply) as srv:
-        monkeypatch.setenv("QUERYLAB_OPENAI_BASE_URL", srv.base_url)
+        # the judge's prices come from the models table (here a QUERYLAB_MODELS file)
+        models = tmp_path / "models.yaml"
+        models.write_text(
+            f"models:\n  - {{name: scripted, base_url: '{srv.base_url}', "
+            "api_key_env: QUERYLAB_OPENAI_API_KEY, prices: {input: 1.0, output: 4.0}, "
+            "context_window: 100000}\n"
+        )
+        monkeypatch.setenv("QUERYLAB_MODELS", str(models))
         monkeypatch.setenv("QUERYLAB_OPENAI_API_KEY", "sk-test-SECRET")
         out = equivalence(run_id="eq-flow", pairs_path=str(pairs), methods=methods,
                           options=options, batch_size=3, artifacts_root=settings.artifacts)
@@ -291,6 +297,7 @@ def test_flow_over_pairs_and_methods(prefect_harness, tmp_path, shop_db, monkeyp
     judge = "judge:counter_example:semantic:scripted"
     assert v[("count_bug", judge)]["verified"] is True
     assert v[("count_bug", judge)]["cost_usd"] == pytest.approx((500 + 4 * 120) / 1e6)
+    assert json.loads(v[("count_bug", judge)]["details"])["priced"] is True
     assert v[("distinct_vs_union_all", judge)]["verdict"] == "not_equivalent"
     assert v[("distinct_vs_union_all", judge)]["verified"] is False
     assert v[("join_order", judge)]["verdict"] == "equivalent"

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from schemas.equivalence import EquivalenceOptions, JudgeOptions, QueryPair
+from schemas.settings import Settings
 from tasks.equivalence import evaluate, parse_method
 from tasks.judges import (
     build_messages,
     explanation_of,
     extract_counterexample,
-    judge_client,
+    judge_model,
     parse_verdict,
     run_judge,
 )
@@ -110,31 +110,58 @@ def test_counterexample_extraction():
     assert "top salary" in explanation and "INSERT" not in explanation and "VERDICT" not in explanation
 
 
-def _client(srv) -> openai.OpenAI:
-    return openai.OpenAI(base_url=srv.base_url, api_key="test", max_retries=0)
+def _client(srv, model: str = "scripted", **options):
+    """The judge model ``model`` at the scripted server (not in the models table: unpriced)."""
+    settings = Settings(openai_base_url=srv.base_url, openai_api_key="test")
+    return judge_model(model, settings, JudgeOptions(**{"api_retries": 0, **options}))
 
 
-def test_run_judge_over_http_records_tokens_cost_and_temperature_zero():
+def test_run_judge_over_http_records_tokens_cost_and_temperature_zero(tmp_path, monkeypatch):
     usage = {"prompt_tokens": 1200, "completion_tokens": 300}
     with ScriptedOpenAIServer([message(GOOD_COUNTEREXAMPLE, usage=usage)]) as srv:
-        out = run_judge(_client(srv), "judge-model", "counter_example", "semantic",
-                        sql1=PAIR.sql1, sql2=PAIR.sql2, schema_ddl=SCHEMA,
-                        options=JudgeOptions(prices={"judge-model": (2.0, 8.0)}))
+        models = tmp_path / "models.yaml"  # prices come from the models table only
+        models.write_text(
+            f"models:\n  - {{name: judge-model, base_url: '{srv.base_url}', "
+            "prices: {input: 2.0, output: 8.0}, context_window: 100000}\n"
+        )
+        monkeypatch.setenv("QUERYLAB_MODELS", str(models))
+        chat = judge_model("judge-model", Settings(), artifacts_root=str(tmp_path / "art"))
+        out = run_judge(chat, "counter_example", "semantic",
+                        sql1=PAIR.sql1, sql2=PAIR.sql2, schema_ddl=SCHEMA)
         request = srv.requests[0]
+        # the same question again is answered by the shared response cache, at no cost
+        again = run_judge(chat, "counter_example", "semantic",
+                          sql1=PAIR.sql1, sql2=PAIR.sql2, schema_ddl=SCHEMA)
+        assert srv.request_count == 1
     assert request["temperature"] == 0 and request["model"] == "judge-model"
+    assert request["max_completion_tokens"] == 2048
     assert "tools" not in request and len(request["messages"]) == 2
     assert out.verdict == "not_equivalent" and out.error is None
     assert (out.prompt_tokens, out.completion_tokens) == (1200, 300)
-    assert out.cost_usd == pytest.approx((1200 * 2.0 + 300 * 8.0) / 1e6)
+    assert out.cost_usd == pytest.approx((1200 * 2.0 + 300 * 8.0) / 1e6) and out.priced
     assert out.counterexample.startswith("INSERT") and out.response == GOOD_COUNTEREXAMPLE
-    assert out.finish_reason == "stop" and out.seconds > 0
+    assert out.finish_reason == "stop" and out.seconds > 0 and out.attempts == 1
+    assert again.cache_hit and again.cost_usd == 0 and again.verdict == out.verdict
+    assert again.counterexample == out.counterexample and again.attempts == 0
+
+
+def test_unpriced_judge_costs_zero_and_infra_errors_are_retried():
+    script = [error(503, retry_after=0), message("VERDICT: EQUIVALENT",
+                                                   {"prompt_tokens": 10, "completion_tokens": 2})]
+    with ScriptedOpenAIServer(script) as srv:
+        out = run_judge(_client(srv, "unlisted", api_retries=1), "explain_compare", "relaxed",
+                        sql1="SELECT 1", sql2="SELECT 1", schema_ddl="")
+        assert srv.request_count == 2
+    assert out.verdict == "equivalent" and out.attempts == 2
+    assert out.priced is False and out.cost_usd == 0 and out.prompt_tokens == 10
 
 
 def test_api_error_is_a_verdict_not_an_exception():
-    with ScriptedOpenAIServer([error(400, "bad request")]) as srv:
-        out = run_judge(_client(srv), "m", "explain_compare", "relaxed", sql1="SELECT 1",
-                        sql2="SELECT 2", schema_ddl="")
-    assert out.verdict == "error" and "bad request" in out.error
+    with ScriptedOpenAIServer([error(400, "bad request"), message("VERDICT: EQUIVALENT")]) as srv:
+        out = run_judge(_client(srv, "m", api_retries=3), "explain_compare", "relaxed",
+                        sql1="SELECT 1", sql2="SELECT 2", schema_ddl="")
+        assert srv.request_count == 1  # a 400 is not retried
+    assert out.verdict == "error" and "bad request" in out.error and out.attempts == 1
 
 
 def _evaluate(reply: str, method: str = "judge:counter_example:semantic:scripted"):
@@ -183,7 +210,9 @@ def test_unparsed_reply_is_recorded():
 
 def test_judge_without_configuration_is_an_error_row(settings):
     with pytest.raises(ValueError, match="QUERYLAB_OPENAI"):
-        judge_client(settings)
+        judge_model("m", Settings())
+    with pytest.raises(ValueError, match="models table"):
+        JudgeOptions.model_validate({"prices": {"m": [1.0, 2.0]}})
     row = evaluate(PAIR, parse_method("judge:counter_example:semantic:m"), EquivalenceOptions(),
                    client=None, client_error="no key")
     assert row["verdict"] == "error" and row["error"] == "no key"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -69,11 +70,26 @@ def test_oracle_scores_one_on_every_phase(setup):
 # ------------------------------------------------------------- scripted model, hand computed
 
 
-def _agent(srv: ScriptedOpenAIServer, **cfg) -> OpenAIAgent:
-    settings = Settings(openai_base_url=srv.base_url, openai_api_key="sk-test")
-    return OpenAIAgent(
-        "scripted", settings, LifecycleConfig(api_retries=0, prices={"scripted": (1.0, 2.0)}, **cfg)
+def _models_file(directory: Path, base_url: str) -> Path:
+    """A QUERYLAB_MODELS file pricing model ``scripted`` at ``base_url`` (USD 1 / 2 per million
+    input / output tokens): prices come from the models table only."""
+    path = directory / "models.yaml"
+    path.write_text(
+        f"models:\n  - {{name: scripted, base_url: '{base_url}', "
+        "api_key_env: QUERYLAB_OPENAI_API_KEY, api_key_required: false, "
+        "prices: {input: 1.0, output: 2.0}, context_window: 100000}\n"
     )
+    return path
+
+
+def _agent(srv: ScriptedOpenAIServer, cache=None, **cfg) -> OpenAIAgent:
+    settings = Settings(openai_base_url=srv.base_url, openai_api_key="sk-test")
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("QUERYLAB_MODELS", str(_models_file(Path(tmp), srv.base_url)))
+        config = LifecycleConfig(**{"api_retries": 0, **cfg})
+        agent = OpenAIAgent("scripted", settings, config, cache)
+    assert agent.resolved.priced
+    return agent
 
 
 def _run(script, items, ctx, **cfg):
@@ -254,8 +270,39 @@ def test_api_error_scores_zero_and_is_recorded(setup):
     ctx = RunContext(dbs, cfg)
     out, _ = _run([error(500)], [items["text2sql"][0]], ctx)
     row, calls = out[0]
-    assert row["ex"] == 0.0 and row["error"].startswith("api_error: InternalServerError 500")
-    assert row["cost_usd"] is None and calls[0]["error"] == row["error"]
+    assert row["ex"] == 0.0 and row["error"].startswith("api_error: HTTP 500")
+    assert row["cost_usd"] == 0 and calls[0]["error"] == row["error"]  # a failed call is free
+    # infrastructure errors are retried by the shared model layer (Retry-After honoured)
+    ok = message(_sql(items["text2sql"][0]["reference"]["sql"]))
+    out, requests = _run([error(429, retry_after=0), ok], [items["text2sql"][0]], ctx,
+                         api_retries=1)
+    assert len(requests) == 2 and out[0][0]["error"] is None and out[0][0]["ex"] == 1.0
+    # unpriced: a model in no models file gets a null (unknown) cost
+    with ScriptedOpenAIServer([ok]) as srv:
+        agent = OpenAIAgent("unlisted", Settings(openai_base_url=srv.base_url), cfg)
+        row, _ = run_item(agent, items["text2sql"][0], ctx, "r")
+    assert agent.resolved.priced is False and row["cost_usd"] is None and row["ex"] == 1.0
+
+
+def test_response_cache_serves_a_rerun_of_an_item_but_not_a_twin(setup, tmp_path):
+    from tasks.llm import ResponseCache
+
+    cfg, dbs, items = setup
+    ctx = RunContext(dbs, cfg)
+    item = items["text2sql"][0]
+    twin = {**item, "item_id": item["item_id"] + "/twin"}  # same prompt, another sample
+    ok = message(_sql(item["reference"]["sql"]), {"prompt_tokens": 10, "completion_tokens": 5})
+    with ScriptedOpenAIServer([ok, ok, ok]) as srv:
+        agent = _agent(srv, ResponseCache(str(tmp_path)))
+        first, _ = run_item(agent, item, ctx, "r")
+        again, _ = run_item(agent, item, ctx, "r")
+        twin_row, _ = run_item(agent, twin, ctx, "r")
+        agent.close()
+        assert srv.request_count == 2
+    assert first["ex"] == again["ex"] == twin_row["ex"] == 1.0
+    assert first["cost_usd"] == pytest.approx((10 * 1.0 + 5 * 2.0) / 1e6)
+    assert again["cost_usd"] == 0 and again["prompt_tokens"] == 10  # a cache hit is free
+    assert twin_row["cost_usd"] == first["cost_usd"]
 
 
 def test_replay_agent(setup, tmp_path):
@@ -296,7 +343,6 @@ FLOW_CONFIG = {
     "design_table_counts": [2],
     "dml_per_db": 1,
     "batch_size": 50,
-    "prices": {"scripted": [1.0, 2.0]},
 }
 FLOW_PHASES = ["design", "text2sql", "progressive", "debug", "assigner", "expert"]
 
@@ -376,7 +422,7 @@ def flow_run(prefect_harness, settings, tmp_path_factory):
         ScriptedOpenAIServer(_Responder(settings.artifacts, run_id)) as srv,
         pytest.MonkeyPatch.context() as mp,
     ):
-        mp.setenv("QUERYLAB_OPENAI_BASE_URL", srv.base_url)
+        mp.setenv("QUERYLAB_MODELS", str(_models_file(replay.parent, srv.base_url)))
         mp.setenv("QUERYLAB_OPENAI_API_KEY", "sk-test-SECRET")
         out = lifecycle(
             run_id,

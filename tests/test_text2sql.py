@@ -15,6 +15,7 @@ import pytest
 from schemas.settings import Settings
 from schemas.text2sql import GenerationConfig
 from tasks.corpora import tpcds_gold_queries
+from tasks.llm import ResponseCache
 from tasks.sql_features import NUMERIC_FEATURES
 from tasks.text2sql import (
     RETRY_PROMPT,
@@ -48,18 +49,43 @@ def validator(pg_server_url):
         yield v
 
 
-def _generator(srv: ScriptedOpenAIServer, **config) -> OpenAIGenerator:
+def _generator(srv: ScriptedOpenAIServer, cache=None, **config) -> OpenAIGenerator:
     settings = Settings(openai_base_url=srv.base_url, openai_api_key="sk-test")
-    return OpenAIGenerator("scripted", settings, GenerationConfig(api_retries=0, **config))
+    config = {"api_retries": 0, **config}
+    return OpenAIGenerator("scripted", settings, GenerationConfig(**config), cache)
 
 
-def test_invalid_twice_then_valid_is_a_success_after_three_attempts(validator):
+def price_model(monkeypatch, tmp_path, base_url: str, prices=(2.0, 10.0), name="scripted"):
+    """Put ``name`` in a QUERYLAB_MODELS file at ``base_url`` with USD ``prices`` per million
+    input / output tokens (the only place prices come from)."""
+    path = tmp_path / "models.yaml"
+    path.write_text(
+        f"models:\n  - {{name: {name}, base_url: '{base_url}', "
+        "api_key_env: QUERYLAB_OPENAI_API_KEY, api_key_required: false, "
+        f"prices: {{input: {prices[0]}, output: {prices[1]}}}, context_window: 100000}}\n"
+    )
+    monkeypatch.setenv("QUERYLAB_MODELS", str(path))
+
+
+def test_invalid_twice_then_valid_is_a_success_after_three_attempts(
+    validator, monkeypatch, tmp_path
+):
     usage = {"prompt_tokens": 1000, "completion_tokens": 50}
     script = [message(INVALID[0], usage), message(INVALID[1], usage), message(VALID, usage)]
     with ScriptedOpenAIServer(script) as srv:
-        gen = _generator(srv, prices={"scripted": (2.0, 10.0)})
+        price_model(monkeypatch, tmp_path, srv.base_url, (2.0, 10.0))
+        gen = _generator(srv, ResponseCache(str(tmp_path / "artifacts")))
+        assert gen.resolved.priced and gen.resolved.prices.input == 2.0
         rows = generate_with_validation(gen, "3", "the prompt", validator.validate, max_retries=3)
         requests = srv.requests
+        # the same generation again: every attempt is answered from the response cache (each
+        # attempt's conversation is its own key, so attempt 1 never got attempt 0's answer)
+        again = generate_with_validation(gen, "3", "the prompt", validator.validate, max_retries=3)
+        assert srv.request_count == 3
+        gen.close()
+    assert [r["sql"] for r in again] == [r["sql"] for r in rows]
+    assert [r["valid"] for r in again] == [False, False, True]
+    assert all(r["cost_usd"] == 0.0 and r["prompt_tokens"] == 1000 for r in again)
     assert [r["attempt"] for r in rows] == [0, 1, 2]
     assert [r["valid"] for r in rows] == [False, False, True]
     assert [r["final"] for r in rows] == [False, False, True]
@@ -95,14 +121,31 @@ def test_invalid_four_times_fails_after_three_retries(validator):
     assert not any(r["valid"] for r in rows) and rows[-1]["final"]
     assert 'relation "no_such_table" does not exist' in rows[2]["error"]
     assert rows[2]["sql"] == "SELECT * FROM no_such_table"
-    assert rows[0]["cost_usd"] is None  # no price configured: unknown, not free
+    assert rows[0]["cost_usd"] is None  # not in the models table: unknown, not free
 
 
 def test_api_error_is_recorded_and_not_retried_as_a_generation(validator):
     with ScriptedOpenAIServer([error(500), message(VALID)]) as srv:
         rows = generate_with_validation(_generator(srv), "3", "p", validator.validate)
     assert len(rows) == 1 and not rows[0]["valid"]
-    assert rows[0]["error"].startswith("api_error: InternalServerError 500")
+    assert rows[0]["error"].startswith("api_error: HTTP 500")
+    assert "gave up after 1 attempts" in rows[0]["error"]
+    # infrastructure errors are retried by the shared model layer, honouring Retry-After,
+    # and the call is still one attempt (row) of the generation
+    script = [error(429, retry_after=0), error(503, retry_after=0), message(VALID)]
+    with ScriptedOpenAIServer(script) as srv:
+        rows = generate_with_validation(
+            _generator(srv, api_retries=2), "3", "p", validator.validate
+        )
+        assert srv.request_count == 3
+    assert len(rows) == 1 and rows[0]["valid"] and rows[0]["error"] is None
+    # a 400 is not retried
+    with ScriptedOpenAIServer([error(400, "bad request"), message(VALID)]) as srv:
+        rows = generate_with_validation(
+            _generator(srv, api_retries=3), "3", "p", validator.validate
+        )
+        assert srv.request_count == 1
+    assert rows[0]["error"].startswith("api_error: HTTP 400") and "bad request" in rows[0]["error"]
     with ScriptedOpenAIServer([message("I cannot answer that.")]) as srv:
         rows = generate_with_validation(
             _generator(srv), "3", "p", validator.validate, max_retries=0
@@ -159,6 +202,8 @@ def test_generator_specs(tmp_path):
         make_generator("claude")
     with pytest.raises(GeneratorConfigError, match="QUERYLAB_OPENAI_API_KEY"):
         make_generator("openai:gpt-x", Settings())
+    with pytest.raises(ValueError, match="models table"):
+        GenerationConfig.model_validate({"prices": {"gpt-x": [1.0, 2.0]}})
     batches = plan_generation_batches(["oracle", f"replay:{replay}"], ["1", "2", "3"], 2)
     assert [b["query_ids"] for b in batches] == [["1", "2"], ["3"], ["1", "2"], ["3"]]
     assert batches == plan_generation_batches(["oracle", f"replay:{replay}"], ["1", "2", "3"], 2)
@@ -196,22 +241,23 @@ def _responder(body: dict, index: int):
 def generation_run(prefect_harness, settings, tmp_path_factory):
     from flows.text2sql import text2sql_generation
 
-    replay = tmp_path_factory.mktemp("replay") / "elsewhere.jsonl"
+    tmp = tmp_path_factory.mktemp("replay")
+    replay = tmp / "elsewhere.jsonl"
     replay.write_text(json.dumps({"query_id": 3, "sql": "SELECT * FROM nowhere"}) + "\n")
     generators = ["openai:scripted", f"replay:{replay}", "oracle"]
     with ScriptedOpenAIServer(_responder) as srv, pytest.MonkeyPatch.context() as mp:
-        mp.setenv("QUERYLAB_OPENAI_BASE_URL", srv.base_url)
+        price_model(mp, tmp, srv.base_url, (1.0, 2.0))
         mp.setenv("QUERYLAB_OPENAI_API_KEY", "sk-test-SECRET")
         out = text2sql_generation(
             "t2s-flow",
             generators,
             QUESTIONS,
             query_ids=["1", "3"],
-            config={"prices": {"scripted": [1.0, 2.0]}},
             batch_size=1,
             artifacts_root=settings.artifacts,
         )
         out["n_requests"] = srv.request_count
+    out["cache_entries"] = len(list(Path(settings.artifacts, "cache", "llm").rglob("*.json")))
     return {**out, "generators": generators}
 
 
@@ -225,6 +271,7 @@ def test_generation_flow_records_every_attempt(generation_run):
         ("3", 0, True),
     ]
     assert generation_run["n_requests"] == 3
+    assert generation_run["cache_entries"] >= 3  # the shared response cache of the artifacts
     assert scripted["prompt_tokens"].sum() == 12000
     assert scripted["cost_usd"].sum() == pytest.approx((12000 * 1.0 + 420 * 2.0) / 1e6)
     replay = gens.filter(pl.col("model") == "replay:elsewhere")

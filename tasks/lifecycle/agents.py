@@ -12,22 +12,26 @@ the item: the debugging round, the graph node, the expert turn; 0 otherwise.
   ``{"item_id": ..., "step": 0, "response": "..."}`` or, for Expert items,
   ``{"item_id": ..., "step": 0, "tool_calls": [{"name": ..., "arguments": {...}}]}``; lines
   without ``step`` are numbered in file order per item.
-- ``openai:<model>`` calls a chat model through the ``openai`` client at
-  ``QUERYLAB_OPENAI_BASE_URL`` with ``QUERYLAB_OPENAI_API_KEY`` (:class:`schemas.settings.Settings`),
-  with the same request shape, retries (the client's own, for 429/5xx/timeouts) and cost rule
-  (tokens × ``prices`` per million, null when unpriced) as :mod:`tasks.text2sql`.
+- ``openai:<model>`` calls a chat model through the shared model layer :mod:`tasks.llm`, like
+  :mod:`tasks.text2sql`: the model is resolved in the models table (``data/models.yaml`` +
+  ``QUERYLAB_MODELS``: endpoint, key, USD prices), a model in no file runs at
+  ``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY`` (:class:`schemas.settings.Settings`)
+  with a null (unknown) cost; infra-only retries with backoff honouring ``Retry-After``
+  (``api_retries``), the response cache under ``<artifacts>/cache/llm`` (keyed by the item and
+  the conversation, so each debugging round or graph node is its own entry; see
+  :func:`item_trial_index`) and the optional per-model Prefect limits.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from schemas.lifecycle import LifecycleConfig
 from schemas.settings import Settings
+from tasks import llm
 
 __all__ = [
     "Agent",
@@ -152,70 +156,63 @@ class ReplayAgent(Agent):
         return AgentReply(None if resp is None else str(resp), calls)
 
 
+def item_trial_index(item_id: str) -> int:
+    """The response-cache "trial" of an item: a stable 48-bit number from its id. With the
+    conversation it keys the cache, so a re-run of an item gets its own answers back, while two
+    items whose prompts happen to be equal (a variant or level that changes nothing) are still
+    two samples with two model calls."""
+    return int.from_bytes(hashlib.sha256(item_id.encode()).digest()[:6], "big")
+
+
 class OpenAIAgent(Agent):
-    """A chat model behind an OpenAI-compatible API (module docstring). API failures after the
-    client's retries come back as an :class:`AgentReply` with ``error`` set."""
+    """A chat model through :class:`tasks.llm.ChatModel` (module docstring). ``cache``: the
+    shared :class:`tasks.llm.ResponseCache` (None: no cache). API failures after the shared
+    retries come back as an :class:`AgentReply` with ``error`` set. Raises
+    :class:`AgentConfigError` when the model cannot be resolved (no endpoint, missing key)."""
 
-    def __init__(self, model: str, settings: Settings, config: LifecycleConfig):
-        import openai
-
-        if not settings.openai_api_key and not settings.openai_base_url:
-            raise AgentConfigError(
-                "openai: agents need QUERYLAB_OPENAI_API_KEY (or OPENAI_API_KEY), or "
-                "QUERYLAB_OPENAI_BASE_URL for a local server"
-            )
+    def __init__(
+        self,
+        model: str,
+        settings: Settings,
+        config: LifecycleConfig,
+        cache: llm.ResponseCache | None = None,
+    ):
+        try:
+            resolved = llm.resolve_model(model, env=llm.settings_env(settings))
+        except llm.AgentConfigError as exc:
+            raise AgentConfigError(str(exc)) from None
         self.model = model
         self.label = f"openai:{model}"
         self.config = config
-        self.price = config.prices.get(model)
-        self.client = openai.OpenAI(
-            base_url=settings.openai_base_url,
-            api_key=settings.openai_api_key or "not-needed",
-            timeout=config.request_timeout_s,
-            max_retries=config.api_retries,
-        )
+        self.resolved = resolved
+        self.chat = llm.ChatModel(resolved, config.agent_options(), cache)
 
     def respond(self, item, step, messages, tools):
-        import openai
-
-        kwargs: dict[str, Any] = {
-            "model": self.model,
-            "messages": messages,
-            "temperature": self.config.temperature,
-        }
-        if self.config.max_tokens:
-            kwargs["max_tokens"] = self.config.max_tokens
-        if tools:
-            kwargs["tools"] = tools
-        start = time.perf_counter()
         try:
-            resp = self.client.chat.completions.create(**kwargs)
-        except openai.OpenAIError as e:
-            status = getattr(e, "status_code", None)
-            msg = f"api_error: {type(e).__name__}" + (f" {status}" if status else "") + f": {e}"
-            return AgentReply(
-                None, latency_s=time.perf_counter() - start, cost_usd=None, error=msg[:500]
+            resp, rec = self.chat.complete(
+                list(messages), tools or None, trial=item_trial_index(item["item_id"]),
+                call_index=step,
             )
-        latency = time.perf_counter() - start
-        usage = resp.usage
-        pt = int(getattr(usage, "prompt_tokens", 0) or 0)
-        ct = int(getattr(usage, "completion_tokens", 0) or 0)
-        cost = None if self.price is None else (pt * self.price[0] + ct * self.price[1]) / 1e6
-        if not resp.choices:
+        except llm.LLMCallError as exc:
+            rec = exc.record
             return AgentReply(
-                None, [], pt, ct, latency, cost, "api_error: the response has no choices"
+                None, [], rec.prompt_tokens, rec.completion_tokens, rec.latency_s,
+                0.0 if rec.priced else None, f"api_error: {exc}"[:500],
             )
+        cost = rec.cost_usd if rec.priced else None
         msg = resp.choices[0].message
         calls = [
             {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
             for c in (msg.tool_calls or [])
             if getattr(c, "function", None) is not None
         ]
-        return AgentReply(msg.content, calls, pt, ct, latency, cost)
+        return AgentReply(
+            msg.content, calls, rec.prompt_tokens, rec.completion_tokens, rec.latency_s, cost
+        )
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
-        self.client.close()
+        self.chat.close()
 
 
 def check_agent_spec(spec: str) -> None:
@@ -240,13 +237,20 @@ def agent_label(spec: str) -> str:
 
 
 def make_agent(
-    spec: str, settings: Settings | None = None, config: LifecycleConfig | None = None
+    spec: str,
+    settings: Settings | None = None,
+    config: LifecycleConfig | None = None,
+    artifacts_root: str | None = None,
 ) -> Agent:
-    """An agent from its spec (module docstring). Raises :class:`AgentConfigError`."""
+    """An agent from its spec (module docstring); ``artifacts_root``: where ``openai:`` agents
+    keep the shared response cache (mode ``config.cache``; None: no cache). Raises
+    :class:`AgentConfigError`."""
     check_agent_spec(spec)
     if spec == "oracle":
         return OracleAgent()
     kind, _, arg = spec.partition(":")
     if kind == "replay":
         return ReplayAgent(arg)
-    return OpenAIAgent(arg, settings or Settings.from_env(), config or LifecycleConfig())
+    config = config or LifecycleConfig()
+    cache = llm.ResponseCache(artifacts_root, config.cache) if artifacts_root else None
+    return OpenAIAgent(arg, settings or Settings.from_env(), config, cache)

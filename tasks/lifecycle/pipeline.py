@@ -207,7 +207,7 @@ def run_lifecycle_batch(
     if storage.exists(results_uri):
         return results_uri
     cfg = LifecycleConfig.model_validate(config)
-    agent = make_agent(batch["model"], Settings.from_env(), cfg)
+    agent = make_agent(batch["model"], Settings.from_env(), cfg, artifacts_root)
     ctx = RunContext(storage.read_json(databases_uri), cfg)
     results, calls = [], []
     try:
