@@ -14,20 +14,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-def _default(rel: str) -> str | None:
-    p = SHARED_DATA / rel
-    return str(p) if p.exists() else None
-
-
-def _run_id(args: argparse.Namespace) -> str:
-    from querylab.cli import new_run_id
-
-    return args.run_id or new_run_id()
+from querylab import run_id_or_new, shared_data_path
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -117,7 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (AgentConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    run_id = _run_id(args)
+    run_id = run_id_or_new(args.run_id)
     print(f"querylab lifecycle run {run_id}: models {models}, phases {phases}")
     out = lifecycle(
         run_id,
@@ -164,7 +152,7 @@ def cmd_items(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    run_id = _run_id(args)
+    run_id = run_id_or_new(args.run_id)
     root = args.artifacts or Settings.from_env().artifacts
     dbs = prepare_lifecycle_databases.fn(
         run_id,
@@ -204,13 +192,13 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _sources(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--spider-dir",
-        default=_default("spider/databases"),
+        default=shared_data_path("spider/databases"),
         help="Spider databases: <db_id>/schema.sql + data/*.csv",
     )
-    p.add_argument("--questions", default=_default("spider/dev.json"), help="Spider dev.json")
+    p.add_argument("--questions", default=shared_data_path("spider/dev.json"), help="Spider dev.json")
     p.add_argument(
         "--chinook",
-        default=_default("chinook/Chinook_Sqlite.sqlite"),
+        default=shared_data_path("chinook/Chinook_Sqlite.sqlite"),
         help="Chinook_Sqlite.sqlite (read in place)",
     )
     p.add_argument("--no-chinook", action="store_true", help="leave Chinook out")

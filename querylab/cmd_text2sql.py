@@ -16,20 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-def _default(rel: str) -> str | None:
-    p = SHARED_DATA / rel
-    return str(p) if p.exists() else None
-
-
-def _run_id(args: argparse.Namespace) -> str:
-    from querylab.cli import new_run_id
-
-    return args.run_id or new_run_id()
+from querylab import run_id_or_new, shared_data_path
 
 
 def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
@@ -61,8 +49,8 @@ def cmd_complexity(args: argparse.Namespace) -> int:
     if not args.no_tpcds:
         corpora["tpcds"] = {"name": "tpcds"}
     defaults = {
-        "spider": _default("sql_corpora/spider_dev_gold.sql"),
-        "bird": _default("sql_corpora/bird_dev_gold.sql"),
+        "spider": shared_data_path("sql_corpora/spider_dev_gold.sql"),
+        "bird": shared_data_path("sql_corpora/bird_dev_gold.sql"),
     }
     given = _pairs(args.corpus, "--corpus")
     for name, path in {**{k: v for k, v in defaults.items() if v}, **given}.items():
@@ -72,9 +60,9 @@ def cmd_complexity(args: argparse.Namespace) -> int:
         "spider" in corpora
         and "spider" not in tables
         and "spider" not in given
-        and _default("spider/tables.json")
+        and shared_data_path("spider/tables.json")
     ):
-        tables["spider"] = _default("spider/tables.json")
+        tables["spider"] = shared_data_path("spider/tables.json")
     for name, dialect in _pairs(args.dialect, "--dialect").items():
         if name not in corpora:
             raise SystemExit(f"querylab text2sql: --dialect for unknown corpus {name!r}")
@@ -85,7 +73,7 @@ def cmd_complexity(args: argparse.Namespace) -> int:
     if not corpora:
         print("no corpora: give --corpus NAME=PATH", file=sys.stderr)
         return 2
-    run_id = _run_id(args)
+    run_id = run_id_or_new(args.run_id)
     print(f"querylab text2sql complexity {run_id}: corpora {list(corpora)}")
     out = sql_complexity(run_id, list(corpora.values()), artifacts_root=args.artifacts)
     print("\nMean per query")
@@ -109,7 +97,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "temperature": args.temperature,
         "cache": args.cache,
     }
-    run_id = _run_id(args)
+    run_id = run_id_or_new(args.run_id)
     models = args.model or ["oracle"]
     print(f"querylab text2sql generate {run_id}: models {models}")
     out = text2sql_generation(
@@ -138,7 +126,7 @@ def cmd_score_spider(args: argparse.Namespace) -> int:
         if not value:
             print(f"{flag} is required (no shared data directory found)", file=sys.stderr)
             return 2
-    run_id = _run_id(args)
+    run_id = run_id_or_new(args.run_id)
     out = spider_ex(
         run_id,
         args.predictions,
@@ -202,7 +190,7 @@ def register(subparsers) -> None:
     )
     g.add_argument(
         "--descriptions",
-        default=_default("tpcds/business_questions.json"),
+        default=shared_data_path("tpcds/business_questions.json"),
         help="TPC-DS business questions JSON",
     )
     g.add_argument("--query", action="append", help="TPC-DS query number (default: all 99); repeat")
@@ -228,12 +216,12 @@ def register(subparsers) -> None:
     )
     s.add_argument(
         "--gold",
-        default=_default("sql_corpora/spider_dev_gold.sql"),
+        default=shared_data_path("sql_corpora/spider_dev_gold.sql"),
         help="SQL<TAB>db_id gold file",
     )
     s.add_argument(
         "--spider-dir",
-        default=_default("spider/databases"),
+        default=shared_data_path("spider/databases"),
         help="directory of <db_id>/schema.sql + data/*.csv",
     )
     s.add_argument(
