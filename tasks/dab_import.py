@@ -36,10 +36,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import sqlite3
 import subprocess
-import sys
 import tempfile
 from decimal import Decimal
 from pathlib import Path
@@ -66,8 +64,6 @@ DAB_ENGINES = {
 VALIDATE_TIMEOUT_S = 30.0
 #: Address-space limit of a ``validate.py`` process (MiB).
 VALIDATE_MEMORY_MB = 2048
-#: Environment variables a ``validate.py`` process keeps; everything else is dropped.
-VALIDATE_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 
 
 class DabImportError(ValueError):
@@ -378,17 +374,15 @@ def read_queries(dab_dir: str | Path) -> list[dict]:
 
 # -- validate.py in a separate process ---------------------------------------------------------
 
-_RUNNER = r"""
-import importlib.util, json, resource, sys
-memory_mb, cpu_s = int(sys.argv[3]), int(sys.argv[4])
-resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-sys.path[:0] = json.loads(sys.argv[2])
-spec = importlib.util.spec_from_file_location("dab_validate", sys.argv[1])
+#: The sandbox cell that imports a DAB ``validate.py`` and calls ``validate(answer)``; the
+#: search path and the answer come from files next to it (the cell sees no querylab state).
+_CELL = r"""
+import importlib.util, json, sys
+sys.path[:0] = json.load(open("search_path.json"))
+spec = importlib.util.spec_from_file_location("dab_validate", "validate.py")
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-result = module.validate(sys.stdin.read())
+result = module.validate(open("answer.txt", encoding="utf-8").read())
 ok, reason = (tuple(result) + ("",))[:2] if isinstance(result, (tuple, list)) else (result, "")
 sys.stdout.write("\n@@querylab-validate@@" + json.dumps({"ok": bool(ok), "reason": str(reason)}))
 """
@@ -403,43 +397,36 @@ def run_validate_script(
 ) -> tuple[bool, str]:
     """Judge ``answer`` with a DAB ``validate.py`` (a path or an artifact URI).
 
-    The script runs in a fresh ``python -I`` process, never in querylab's: in an empty
-    temporary working directory, with only ``PATH``/locale/``TZ`` in its environment (no API
-    keys or database URLs), in its own session (the whole group is killed at the timeout),
-    with ``memory_mb`` MiB of address space and ``timeout_s`` seconds of wall-clock and CPU
-    time, and with ``search_path`` (e.g. the DAB checkout root, for its ``common_scaffold``
-    helpers) prepended to ``sys.path``. Returns ``(ok, reason)``; a script that fails, hangs
-    or returns nothing gives ``(False, <why>)``. A None answer is wrong.
-
-    TODO(sandbox): switch to :mod:`tasks.sandbox` (namespaces, no network) once it has landed.
+    The script runs in the ``execute_python`` sandbox (:mod:`tasks.sandbox`), never in
+    querylab's process: a forked child of a clean zygote whose environment holds no API keys or
+    database URLs, in new user/PID/network namespaces where the kernel allows them, in an empty
+    temporary working directory, with ``memory_mb`` MiB of address space and ``timeout_s``
+    seconds of wall-clock and CPU time, and with ``search_path`` (e.g. the DAB checkout root,
+    for its ``common_scaffold`` helpers) prepended to ``sys.path``. Returns ``(ok, reason)``; a
+    script that fails, hangs or returns nothing gives ``(False, <why>)``. A None answer is
+    wrong.
     """
+    from tasks.sandbox import thread_sandbox
+
     if answer is None:
         return False, "no answer"
     local = Path(str(script))
     source = local.read_bytes() if local.is_file() else storage.read_bytes(str(script))
-    env = {k: os.environ[k] for k in VALIDATE_ENV_KEEP if k in os.environ}
     with tempfile.TemporaryDirectory(prefix="querylab-validate-") as tmp:
-        path = Path(tmp) / "validate.py"
-        path.write_bytes(source)
-        argv = [
-            sys.executable, "-I", "-c", _RUNNER, str(path),
-            json.dumps([str(p) for p in search_path]), str(memory_mb), str(int(timeout_s) + 1),
-        ]
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, cwd=tmp, env=env, start_new_session=True,
+        (Path(tmp) / "validate.py").write_bytes(source)
+        (Path(tmp) / "answer.txt").write_text(answer, encoding="utf-8")
+        (Path(tmp) / "search_path.json").write_text(json.dumps([str(x) for x in search_path]))
+        res = thread_sandbox().run(
+            _CELL, tmp, name="validate", timeout_s=timeout_s, memory_mb=memory_mb,
+            cpu_s=int(timeout_s) + 1,
         )
-        try:
-            stdout, stderr = proc.communicate(answer, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return False, f"validate.py timed out after {timeout_s:g} s"
     marker = "@@querylab-validate@@"
-    if proc.returncode != 0 or marker not in stdout:
-        tail = "\n".join(stderr.strip().splitlines()[-5:])
-        return False, f"validate.py failed (exit {proc.returncode}): {tail}"
-    result = json.loads(stdout.rsplit(marker, 1)[1])
+    if res.timed_out:
+        return False, f"validate.py timed out after {timeout_s:g} s"
+    if not res.ok or marker not in res.stdout:
+        tail = "\n".join(res.stderr.strip().splitlines()[-5:])
+        return False, f"validate.py failed ({res.error or 'no verdict printed'}): {tail}"
+    result = json.loads(res.stdout.rsplit(marker, 1)[1])
     return bool(result["ok"]), result["reason"]
 
 
