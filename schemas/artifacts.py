@@ -15,8 +15,12 @@ class ArtifactSchemaError(ValueError):
     """An artifact's schema does not match the one querylab expects."""
 
 
-def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
-    return pa.schema(fields, metadata={"schema_version": SCHEMA_VERSION, "artifact": name})
+def artifact_schema(name: str, fields: list[pa.Field], version: str = SCHEMA_VERSION) -> pa.Schema:
+    """A pyarrow schema for the Parquet artifact ``name`` with ``schema_version`` = ``version``
+    and ``artifact`` = ``name`` in its metadata (checked on read by :func:`check_schema`). Every
+    module of ``schemas/`` declares its artifacts with it."""
+    return pa.schema(fields, metadata={"schema_version": version, "artifact": name})
+
 
 
 #: One row per trial (agent × dataset × query × trial index). ``trial_key`` is
@@ -24,7 +28,7 @@ def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
 #: (0 for offline agents); ``cached_tokens`` is the part of the prompt tokens the provider served
 #: from its prompt cache; ``cost_usd`` the sum of the trial's ``llm_calls`` costs (0 for offline
 #: agents and response-cache hits).
-TRIALS = _schema(
+TRIALS = artifact_schema(
     "trials",
     [
         pa.field("run_id", pa.string(), nullable=False),
@@ -53,7 +57,7 @@ TRIALS = _schema(
 #: ``attempts`` HTTP attempts including infrastructure retries, ``n_tool_calls`` tool calls the
 #: response asked for; ``priced`` false when the model has no price in the models table (its
 #: ``cost_usd`` is then 0, not measured). ``base_url`` never carries credentials.
-LLM_CALLS = _schema(
+LLM_CALLS = artifact_schema(
     "llm_calls",
     [
         pa.field("run_id", pa.string(), nullable=False),
@@ -79,7 +83,7 @@ LLM_CALLS = _schema(
 #: response that requested the call (several calls share a turn when issued in parallel);
 #: ``arguments`` is the raw JSON text the agent sent; ``result_size`` is the length in characters
 #: of the full tool result; ``duration_s`` in seconds.
-TOOL_CALLS = _schema(
+TOOL_CALLS = artifact_schema(
     "tool_calls",
     [
         pa.field("run_id", pa.string(), nullable=False),

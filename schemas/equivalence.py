@@ -27,6 +27,7 @@ from typing import Any, Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from schemas.artifacts import artifact_schema
 from schemas.models import AgentOptions
 
 SCHEMA_VERSION = "1"
@@ -239,7 +240,7 @@ class EquivalenceOptions(_Strict):
 
 
 def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
-    return pa.schema(fields, metadata={"schema_version": SCHEMA_VERSION, "artifact": name})
+    return artifact_schema(name, fields, SCHEMA_VERSION)
 
 
 #: One row per (pair, method) of a run: ``runs/<run_id>/equivalence/equivalence.parquet``.

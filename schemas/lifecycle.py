@@ -23,6 +23,7 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from schemas.artifacts import artifact_schema
 from schemas.models import AgentOptions
 
 SCHEMA_VERSION = "1"
@@ -84,7 +85,7 @@ PHASE_METRICS = {
 
 
 def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
-    return pa.schema(fields, metadata={"schema_version": SCHEMA_VERSION, "artifact": name})
+    return artifact_schema(name, fields, SCHEMA_VERSION)
 
 
 #: One generated item. ``base_id`` groups the items of one question/graph/scenario (across

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from schemas.artifacts import artifact_schema
+
 REPORT_SCHEMA_VERSION = "1"
 
 ALL_QUERIES = "ALL (queries)"
@@ -22,7 +24,7 @@ FAILURE_MODES = ("FM1", "FM2", "FM3", "FM4", "FM5")
 
 
 def _schema(name: str, fields: list[pa.Field], version: str = REPORT_SCHEMA_VERSION) -> pa.Schema:
-    return pa.schema(fields, metadata={"schema_version": version, "artifact": name})
+    return artifact_schema(name, fields, version)
 
 
 def _f(name: str, typ: pa.DataType, nullable: bool = True) -> pa.Field:

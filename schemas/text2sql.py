@@ -24,6 +24,7 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from schemas.artifacts import artifact_schema
 from schemas.models import AgentOptions
 
 SCHEMA_VERSION = "1"
@@ -54,7 +55,7 @@ _BAGS = (
 
 
 def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
-    return pa.schema(fields, metadata={"schema_version": SCHEMA_VERSION, "artifact": name})
+    return artifact_schema(name, fields, SCHEMA_VERSION)
 
 
 #: Features of one query. ``corpus``: corpus name (``tpcds``, ``spider``, ``bird``...) or, in a
