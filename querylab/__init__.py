@@ -19,6 +19,6 @@ def shared_data_path(relative: str) -> str | None:
 
 def run_id_or_new(run_id: str | None) -> str:
     """``run_id`` when given (resuming that run), else a new ``YYYYmmdd-HHMMSS-xxxx`` id."""
-    from querylab.cli import new_run_id
+    from tasks.runs import new_run_id
 
     return run_id or new_run_id()

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import sys
-import time
 
-from querylab import UsageError
+from querylab import UsageError, run_id_or_new
 
 
 def _prefect_defaults() -> None:
@@ -16,11 +14,6 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-
-
-def new_run_id() -> str:
-    """``YYYYmmdd-HHMMSS-xxxx`` (UTC time + 4 random hex digits)."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
 
 
 def _check_datasets(names: list[str] | None) -> None:
@@ -44,7 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     root = args.artifacts or settings.artifacts
-    run_id = valid_run_id(args.run_id or new_run_id())
+    run_id = valid_run_id(run_id_or_new(args.run_id))
     agents = args.agent or ["oracle"]
     for agent in agents:
         parse_agent(agent)

@@ -325,11 +325,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 def cmd_import_dab(args: argparse.Namespace) -> int:
     """Import DAB-format datasets; unless ``--no-run``, run trials and print pass@k."""
     from flows.datasets.dab_import import import_dab
-    from querylab.cli import new_run_id
+    from querylab import run_id_or_new
     from querylab.cmd_report import print_report
     from tasks.dab_import import DabImportError
 
-    run_id = None if args.no_run else (args.run_id or new_run_id())
+    run_id = None if args.no_run else run_id_or_new(args.run_id)
     agents = args.agent or ["oracle"]
     try:
         out = import_dab(

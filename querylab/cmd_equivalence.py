@@ -50,7 +50,7 @@ def _options(args: argparse.Namespace) -> dict:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from flows.equivalence import DEFAULT_METHODS, equivalence
-    from querylab.cli import new_run_id
+    from querylab import run_id_or_new
     from schemas.settings import Settings
     from tasks.equivalence import PairsError, load_pairs, parse_method
 
@@ -64,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     options = _options(args)
     root = args.artifacts or Settings.from_env().artifacts
-    run_id = args.run_id or new_run_id()
+    run_id = run_id_or_new(args.run_id)
     print(f"querylab equivalence {run_id}: {len(pairs)} pairs × {len(methods)} methods "
           f"({', '.join(methods)}), artifacts in {root}", flush=True)
     out = equivalence(run_id=run_id, pairs_path=str(args.pairs), methods=methods,
