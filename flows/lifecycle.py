@@ -20,6 +20,7 @@ from tasks.lifecycle.pipeline import (
     resolve_path,
     run_lifecycle_batch,
 )
+from tasks.lifecycle.rewrite import check_rewrite_spec
 
 
 @flow(name="lifecycle")
@@ -32,6 +33,7 @@ def lifecycle(
     phases: list[str] | None = None,
     config: dict | None = None,
     artifacts_root: str | None = None,
+    rewrite_model: str | None = None,
 ) -> dict:
     """Run the lifecycle suite for ``models`` (``oracle``, ``openai:<model>``,
     ``replay:<file.jsonl>``) on ``phases`` (default all eight).
@@ -39,7 +41,9 @@ def lifecycle(
     ``spider_dir``: Spider databases (``<db_id>/schema.sql`` + ``data/*.csv``);
     ``questions_path``: Spider ``dev.json``; ``chinook_path``: ``Chinook_Sqlite.sqlite``
     (required unless ``config.include_chinook`` is false); ``config``:
-    :class:`schemas.lifecycle.LifecycleConfig` fields. Items are generated once per run id
+    :class:`schemas.lifecycle.LifecycleConfig` fields; ``rewrite_model`` (``openai:<model>``,
+    optional): paraphrase the templated requirements of design/implementation items with that
+    model (:mod:`tasks.lifecycle.rewrite`; the template is kept beside it). Items are generated once per run id
     (one mapped task per phase), then every (model × phase × batch of items) is a mapped task; a
     re-run with the same ``run_id`` skips finished batches. Returns the URIs of
     :func:`tasks.lifecycle.pipeline.lifecycle_report` plus ``"items"`` (manifests per phase),
@@ -51,6 +55,8 @@ def lifecycle(
         raise ValueError("no models given")
     for model in models:  # a bad spec fails before any work
         check_agent_spec(model)
+    if rewrite_model is not None:
+        check_rewrite_spec(rewrite_model)
     databases = prepare_lifecycle_databases(
         run_id,
         root,
@@ -60,7 +66,12 @@ def lifecycle(
         cfg,
     )
     futures = generate_lifecycle_items.map(
-        unmapped(run_id), unmapped(root), selected, unmapped(databases), unmapped(cfg)
+        unmapped(run_id),
+        unmapped(root),
+        selected,
+        unmapped(databases),
+        unmapped(cfg),
+        unmapped(rewrite_model),
     )
     manifests = [f.result() for f in futures]
     batches = plan_lifecycle_batches(models, manifests, cfg["batch_size"])

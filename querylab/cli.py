@@ -64,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     status = print_report(with_run_details(out["report"], root, run_id))
     for name in ("trials", "tool_calls", "llm_calls", "agents"):
         if name in out["trials"]:
-            print(f"{name + ':':<11} {out['trials'][name]}")
+            print(f"{name + ':':<10} {out['trials'][name]}")
     for uri in out["manifests"]:
         print(f"dataset:   {uri}")
     return status

@@ -7,6 +7,8 @@ when it exists; pass them explicitly elsewhere):
   main table, the robustness and schema-variant tables and EX vs G-EX; exits 1 when the
   ``oracle`` scores below 1.0 anywhere (an item the reference cannot solve is a generator bug);
 - ``items`` — generate (or show) a run's items only and print what each phase holds and dropped;
+- ``--rewrite-model openai:<model>`` (``run`` and ``items``) — the optional stage paraphrasing the
+  templated design/implementation requirements with a chat model (:mod:`tasks.lifecycle.rewrite`);
 - ``report --run-id ID`` — recompute the tables and ``report.md`` from a run's artifacts.
 """
 
@@ -87,6 +89,7 @@ def _print_tables(out: dict) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from flows.lifecycle import lifecycle
     from tasks.lifecycle.agents import AgentConfigError, check_agent_spec
+    from tasks.lifecycle.rewrite import check_rewrite_spec
 
     problem = _check_sources(args)
     if problem:
@@ -99,6 +102,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         for m in models:
             check_agent_spec(m)
+        if args.rewrite_model:
+            check_rewrite_spec(args.rewrite_model)
         from tasks.lifecycle.pipeline import check_phases
 
         phases = check_phases(args.phase)
@@ -116,10 +121,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         phases=phases,
         config=cfg,
         artifacts_root=args.artifacts,
+        rewrite_model=args.rewrite_model,
     )
     for m in out["items"]:
         dropped = ", ".join(f"{k} {v}" for k, v in m["dropped"].items())
-        print(f"items {m['phase']}: {m['n_items']}" + (f" (dropped: {dropped})" if dropped else ""))
+        print(
+            f"items {m['phase']}: {m['n_items']}"
+            + (f" (dropped: {dropped})" if dropped else "")
+            + _rewrite_note(m)
+        )
     _print_tables(out)
     oracle = [r for r in out["main_wide"] if r["model"] == "oracle"]
     failed = [
@@ -131,8 +141,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rewrite_note(manifest: dict) -> str:
+    r = manifest.get("rewrite")
+    if not r:
+        return ""
+    cost = "unknown" if r["cost_usd"] is None else f"{r['cost_usd']:.4f}"
+    return (
+        f"; requirements rewritten by {r['model']}: {r['n_rewritten']}/{r['n_items']} "
+        f"({r['n_fallback']} kept as template), "
+        f"{r['prompt_tokens'] + r['completion_tokens']} tokens, USD {cost}"
+    )
+
+
 def cmd_items(args: argparse.Namespace) -> int:
     from schemas.settings import Settings
+    from tasks.lifecycle.agents import AgentConfigError
     from tasks.lifecycle.pipeline import (
         check_phases,
         generate_lifecycle_items,
@@ -149,6 +172,10 @@ def cmd_items(args: argparse.Namespace) -> int:
         return 2
     try:
         phases = check_phases(args.phase)
+        if args.rewrite_model:
+            from tasks.lifecycle.rewrite import check_rewrite_spec
+
+            check_rewrite_spec(args.rewrite_model)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -164,11 +191,16 @@ def cmd_items(args: argparse.Namespace) -> int:
     )
     print(f"querylab lifecycle items {run_id}")
     for phase in phases:
-        m = generate_lifecycle_items.fn(run_id, root, phase, dbs, cfg)
+        try:
+            m = generate_lifecycle_items.fn(run_id, root, phase, dbs, cfg, args.rewrite_model)
+        except (AgentConfigError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         dropped = ", ".join(f"{k} {v}" for k, v in m["dropped"].items())
         print(
             f"{phase:15s} {m['n_items']:5d} items ({m['n_base_items']} base)"
             + (f"; dropped: {dropped}" if dropped else "")
+            + _rewrite_note(m)
             + f"  {m['uri']}"
         )
     return 0
@@ -236,6 +268,11 @@ def _sources(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", type=int, help="maintenance scenarios (default 14)")
     p.add_argument("--run-id", help="reuse a run id to resume it (finished batches are skipped)")
     p.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
+    p.add_argument(
+        "--rewrite-model",
+        help="openai:<model>: paraphrase the templated design/implementation requirements with "
+        "this chat model (the template is kept in the items; a failed call keeps it)",
+    )
 
 
 def register(subparsers) -> None:

@@ -92,7 +92,12 @@ def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
 #: schema variants and perturbation levels); ``variant`` the schema variant (``original`` unless
 #: text2sql); ``level`` the perturbation level (progressive; 0 otherwise); ``seed`` the seed the
 #: item was generated with; ``prompt`` the main user turn; ``reference`` the ground truth and
-#: ``context`` what the run needs besides the prompt (both JSON text).
+#: ``context`` what the run needs besides the prompt (both JSON text). The rewrite columns
+#: (:data:`ITEM_REWRITE_COLUMNS`, :mod:`tasks.lifecycle.rewrite`) are null unless the optional
+#: LLM rewrite stage ran on a design/implementation item: ``requirements_template`` the templated
+#: requirements text, ``rewritten_by`` the model whose paraphrase the prompt holds (null when the
+#: template was kept), ``rewrite_error`` why the template was kept, the call's tokens and
+#: ``rewrite_cost_usd`` (USD; null when the model has no price).
 ITEMS = _schema(
     "lifecycle_items",
     [
@@ -107,7 +112,23 @@ ITEMS = _schema(
         pa.field("prompt", pa.string(), nullable=False),
         pa.field("reference", pa.string(), nullable=False),
         pa.field("context", pa.string(), nullable=False),
+        pa.field("requirements_template", pa.string()),
+        pa.field("rewritten_by", pa.string()),
+        pa.field("rewrite_error", pa.string()),
+        pa.field("rewrite_prompt_tokens", pa.int64()),
+        pa.field("rewrite_completion_tokens", pa.int64()),
+        pa.field("rewrite_cost_usd", pa.float64()),
     ],
+)
+#: The optional columns of :data:`ITEMS` (absent from items written before the rewrite stage
+#: existed; read as nulls).
+ITEM_REWRITE_COLUMNS = (
+    "requirements_template",
+    "rewritten_by",
+    "rewrite_error",
+    "rewrite_prompt_tokens",
+    "rewrite_completion_tokens",
+    "rewrite_cost_usd",
 )
 
 #: One row per (model, item): the final ``answer`` (SQL, JSON or text), ``error`` (why the item

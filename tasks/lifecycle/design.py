@@ -24,6 +24,7 @@ from tasks.lifecycle.schema import Schema, render_ddl, type_class
 
 __all__ = [
     "TYPE_PHRASES",
+    "describe_design",
     "design_items",
     "design_prompt",
     "implementation_items",
@@ -154,7 +155,10 @@ def design_prompt(requirements: str, k: int) -> str:
     )
 
 
-def _describe_design(schema: Schema) -> str:
+def describe_design(schema: Schema) -> str:
+    """The designed schema as a structured list (one ``Table <name>:`` block per table, one
+    ``- <column>: <type words>, primary key, references <table>(<column>)`` line per column):
+    the design text of an implementation prompt."""
     lines = []
     for t in schema.tables:
         lines.append(f"Table {t.name}:")
@@ -176,11 +180,13 @@ def _describe_design(schema: Schema) -> str:
     return "\n".join(lines).rstrip()
 
 
-def implementation_prompt(schema: Schema) -> str:
-    """The user turn of an implementation item: the designed schema as a structured list."""
+def implementation_prompt(schema: Schema, description: str | None = None) -> str:
+    """The user turn of an implementation item: the designed schema as a structured list
+    (:func:`describe_design`; ``description`` replaces it, e.g. with a model's paraphrase)."""
+    text = describe_design(schema) if description is None else description
     return (
         "Here is a database design:\n\n"
-        f"{_describe_design(schema)}\n\n"
+        f"{text}\n\n"
         "Write the SQLite DDL that implements this design: one CREATE TABLE statement per table, "
         "with exactly these table and column names, a SQLite column type for each data type, and "
         "the primary and foreign keys. Answer with the SQL in a ```sql code block."

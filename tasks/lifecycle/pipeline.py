@@ -6,6 +6,10 @@ Artifacts are written under ``<root>/runs/<run_id>/lifecycle/`` (layout in
 :mod:`schemas.lifecycle`). Re-running a run id reuses what exists: items already generated for
 a phase are not regenerated (so a run's items never change under it), a batch whose results
 exist is skipped.
+
+The optional rewrite stage (:mod:`tasks.lifecycle.rewrite`, ``rewrite_model``) paraphrases the
+templated requirements of design/implementation items with a chat model when they are
+generated; without it the items are the templated ones.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from schemas.settings import Settings
 from tasks import storage
 from tasks.lifecycle.agents import agent_label, check_agent_spec, make_agent
 from tasks.lifecycle.items import generate_phase_items, prepare_databases
+from tasks.lifecycle.rewrite import REWRITE_PHASES, rewrite_items, rewrite_label
 from tasks.lifecycle.runner import RunContext, run_item
 from tasks.lifecycle.tables import (
     debug_by_kind_table,
@@ -47,6 +52,7 @@ __all__ = [
     "plan_lifecycle_batches",
     "prepare_lifecycle_databases",
     "read_items",
+    "read_items_table",
     "run_lifecycle_batch",
 ]
 
@@ -79,10 +85,23 @@ def items_to_table(items: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=schema.ITEMS)
 
 
+def read_items_table(uri: str) -> pa.Table:
+    """An items artifact as an :data:`schemas.lifecycle.ITEMS` table; items written before the
+    rewrite columns existed get them as nulls. Raises ArtifactSchemaError for another schema."""
+    from schemas.artifacts import check_schema
+
+    table = storage.read_parquet(uri)
+    for name in schema.ITEM_REWRITE_COLUMNS:
+        if name not in table.column_names:
+            typ = schema.ITEMS.field(name).type
+            table = table.append_column(name, pa.nulls(table.num_rows, typ))
+    return check_schema(table, schema.ITEMS, uri)
+
+
 def read_items(uri: str, item_ids: list[str] | None = None) -> list[dict]:
     """The items of an items artifact (``reference``/``context`` decoded), optionally only
     ``item_ids`` (in that order). Raises KeyError naming ids that are not there."""
-    rows = pl.from_arrow(storage.read_parquet(uri, schema.ITEMS)).to_dicts()
+    rows = pl.from_arrow(read_items_table(uri)).to_dicts()
     for r in rows:
         r["reference"] = json.loads(r["reference"])
         r["context"] = json.loads(r["context"])
@@ -117,17 +136,45 @@ def prepare_lifecycle_databases(
 
 @task(name="lifecycle-items", persist_result=False)
 def generate_lifecycle_items(
-    run_id: str, artifacts_root: str, phase: str, databases_uri: str, config: dict
+    run_id: str,
+    artifacts_root: str,
+    phase: str,
+    databases_uri: str,
+    config: dict,
+    rewrite_model: str | None = None,
 ) -> dict:
     """Generate one phase's items into ``lifecycle/items/<phase>.parquet`` (kept when it
-    exists) and its manifest ``items/<phase>.json``; returns the manifest plus ``"uri"``."""
+    exists) and its manifest ``items/<phase>.json``; returns the manifest plus ``"uri"``.
+
+    ``rewrite_model`` (``openai:<model>``; None: templates only): paraphrase the requirements
+    of design/implementation items (:func:`tasks.lifecycle.rewrite.rewrite_items`); the
+    manifest then holds ``"rewrite"`` (model, items rewritten / kept as template, tokens, USD
+    cost, errors). Raises ValueError when the run's existing items of this phase were made with
+    another rewrite model (use a new run id), AgentConfigError for a bad rewrite model."""
     prefix = storage.join(lifecycle_prefix(artifacts_root, run_id), "items")
     uri = storage.join(prefix, f"{phase}.parquet")
     manifest_uri = storage.join(prefix, f"{phase}.json")
+    label = rewrite_label(rewrite_model) if phase in REWRITE_PHASES else None
     if storage.exists(uri) and storage.exists(manifest_uri):
-        return {**storage.read_json(manifest_uri), "uri": uri}
+        manifest = storage.read_json(manifest_uri)
+        had = (manifest.get("rewrite") or {}).get("model")
+        if had != label:
+            raise ValueError(
+                f"run {run_id!r}: its {phase} items were generated with rewrite model "
+                f"{had or 'none'}, not {label or 'none'}; use a new run id"
+            )
+        return {**manifest, "uri": uri}
     cfg = LifecycleConfig.model_validate(config)
     items, manifest = generate_phase_items(phase, storage.read_json(databases_uri), cfg)
+    if label is not None:
+        items, manifest["rewrite"] = rewrite_items(
+            items, rewrite_model, Settings.from_env(), cfg, artifacts_root
+        )
+        r = manifest["rewrite"]
+        _log(
+            f"lifecycle {phase} items: {r['n_rewritten']}/{r['n_items']} requirements rewritten "
+            f"by {label} ({r['n_fallback']} kept as template)"
+        )
     storage.write_parquet(uri, items_to_table(items), schema.ITEMS)
     storage.write_json(manifest_uri, manifest)
     return {**manifest, "uri": uri}
@@ -155,7 +202,7 @@ def plan_lifecycle_batches(
         raise ValueError(f"duplicate models {labels}")
     batches = []
     for man in item_manifests:
-        ids = pl.from_arrow(storage.read_parquet(man["uri"], schema.ITEMS))["item_id"].to_list()
+        ids = read_items_table(man["uri"])["item_id"].to_pylist()
         for model in models:
             for start in range(0, len(ids), batch_size):
                 chunk = ids[start : start + batch_size]
