@@ -29,7 +29,19 @@ from schemas.models import AgentOptions
 
 SCHEMA_VERSION = "1"
 
-_NUMERIC = (
+#: Bag-valued features, in the order the tables show them.
+BAG_FEATURES = (
+    "relations",
+    "columns",
+    "where_predicates",
+    "constants",
+    "functions",
+    "aggregations",
+    "join_pairs",
+    "window_functions",
+)
+#: Numeric features (counts per query).
+NUMERIC_FEATURES = (
     "cte_count",
     "subquery_count",
     "join_count",
@@ -41,16 +53,6 @@ _NUMERIC = (
     "window_function_count",
     "join_pair_count",
     "constant_count",
-)
-_BAGS = (
-    "relations",
-    "columns",
-    "where_predicates",
-    "constants",
-    "functions",
-    "aggregations",
-    "join_pairs",
-    "window_functions",
 )
 
 
@@ -70,8 +72,8 @@ SQL_FEATURES = _schema(
         pa.field("dialect", pa.string(), nullable=False),
         pa.field("sql", pa.string()),
         pa.field("error", pa.string()),
-        *[pa.field(n, pa.int32()) for n in _NUMERIC],
-        *[pa.field(n, pa.list_(pa.string())) for n in _BAGS],
+        *[pa.field(n, pa.int32()) for n in NUMERIC_FEATURES],
+        *[pa.field(n, pa.list_(pa.string())) for n in BAG_FEATURES],
     ],
 )
 

@@ -89,6 +89,8 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.optimizer.scope import Scope, ScopeType, traverse_scope
 
+from schemas.text2sql import BAG_FEATURES, NUMERIC_FEATURES
+
 __all__ = [
     "BAG_FEATURES",
     "HISTOGRAM_FEATURES",
@@ -104,31 +106,6 @@ __all__ = [
     "prepare_schema",
 ]
 
-#: Bag-valued features, in the order the tables show them.
-BAG_FEATURES = (
-    "relations",
-    "columns",
-    "where_predicates",
-    "constants",
-    "functions",
-    "aggregations",
-    "join_pairs",
-    "window_functions",
-)
-#: Numeric features (counts per query).
-NUMERIC_FEATURES = (
-    "cte_count",
-    "subquery_count",
-    "join_count",
-    "predicate_count",
-    "column_count",
-    "relation_count",
-    "function_count",
-    "aggregation_count",
-    "window_function_count",
-    "join_pair_count",
-    "constant_count",
-)
 #: The bag features the paper compares by Jaccard similarity (its order: tables, columns, WHERE
 #: predicates, constants, functions, aggregation, joins).
 JACCARD_FEATURES = (
