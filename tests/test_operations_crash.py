@@ -8,10 +8,8 @@ Prefect-mapped batches (running concurrently) and resumes through the run record
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
@@ -19,7 +17,7 @@ import polars as pl
 from tasks import runs, storage
 from tasks.progress import count_finished_trials
 from tasks.trials import plan_batches
-from tests.fakes.openai_server import ScriptedOpenAIServer, delay
+from tests.fakes.openai_server import ScriptedOpenAIServer, delay, sigkill_after_requests
 from tests.test_operations import _cli, scripted_model  # noqa: F401 - fixture
 from tests.test_resume import _turn
 
@@ -58,17 +56,7 @@ def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_mo
              "--trials", "3", "--batch-size", "4", "--run-id", "crash"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
-        try:
-            end = time.monotonic() + 120
-            while srv.request_count <= hang_at:
-                assert child.poll() is None, child.communicate()[1].decode()[-3000:]
-                assert time.monotonic() < end, "the run never reached the hanging request"
-                time.sleep(0.05)
-            os.kill(child.pid, signal.SIGKILL)
-            child.wait(30)
-        finally:
-            if child.poll() is None:
-                child.kill()
+        sigkill_after_requests(child, srv, hang_at)
         n_killed = srv.request_count
         assert runs.stage_status(root, "crash", "datasets").status == "completed"
         assert runs.stage_status(root, "crash", "trials").status == "running"  # cut short

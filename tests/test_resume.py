@@ -5,10 +5,8 @@ or duplicates no trial row."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
@@ -16,7 +14,12 @@ import pytest
 
 from tasks import storage
 from tasks.trials import batch_uri, combine_trials, plan_batches, run_trial_batch
-from tests.fakes.openai_server import ScriptedOpenAIServer, delay, tool_calls
+from tests.fakes.openai_server import (
+    ScriptedOpenAIServer,
+    delay,
+    sigkill_after_requests,
+    tool_calls,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "nasdaq_top_volume_2012"
@@ -137,17 +140,7 @@ def test_sigkill_midway_then_rerun(tmp_path, manifest_uri, model_env):
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         child = subprocess.Popen([sys.executable, "-c", _CHILD, root, manifest_uri, agent],
                                  cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            end = time.monotonic() + 120
-            while srv.request_count <= hang_at:
-                assert child.poll() is None, child.communicate()[1].decode()[-2000:]
-                assert time.monotonic() < end, "the child run never reached the hanging request"
-                time.sleep(0.05)
-            os.kill(child.pid, signal.SIGKILL)
-            child.wait(30)
-        finally:
-            if child.poll() is None:
-                child.kill()
+        sigkill_after_requests(child, srv, hang_at)
         assert srv.request_count == hang_at + 1
         batches = plan_batches([manifest_uri], [agent], 3, batch_size=4)
         first_batch = Path(batch_uri(root, "killed", batches[0]["key"], "trials"))

@@ -48,6 +48,7 @@ __all__ = [
     "delay",
     "error",
     "message",
+    "sigkill_after_requests",
     "tool_calls",
 ]
 
@@ -551,3 +552,24 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
             self._send_json(200, server._completion(step, body, index))
 
     return Handler
+
+
+def sigkill_after_requests(child, server: "ScriptedOpenAIServer", count: int,
+                           timeout_s: float = 120.0) -> None:
+    """SIGKILL the subprocess ``child`` (a ``subprocess.Popen`` with piped stderr) once
+    ``server`` has received more than ``count`` requests, and reap it. Fails the test with the
+    child's stderr tail if it exits first, or if ``timeout_s`` passes without that request."""
+    import os
+    import signal
+
+    try:
+        end = time.monotonic() + timeout_s
+        while server.request_count <= count:
+            assert child.poll() is None, child.communicate()[1].decode()[-3000:]
+            assert time.monotonic() < end, "the child never reached the hanging request"
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+    finally:
+        if child.poll() is None:
+            child.kill()
