@@ -139,7 +139,7 @@ def test_unknown_field_and_unknown_transform(tmp_path):
         r["placements"][1]["transforms"][0]["op"] = "mask"
 
     _, err = error_for(tmp_path, bad_op)
-    assert err.field == "placements[1].transforms[0]" and "format, text, split, fuzz" in err.problem
+    assert err.field == "placements[1].transforms[0]" and "format, text, compose, split, fuzz" in err.problem
 
 
 def test_fuzz_options_checked(tmp_path):
