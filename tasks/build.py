@@ -6,8 +6,10 @@ Artifacts of one built dataset live under ``<root>/datasets/<name>/<version>/``:
 - ``canonical/<table>.parquet`` — unperturbed tables (ground truth is computed from these);
 - ``placed/<database>/<table>.parquet`` — perturbed tables as placed into each database (a
   shard placement writes all its tables into one file, ``<family>.parquet``, ordered by the
-  shard column; each manifest table entry then has ``shard: {family, column, value, offset}``
-  and ``rows``: the table is that slice of the file without the shard column);
+  shard column; the database's ``shards.<family>`` entry holds its ``uri``, shard ``column``,
+  ``columns`` and number of ``tables``, and each table entry ``uri``, ``rows`` and ``shard:
+  {family, column, value, offset}``: the table is that slice of the file without the shard
+  column);
 - ``ground_truth.json`` and ``manifest.json`` (what the trials stage reads).
 """
 
@@ -429,7 +431,8 @@ def describe_schema(spec: DatasetSpec, databases: dict[str, dict]) -> str:
                         f"{max(sizes):,} {unit} each, {sum(sizes):,} in all), all with the "
                         "same columns")
             lines.append(head + (f": {pl.description}" if pl.description else ""))
-            for col, ty in t["columns"].items():
+            columns = d["shards"][family]["columns"] if pl.shard is not None else t["columns"]
+            for col, ty in columns.items():
                 note = pl.column_notes.get(col, "")
                 lines.append(f"     - {col} ({ty})" + (f": {note}" if note else ""))
         lines.append("")
@@ -487,13 +490,17 @@ def build_dataset_artifacts(
                 "columns": {f.name: str(f.type) for f in tbl.schema},
             }
             continue
-        columns = {f.name: str(f.type) for f in tbl.schema if f.name != pl.shard.by}
-        for name, value, offset, rows in shard_tables(spec, i, tbl, spec_file):
+        shards = shard_tables(spec, i, tbl, spec_file)
+        databases[pl.database].setdefault("shards", {})[pl.name] = {
+            "uri": uri, "column": pl.shard.by, "tables": len(shards),
+            "columns": {f.name: str(f.type) for f in tbl.schema if f.name != pl.shard.by},
+        }
+        for name, value, offset, rows in shards:
             if name in tables:
                 raise SpecError(spec_file, f"placements[{i}].shard.table",
                                 f"shard table {name!r} is already placed in {pl.database!r}")
             tables[name] = {
-                "uri": uri, "rows": rows, "columns": columns,
+                "uri": uri, "rows": rows,
                 "shard": {"family": pl.name, "column": pl.shard.by, "value": value,
                           "offset": offset},
             }
