@@ -61,8 +61,8 @@ def test_datasets_list_shows_the_catalogue(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["name", "source", "engines", "queries", "status"]
     names = [line.split()[0] for line in lines[1:]]
-    assert names[:8] == ["movies", "stocks", "flights", "superstore", "news", "pancancer",
-                         "github", "music"]
+    assert names[:10] == ["movies", "stocks", "flights", "superstore", "aircraft", "military",
+                          "news", "pancancer", "github", "music"]
     flights = next(line for line in lines if line.startswith("flights"))
     assert "duckdb, postgres, sqlite" in flights and flights.rstrip().endswith("ready")
 
