@@ -79,11 +79,12 @@ def test_default_datasets_skip_shared_ones_without_the_directory(monkeypatch, tm
 
     said: list[str] = []
     monkeypatch.setenv("QUERYLAB_SHARED_DATA", str(tmp_path / "nowhere"))
-    assert default_datasets(said.append) == ["movies", "stocks", "flights", "superstore"]
+    assert default_datasets(said.append) == ["movies", "stocks", "flights", "superstore",
+                                             "aircraft", "military"]
     assert "skipping datasets ['news', 'pancancer', 'github', 'music']" in said[0]
     assert str(tmp_path / "nowhere") in said[0]
     monkeypatch.setenv("QUERYLAB_SHARED_DATA", str(tmp_path))
-    assert default_datasets(said.append)[4:] == ["news", "pancancer", "github", "music"]
+    assert default_datasets(said.append)[6:] == ["news", "pancancer", "github", "music"]
 
 
 def test_datasets_build_runs_the_flow(prefect_harness, settings, capsys):
