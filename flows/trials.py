@@ -19,6 +19,7 @@ def run_trials(
     batch_size: int = 25,
     artifacts_root: str | None = None,
     agent_options: dict | None = None,
+    hints: list[str] | None = None,
 ) -> dict[str, str]:
     """Check the agents (fails before any trial when one cannot run), run every trial
     (finished batches and checkpointed trials are skipped) and combine the batches.
@@ -27,12 +28,13 @@ def run_trials(
     :class:`tasks.runs.StageFailed` naming the failed batches (re-running skips the finished
     ones). Progress (trials done, counted from checkpoints) goes to a Prefect progress artifact
     and the CLI's bar. ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits,
-    retries, sampling, cache, sandbox limits). Returns the URIs of ``trials``, ``tool_calls``,
+    retries, sampling, cache, sandbox limits); ``hints``: hint conditions (default ``["off"]``,
+    see :func:`tasks.trials.plan_batches`). Returns the URIs of ``trials``, ``tool_calls``,
     ``llm_calls`` and ``agents`` (agents.json).
     """
     root = artifacts_root or Settings.from_env().artifacts
-    agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options)
-    batches = plan_batches(manifest_uris, agents, n_trials, batch_size, agent_options)
+    agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options, hints)
+    batches = plan_batches(manifest_uris, agents, n_trials, batch_size, agent_options, hints)
     keys = [b["key"] for b in batches]
     total = sum(len(b["items"]) for b in batches)
     with StageProgress("trials", run_id, total, unit="trials") as progress:
