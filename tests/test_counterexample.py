@@ -159,7 +159,7 @@ def test_auto_engine_falls_back_to_sqlite_for_sqlite_only_queries():
     # a bare column next to an aggregate: SQLite accepts it, DuckDB's binder does not
     res = find_counterexample("SELECT g, v, max(v) FROM t GROUP BY g",
                               "SELECT g, v, min(v) FROM t GROUP BY g", schema, budget=BUDGET)
-    assert res.engine == "sqlite" and any("ran on sqlite" in n for n in res.notes)
+    assert res.engine == "sqlite" and any("engine fallback: ran on sqlite" in n for n in res.readings)
     assert res.verdict == "not_equivalent" and res.verified
 
 

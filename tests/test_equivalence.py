@@ -145,8 +145,10 @@ def test_execution_match_detects_differences_and_honours_options(shop_db, tmp_pa
     cols = ("SELECT id, customer_id FROM orders", "SELECT customer_id, id FROM orders")
     assert ex(*cols)["verdict"] == "equivalent"
     assert ex(*cols, MatchOptions(permute_columns=False))["verdict"] == "not_equivalent"
-    # one query failing separates them; both failing is an error
-    assert ex("SELECT nope FROM orders", asc)["verdict"] == "not_equivalent"
+    # one query failing is no counterexample (an error is not a result); both failing is an error
+    one = ex("SELECT nope FROM orders", asc)
+    assert one["verdict"] == "error_on_instance" and not one.get("verified")
+    assert one["error"].startswith("sql1 fails on") and "nope" in one["error"]
     assert ex("SELECT nope FROM orders", "SELECT nope2 FROM orders")["verdict"] == "error"
     # queries in another dialect are transpiled to the database's engine
     out = ex("SELECT id FROM orders WHERE customer_id::TEXT = '10'",
@@ -313,7 +315,7 @@ def test_flow_over_pairs_and_methods(prefect_harness, tmp_path, shop_db, monkeyp
     # artifacts carry schema versions and never the key
     import pyarrow.parquet as pq
 
-    assert pq.read_schema(out["equivalence"]).metadata[b"schema_version"] == b"1"
+    assert pq.read_schema(out["equivalence"]).metadata[b"schema_version"] == b"2"
     for f in Path(settings.artifacts, "runs", "eq-flow").rglob("*"):
         if f.is_file():
             assert b"sk-test-SECRET" not in f.read_bytes(), f
