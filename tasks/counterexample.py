@@ -87,15 +87,18 @@ from tasks.instances import (
     Sandbox,
     SchemaError,
     Table,
+    arbitrary_choices,
     engine_sql,
+    enum_values,
     instance_rows,
     one_sided_error,
     referenced_tables,
     render_instance,
+    row_orders,
     same_outcome,
     verify_counterexample,
 )
-from tasks.sql_dialects import read_query
+from tasks.sql_dialects import read_query, sqlglot_dialect
 
 _COMPARISONS = (
     exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like, exp.ILike, exp.In,
@@ -664,6 +667,9 @@ def build_domains(schema: RelSchema, analysis: _Analysis) -> dict[ColKey, list[A
     for t in analysis.tables:
         table = schema.tables[t]
         for i, col in enumerate(table.columns):
+            if enum_values(col):  # an ENUM holds its values and nothing else
+                domains[(t, i)] = enum_values(col)
+                continue
             values = list(_BASE.get(col.category, _BASE["text"]))
             for v, kind in groups.get(find((t, i)), []):
                 values.extend(_neighbours(v, kind, col.category))
@@ -937,8 +943,10 @@ class _Runner:
     which exactly one query raises separates nothing; the first such instance and its error
     are kept (:attr:`one_sided`)."""
 
-    def __init__(self, box: Sandbox, q1: str, q2: str, match: MatchOptions, ordered: bool) -> None:
+    def __init__(self, box: Sandbox, q1: str, q2: str, match: MatchOptions, ordered: bool,
+                 many_orders: bool = False) -> None:
         self.box, self.q1, self.q2 = box, q1, q2
+        self.many_orders = many_orders
         self.opts = {"ordered": ordered, "bag": match.bag, "permute_columns": match.permute_columns}
         self.runs = 0
         self.load_errors = 0
@@ -973,11 +981,23 @@ class _Runner:
                 self.one_sided = (inst, message)
 
     def separates(self, inst: Instance, first: tuple[Outcome, Outcome] | None = None) -> bool:
+        """The results differ under every row order tried (:func:`row_orders`: the reversal,
+        and rotations and shuffles when a query may choose arbitrarily among rows): no result
+        of sql1 under one order equals a result of sql2 under another."""
         a1, a2 = first if first is not None else self.outcomes(inst)
         if not self.differ(a1, a2):
             return False
-        b1, b2 = self.outcomes({t: list(reversed(r)) for t, r in inst.items()})
-        return all(self.differ(x, y) for x in (a1, b1) for y in (a2, b2))
+        names = list(inst)
+        seen1, seen2 = [a1], [a2]
+        for order in row_orders([len(inst[t]) for t in names], self.many_orders)[1:]:
+            b1, b2 = self.outcomes({t: [inst[t][i] for i in p] for t, p in zip(names, order)})
+            if b1.error is not None or b2.error is not None:
+                return False
+            seen1.append(b1)
+            seen2.append(b2)
+            if not all(self.differ(x, y) for x in seen1 for y in seen2):
+                return False
+        return True
 
     def one_side_fails(self, inst: Instance) -> bool:
         """Exactly one query raises on ``inst`` (not counted as a search result)."""
@@ -1016,7 +1036,7 @@ def find_counterexample(
     """
     budget = budget or FinderBudget()
     match = match or MatchOptions()
-    dialect = dialect or "duckdb"
+    shown = dialect = dialect or "duckdb"
     start = time.perf_counter()
     result = FinderResult("error", notes=[n for n in schema.notes if not n.startswith("schema DDL")],
                           readings=[n for n in schema.notes if n.startswith("schema DDL")])
@@ -1027,6 +1047,7 @@ def find_counterexample(
         return result
 
     try:
+        dialect = sqlglot_dialect(dialect)  # ansi / calcite → sqlglot's neutral dialect
         reads = [read_query(sql1, dialect), read_query(sql2, dialect)]
     except ValueError as exc:
         return fail(f"query does not parse: {exc}")
@@ -1061,7 +1082,8 @@ def find_counterexample(
         except (SqlglotError, SchemaError, ValueError) as exc:
             errors.append(f"{eng}: {exc}")
             continue
-        runner = _Runner(box, q1, q2, match, ordered)
+        many = any(arbitrary_choices(q.tree, eng) for q in reads)
+        runner = _Runner(box, q1, q2, match, ordered, many)
         empty_outcome = runner.outcomes({t: [] for t in tables})
         bad = [(i + 1, o.error) for i, o in enumerate(empty_outcome) if o.error is not None]
         if not bad:
@@ -1069,7 +1091,7 @@ def find_counterexample(
             result.notes.extend(box.notes)
             if eng != candidates[0]:
                 result.readings.append(
-                    f"engine fallback: ran on {eng}, whose semantics differ from {dialect}'s "
+                    f"engine fallback: ran on {eng}, whose semantics differ from {shown}'s "
                     f"(type affinity, comparisons), because {errors[-1]}")
             break
         errors.append(f"{eng}: " + "; ".join(f"sql{i} fails on the empty database: {e}" for i, e in bad))

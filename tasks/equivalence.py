@@ -140,7 +140,7 @@ def pair_schema(pair: QueryPair, db_root: str | None = None) -> RelSchema:
         if "://" in ref:
             raise SchemaError("a schema is needed for a PostgreSQL database (give 'schema')")
         db_path = ref
-    return load_schema(pair.schema_, pair.schema_dialect or pair.dialect, db_path)
+    return load_schema(pair.schema_, pair.schema_dialect, db_path, query_dialect=pair.dialect)
 
 
 def schema_text(pair: QueryPair, db_root: str | None = None) -> str:

@@ -13,6 +13,7 @@ order: ``None`` for NULL, ``int``/``float``/``str``/``bool``; dates and timestam
 
 from __future__ import annotations
 
+import random
 import re
 import sqlite3
 import threading
@@ -75,7 +76,7 @@ def type_category(dtype: exp.DataType) -> str:
         return "date"
     if dtype.is_type(*exp.DataType.TEMPORAL_TYPES):
         return "timestamp"
-    if dtype.is_type(*exp.DataType.TEXT_TYPES) or dtype.this in (T.CHAR, T.NCHAR, T.UNKNOWN):
+    if dtype.is_type(*exp.DataType.TEXT_TYPES) or dtype.this in (T.CHAR, T.NCHAR, T.UNKNOWN, T.ENUM):
         return "text"
     return "other"
 
@@ -131,7 +132,7 @@ class Table:
 
 
 def _ident(name: str, dialect: str | None) -> str:
-    return exp.to_identifier(name).sql(dialect=dialect)
+    return exp.to_identifier(name).sql(dialect=sqlglot_dialect(dialect))
 
 
 @dataclass
@@ -149,15 +150,17 @@ class RelSchema:
     # -- construction ------------------------------------------------------------------------
 
     @classmethod
-    def from_ddl(cls, ddl: str, dialect: str | None = None) -> RelSchema:
+    def from_ddl(cls, ddl: str, dialect: str | None = None,
+                 query_dialect: str | None = None) -> RelSchema:
         """Read the tables of a schema script: ``CREATE TABLE`` (columns, types, NOT NULL,
         PRIMARY KEY, UNIQUE, FOREIGN KEY, CHECK), ``CREATE UNIQUE INDEX`` (a UNIQUE key) and
         ``ALTER TABLE`` adding columns or constraints; other statements (INSERT, DROP, SET,
         PRAGMA, plain indexes, ...) do not change the schema and are skipped.
 
-        Each statement is parsed with ``dialect``, else with the dialect its text points to
-        (backticks → MySQL, ...), else with the others (:func:`tasks.sql_dialects.read_ddl`);
-        a statement read in another dialect than ``dialect`` is listed in :attr:`notes`.
+        Each statement is parsed with ``dialect`` (the DDL's own, when known), else with the
+        dialect its text points to (backticks → MySQL, ...), else with ``query_dialect`` (the
+        queries' dialect), else with the others (:func:`tasks.sql_dialects.read_ddl`); a
+        statement read in another dialect than the one given is listed in :attr:`notes`.
         Database qualifiers (``db.table``) are dropped. Raises SchemaError naming the statement
         when one parses in no dialect, when an ALTER TABLE does something other than add a
         column or a constraint, or when no table is defined — a schema is never silently
@@ -166,7 +169,7 @@ class RelSchema:
         from tasks.sql_dialects import SQLReadError, read_ddl
 
         try:
-            read = read_ddl(ddl, dialect)
+            read = read_ddl(ddl, dialect, query_dialect)
         except SQLReadError as exc:
             raise SchemaError(str(exc)) from None
         raw: dict[str, tuple[Table, list[tuple[tuple[str, ...], str, tuple[str, ...]]]]] = {}
@@ -367,11 +370,12 @@ class RelSchema:
         NOT NULL, PRIMARY KEY, UNIQUE and the foreign keys to tables among ``tables``; CHECK
         constraints with ``checks`` (default: with ``constraints``)."""
         checks = constraints if checks is None else checks
+        dialect = sqlglot_dialect(dialect)
         t = self.table(name)
         tables = [x.lower() for x in (tables if tables is not None else self.tables)]
         parts = []
         for c in t.columns:
-            typ = _CATEGORY_SQL[c.category] if category_types else c.dtype.sql(dialect=dialect)
+            typ = _CATEGORY_SQL[c.category] if category_types else _engine_type(c, dialect)
             if category_types and dialect == "sqlite":
                 typ = exp.DataType.build(typ).sql(dialect="sqlite")
             text = f"{_ident(c.name, dialect)} {typ}"
@@ -500,6 +504,22 @@ def _alter_table(st: exp.Alter, text: str, raw: dict) -> None:
                               f"NULL are read, not {type(action).__name__}: {text[:100]}")
 
 
+def _engine_type(col: Column, dialect: str | None) -> str:
+    """The column's declared type for ``dialect``, without the display widths no engine but
+    MySQL reads (``INT(11)``, ``TINYINT(1)``, ``DOUBLE(8,2)``)."""
+    dtype = col.dtype
+    if col.category in ("int", "float") and dtype.expressions:
+        dtype = exp.DataType(this=dtype.this)
+    return dtype.sql(dialect=dialect)
+
+
+def enum_values(col: Column) -> list[str]:
+    """The values of an ENUM column (empty for other types)."""
+    if col.dtype.this != exp.DataType.Type.ENUM:
+        return []
+    return [e.this for e in col.dtype.expressions if isinstance(e, exp.Literal)]
+
+
 def _names(nodes: Iterable[exp.Expression]) -> list[str]:
     return [n.name for n in nodes]
 
@@ -512,11 +532,13 @@ def _reference(ref: exp.Reference) -> tuple[str, tuple[str, ...]]:
 
 
 def load_schema(schema: str | Mapping[str, Any] | None, dialect: str | None = None,
-                db_path: str | Path | None = None) -> RelSchema:
-    """A :class:`RelSchema` from DDL text, the mapping form, or (when ``schema`` is None) the
-    SQLite/DuckDB file ``db_path``. Raises SchemaError when there is nothing to read."""
+                db_path: str | Path | None = None, query_dialect: str | None = None) -> RelSchema:
+    """A :class:`RelSchema` from DDL text (``dialect``: the DDL's own, ``query_dialect``: the
+    queries', a weaker hint; see :meth:`RelSchema.from_ddl`), the mapping form, or (when
+    ``schema`` is None) the SQLite/DuckDB file ``db_path``. Raises SchemaError when there is
+    nothing to read."""
     if isinstance(schema, str):
-        return RelSchema.from_ddl(schema, dialect)
+        return RelSchema.from_ddl(schema, dialect, query_dialect)
     if isinstance(schema, Mapping):
         return RelSchema.from_mapping(schema)
     if db_path is not None:
@@ -577,6 +599,67 @@ def order_matters(sql1: str, sql2: str, dialect: str | None, order: str, both: b
         return order == "always"
     flags = [read_query(s, dialect).tree.args.get("order") is not None for s in (sql1, sql2)]
     return all(flags) if both else any(flags)
+
+
+#: Aggregates whose value depends on the order rows arrive in.
+_ORDER_DEPENDENT = (exp.ArrayAgg, exp.GroupConcat, exp.AnyValue, exp.First, exp.Last,
+                    exp.FirstValue, exp.LastValue, exp.NthValue, exp.ArgMax, exp.ArgMin)
+_ORDER_DEPENDENT_NAMES = {"STRING_AGG", "LISTAGG", "LIST", "ARBITRARY", "ANY_VALUE", "FIRST", "LAST"}
+
+
+def arbitrary_choices(tree: exp.Expression, engine: str = "duckdb") -> bool:
+    """Whether a query's result may depend on an arbitrary choice the engine makes among rows:
+    LIMIT / OFFSET / FETCH (ties at the boundary), window functions, DISTINCT ON,
+    order-dependent aggregates (STRING_AGG, ARRAY_AGG, ANY_VALUE, FIRST, ...) and, on SQLite, a
+    bare column next to an aggregate. Such queries are compared under many row orders
+    (:func:`row_orders`)."""
+    if next(tree.find_all(exp.Limit, exp.Offset, exp.Fetch, exp.Window, *_ORDER_DEPENDENT), None):
+        return True
+    for d in tree.find_all(exp.Distinct):
+        if d.args.get("on") is not None:
+            return True
+    for f in tree.find_all(exp.Anonymous):
+        if str(f.this).upper() in _ORDER_DEPENDENT_NAMES:
+            return True
+    if engine == "sqlite":
+        for select in tree.find_all(exp.Select):
+            items = select.expressions
+            if not any(isinstance(n, exp.AggFunc) for e in items for n in e.walk()):
+                continue
+            group = select.args.get("group")
+            grouped = {c.sql() for c in group.find_all(exp.Column)} if group is not None else set()
+            for e in items:
+                for c in e.find_all(exp.Column):
+                    if c.find_ancestor(exp.AggFunc) is None and c.sql() not in grouped:
+                        return True
+    return False
+
+
+def row_orders(lengths: Sequence[int], many: bool, seed: int = 0) -> list[list[list[int]]]:
+    """Orders to insert rows in: each order holds one permutation (a list of positions) per
+    row list of the given ``lengths``. Always the identity and the reversal; with ``many``
+    also rotations (every row first once, up to 12 of them), their reversals and four seeded
+    shuffles, so that every row of a group of ties gets to be chosen by an arbitrary choice
+    (the identity stays first; duplicates are removed)."""
+    ident = [list(range(n)) for n in lengths]
+    orders = [ident, [list(reversed(p)) for p in ident]]
+    longest = max(lengths, default=0)
+    if many and longest > 2:
+        steps = sorted({round(i * longest / min(longest, 12)) for i in range(1, min(longest, 12))})
+        for r in steps:
+            rot = [[(i + r) % n for i in range(n)] if n else [] for n in lengths]
+            orders.append(rot)
+            orders.append([list(reversed(p)) for p in rot])
+        rng = random.Random(seed)
+        for _ in range(4):
+            orders.append([rng.sample(range(n), n) for n in lengths])
+    out, seen = [], set()
+    for o in orders:
+        key = tuple(tuple(p) for p in o)
+        if key not in seen:
+            seen.add(key)
+            out.append(o)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -761,6 +844,12 @@ class Sandbox:
         """Run one statement (DDL/DML) in the engine's dialect; engine errors propagate."""
         self._exec(sql)
 
+    def clear(self) -> None:
+        """Delete every row of the sandbox's tables (children first)."""
+        for t in reversed(self.tables):
+            self._exec(f"DELETE FROM {self._names[t]}")
+        self._loaded.clear()
+
     def run(self, sql: str) -> Outcome:
         """Run one query (in the engine's dialect) and fetch every row; errors and timeouts
         become an :class:`Outcome` with ``error``."""
@@ -797,6 +886,7 @@ def render_instance(schema: RelSchema, instance: Mapping[str, Sequence[tuple]],
     """The instance as a SQL script in ``dialect``: CREATE TABLE (with keys) for ``tables``
     (default: the instance's tables and the tables they reference), then one multi-row INSERT
     per non-empty table, parents first. Literals are written by sqlglot."""
+    dialect = sqlglot_dialect(dialect)
     names = schema.closure(tables if tables is not None else list(instance))
     out = [schema.create_sql(n, dialect, tables=names) + ";" for n in names]
     for n in names:
@@ -841,11 +931,17 @@ def _insert_rows(stmt: exp.Insert) -> int:
     return len(values.expressions) if isinstance(values, exp.Values) else 1
 
 
-def _reverse_insert(stmt: exp.Insert) -> exp.Insert:
-    stmt = stmt.copy()
+def _insert_values(stmt: exp.Insert) -> list[exp.Expression]:
     values = stmt.expression
-    if isinstance(values, exp.Values):
-        values.set("expressions", list(reversed(values.expressions)))
+    return list(values.expressions) if isinstance(values, exp.Values) else []
+
+
+def _permute_insert(stmt: exp.Insert, perm: list[int]) -> exp.Insert:
+    rows = _insert_values(stmt)
+    if len(rows) < 2:
+        return stmt
+    stmt = stmt.copy()
+    stmt.expression.set("expressions", [rows[i].copy() for i in perm])
     return stmt
 
 
@@ -861,14 +957,21 @@ def verify_counterexample(
     database that breaks a PRIMARY KEY / UNIQUE / NOT NULL / FOREIGN KEY is rejected). Each
     statement is transpiled from ``dialect`` to the engine (``sqlite`` for the sqlite dialect,
     else DuckDB). The database separates the queries when their results differ under the match
-    options (``ordered`` default: both queries have a top-level ORDER BY) **both** with the
-    inserts as written and with every INSERT's rows reversed, so a difference that depends only
-    on an arbitrary choice among ties (``LIMIT`` without a total order) is not accepted.
+    options (``ordered`` default: both queries have a top-level ORDER BY) under every row
+    order tried — the inserts as written and with every INSERT's rows reversed, and, when a
+    query may choose arbitrarily among rows (:func:`arbitrary_choices`: ``LIMIT`` without a
+    total order, ...), rotations and shuffles (:func:`row_orders`) — so that a difference
+    that depends only on an arbitrary choice among ties is not accepted: no result sql1 gave
+    under some order may equal one sql2 gave under some order.
 
     Returns a :class:`Verification`; never raises for a bad script (the reason is in
     ``error``).
     """
     engine = engine or ("sqlite" if dialect == "sqlite" else "duckdb")
+    try:
+        dialect = sqlglot_dialect(dialect)
+    except ValueError as exc:
+        return Verification(False, error=str(exc), engine=engine)
     if ordered is None:
         try:
             ordered = order_matters(sql1, sql2, dialect, "auto")
@@ -906,31 +1009,39 @@ def verify_counterexample(
     except (SqlglotError, ValueError) as exc:
         return Verification(False, error=f"cannot transpile the queries: {exc}", engine=engine)
     n_rows = sum(_insert_rows(i) for i in inserts)
-    outcomes = []
-    for reverse in (False, True):
-        try:
-            box = Sandbox(schema, tables, engine, constraints=True, query_timeout_s=query_timeout_s)
-        except SchemaError as exc:
-            return Verification(False, error=str(exc), engine=engine)
-        with box:
-            for ins in inserts:
-                stmt = _reverse_insert(ins) if reverse else ins
+    many = any(arbitrary_choices(read_query(q, dialect).tree, engine) for q in (sql1, sql2))
+    orders = row_orders([len(_insert_values(i)) for i in inserts], many)
+    opts = {"ordered": ordered, "bag": bag, "permute_columns": permute_columns}
+    try:
+        box = Sandbox(schema, tables, engine, constraints=True, query_timeout_s=query_timeout_s)
+    except SchemaError as exc:
+        return Verification(False, error=str(exc), engine=engine)
+    seen1: list[Outcome] = []
+    seen2: list[Outcome] = []
+    with box:
+        for k, order in enumerate(orders):
+            if k:
+                box.clear()
+            for ins, perm in zip(inserts, order):
                 try:
-                    box.execute(stmt.sql(dialect=engine))
+                    box.execute(_permute_insert(ins, perm).sql(dialect=engine))
                 except (duckdb.Error, sqlite3.Error) as exc:
                     return Verification(False, error=f"the database breaks the schema or does not load: {_short(exc)}",
                                         rows=n_rows, engine=engine)
-            outcomes.append((box.run(q1), box.run(q2)))
-    (a1, a2), (b1, b2) = outcomes
-    opts = {"ordered": ordered, "bag": bag, "permute_columns": permute_columns}
-    if a1.error is not None and a2.error is not None:
-        return Verification(False, error=f"both queries fail: {a1.error}", result1=a1.preview(),
-                            result2=a2.preview(), rows=n_rows, engine=engine)
-    one_sided = one_sided_error(a1, a2) or one_sided_error(b1, b2)
-    if one_sided:
-        return Verification(False, error=f"{one_sided}: an error is not a result, so this "
-                            "database is no counterexample", error_on_instance=one_sided,
-                            result1=a1.preview(), result2=a2.preview(), rows=n_rows, engine=engine)
-    separates = not any(same_outcome(x, y, **opts) for x in (a1, b1) for y in (a2, b2))
-    return Verification(separates, result1=a1.preview(), result2=a2.preview(), rows=n_rows,
+            o1, o2 = box.run(q1), box.run(q2)
+            a1, a2 = (seen1 or [o1])[0], (seen2 or [o2])[0]
+            if o1.error is not None and o2.error is not None:
+                return Verification(False, error=f"both queries fail: {o1.error}", result1=a1.preview(),
+                                    result2=a2.preview(), rows=n_rows, engine=engine)
+            one_sided = one_sided_error(o1, o2)
+            if one_sided:
+                return Verification(False, error=f"{one_sided}: an error is not a result, so this "
+                                    "database is no counterexample", error_on_instance=one_sided,
+                                    result1=o1.preview(), result2=o2.preview(), rows=n_rows, engine=engine)
+            seen1.append(o1)
+            seen2.append(o2)
+            if any(same_outcome(x, y, **opts) for x in seen1 for y in seen2):
+                return Verification(False, result1=a1.preview(), result2=a2.preview(), rows=n_rows,
+                                    engine=engine)
+    return Verification(True, result1=seen1[0].preview(), result2=seen2[0].preview(), rows=n_rows,
                         engine=engine)

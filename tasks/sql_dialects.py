@@ -134,13 +134,36 @@ def detect_ddl_dialects(text: str) -> list[str]:
     return found
 
 
+#: Statement kinds a schema script may hold; anything else (sqlglot reads ``FROBNICATE t`` as
+#: the expression ``FROBNICATE AS t``) is not understood.
+_STATEMENTS = (
+    exp.Create, exp.Alter, exp.Drop, exp.Insert, exp.Set, exp.Pragma, exp.Command,
+    exp.Transaction, exp.Commit, exp.Rollback, exp.Use, exp.Delete, exp.Update, exp.Comment,
+    exp.Query, exp.Copy, exp.Describe, exp.Analyze, exp.TruncateTable,
+)
+
+
+def _markers(text: str, dialect: str) -> list[str]:
+    upper = text.upper()
+    found = {
+        "mysql": [("`" in text, "backtick identifiers"), ("AUTO_INCREMENT" in upper, "AUTO_INCREMENT"),
+                  (bool(re.search(r"\bENGINE\s*=", upper)), "ENGINE=")],
+        "sqlite": [(bool(re.search(r"\bAUTOINCREMENT\b", upper)), "AUTOINCREMENT"),
+                   (bool(re.search(r"\bPRAGMA\b", upper)), "PRAGMA"),
+                   (bool(re.search(r"WITHOUT\s+ROWID", upper)), "WITHOUT ROWID")],
+        "postgres": [(bool(re.search(r"\b(BIG|SMALL)?SERIAL\b", upper)), "SERIAL"), ("::" in text, ":: casts")],
+    }.get(dialect, [])
+    return [name for hit, name in found if hit]
+
+
 def _is_opaque_create(stmt: exp.Expression) -> bool:
     """sqlglot's fallback for syntax it does not know: an opaque Command holding the text."""
     return isinstance(stmt, exp.Command) and str(stmt.this).upper().split()[0:1] in (["CREATE"], ["ALTER"])
 
 
-def _parse_statement(text: str, dialect: str) -> exp.Expression | None:
-    """Parse one statement; None when it does not parse (or only as an opaque CREATE/ALTER)."""
+def _parse_statement(text: str, dialect: str) -> tuple[exp.Expression | None, str]:
+    """Parse one statement: ``(tree, "")``, or ``(None, why)`` when it does not parse, parses
+    only as an opaque CREATE/ALTER command, or is no statement at all."""
     import logging
 
     logger = logging.getLogger("sqlglot")
@@ -148,13 +171,37 @@ def _parse_statement(text: str, dialect: str) -> exp.Expression | None:
     logger.setLevel(logging.ERROR)  # the "falling back to Command" warning is handled here
     try:
         trees = [t for t in sqlglot.parse(text, read=sqlglot_dialect(dialect)) if t is not None]
-    except SqlglotError:
-        return None
+    except SqlglotError as exc:
+        return None, _first_line(exc)
     finally:
         logger.setLevel(level)
-    if len(trees) != 1 or _is_opaque_create(trees[0]):
+    if len(trees) != 1:
+        return None, f"{len(trees)} statements where one was expected"
+    if _is_opaque_create(trees[0]):
+        return None, "sqlglot reads it only as an opaque command"
+    if not isinstance(trees[0], _STATEMENTS):
+        return None, f"not a statement (read as the expression {_short(trees[0].sql(), 40)})"
+    misread = _misread_column(trees[0])
+    if misread:
+        return None, f"{misread} read as a column"
+    return trees[0], ""
+
+
+#: Words that start a table constraint or index in some dialect: a column of that (unquoted)
+#: name means the dialect misread the line (SQLite reads MySQL's ``INDEX ix (c)`` as a column
+#: named INDEX).
+_CONSTRAINT_WORDS = {"INDEX", "KEY", "UNIQUE", "CONSTRAINT", "PRIMARY", "FOREIGN", "CHECK",
+                     "FULLTEXT", "SPATIAL"}
+
+
+def _misread_column(tree: exp.Expression) -> str | None:
+    if not (isinstance(tree, exp.Create) and isinstance(tree.this, exp.Schema)):
         return None
-    return trees[0]
+    for item in tree.this.expressions:
+        if isinstance(item, exp.ColumnDef) and isinstance(item.this, exp.Identifier) \
+                and not item.this.quoted and item.name.upper() in _CONSTRAINT_WORDS:
+            return f"{item.name.upper()} {_short(item.sql(), 40)}"
+    return None
 
 
 @dataclass
@@ -178,15 +225,21 @@ class DDLRead:
     notes: list[str] = field(default_factory=list)
 
 
-def read_ddl(text: str, dialect: str | None = None) -> DDLRead:
-    """Parse a schema script (see the module docstring for the dialect order).
+def read_ddl(text: str, dialect: str | None = None, query_dialect: str | None = None) -> DDLRead:
+    """Parse a schema script. Each statement is tried with ``dialect`` (the DDL's own, when
+    given), then with the dialects its text points to (:func:`detect_ddl_dialects`), then with
+    ``query_dialect`` (the queries' dialect, a weaker hint), then with the others. A statement
+    read in another dialect than the first of ``dialect`` / ``query_dialect`` is noted.
 
     Returns a :class:`DDLRead`. Raises SQLReadError naming the first statement that parses in
     no dialect (its position, its first 100 characters and the error in the preferred
     dialect)."""
-    given = sqlglot_dialect(dialect) if dialect else None
+    own = sqlglot_dialect(dialect) if dialect else None
+    hint = sqlglot_dialect(query_dialect) if query_dialect else None
+    given = own if own is not None else hint
     order = list(dict.fromkeys(
-        ([given] if given is not None else []) + detect_ddl_dialects(text) + list(_DDL_FALLBACKS)))
+        ([own] if own is not None else []) + detect_ddl_dialects(text)
+        + ([hint] if hint is not None else []) + list(_DDL_FALLBACKS)))
     texts: list[str] | None = None
     split_errors = []
     for d in order:
@@ -202,21 +255,17 @@ def read_ddl(text: str, dialect: str | None = None) -> DDLRead:
     opaque: list[str] = []
     for i, st in enumerate(texts, start=1):
         tree = used = None
+        reasons = []
         for d in order:
-            tree = _parse_statement(st, d)
+            tree, why = _parse_statement(st, d)
             if tree is not None:
                 used = d
                 break
+            reasons.append(why)
         if tree is None or used is None:
-            first = order[0]
-            try:
-                sqlglot.parse(st, read=sqlglot_dialect(first))
-                why = "sqlglot reads it only as an opaque command"
-            except SqlglotError as exc:
-                why = _first_line(exc)
             raise SQLReadError(
                 f"schema statement {i} does not parse in any of {order} "
-                f"({first}: {why}): {_short(st)}")
+                f"({order[0]}: {reasons[0]}): {_short(st)}")
         if isinstance(tree, exp.Command):
             word = str(tree.this).upper().split()[0] if str(tree.this).split() else "?"
             if word not in _HARMLESS_COMMANDS:
@@ -228,8 +277,10 @@ def read_ddl(text: str, dialect: str | None = None) -> DDLRead:
         statements.append(DDLStatement(tree, st, used))
     notes = []
     for d, idx in moved.items():
+        why = ("its text points to it: " + ", ".join(_markers(text, d))) if d in detect_ddl_dialects(text) \
+            else f"they do not parse as {given}"
         notes.append(f"schema DDL: statement(s) {', '.join(map(str, idx[:8]))}"
-                     f"{' …' if len(idx) > 8 else ''} read as {d}, they do not parse as {given}")
+                     f"{' …' if len(idx) > 8 else ''} read as {d}, not {given} ({why})")
     if opaque:
         notes.append(f"schema DDL: {len(opaque)} statement(s) kept as commands and ignored "
                      f"({', '.join(sorted(set(opaque)))})")
