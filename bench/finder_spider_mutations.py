@@ -157,8 +157,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--limit", type=int, default=None, help="at most N pairs")
     args = ap.parse_args(argv)
     if not (SPIDER / "dev.json").exists():
-        print(f"no Spider data at {SPIDER}")
-        return 2
+        print(f"spider mutations: skipped (no Spider data at {SPIDER})")
+        return 0
     dev = json.loads((SPIDER / "dev.json").read_text())
     schemas: dict[str, RelSchema] = {}
     pairs = []

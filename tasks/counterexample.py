@@ -721,7 +721,9 @@ class InstanceGenerator:
     ``hints`` (:class:`SizeHint`, from the queries' predicates) are served round-robin as every
     third instance from the sixth on, each as ``size`` rows of one table in one group (or two),
     the ``distinct`` columns varied; from instance 150 on, every eighth instance is a *large*
-    random one of up to ``3 × max_rows`` rows per table (at most ``row_budget``)."""
+    random one of up to ``3 × max_rows`` rows per table (at most ``row_budget``), half of them
+    with fresh values (beyond the column's pool) in half the cells, so that a column can hold
+    many distinct values."""
 
     def __init__(self, schema: RelSchema, tables: Sequence[str], domains: dict[ColKey, list[Any]],
                  budget: FinderBudget, hints: Sequence[SizeHint] = ()) -> None:
@@ -733,6 +735,8 @@ class InstanceGenerator:
         self.count = 0
         self.hints = [h for h in hints if h.size <= budget.row_budget and set(h.tables) & set(tables)]
         self.origin = "empty"
+        self.fresh_p = 0.0
+        self._fresh_used: dict[ColKey, set] = {}
 
     def _max_rows(self) -> int:
         k = self.count
@@ -753,9 +757,12 @@ class InstanceGenerator:
         dup_p = rng.choice((0.0, 0.3, 0.6))
         cap = self._max_rows()
         self.origin = "random"
+        self.fresh_p = 0.0
+        self._fresh_used = {}
         if k >= 150 and k % 8 == 4:
             cap = max(cap, min(self.budget.row_budget, 3 * self.budget.max_rows))
-            dup_p = rng.choice((0.3, 0.6, 0.9))
+            dup_p = rng.choice((0.0, 0.3, 0.6, 0.9))
+            self.fresh_p = rng.choice((0.0, 0.5))
             self.origin = "large"
         sizes = {t: (rng.randint(1, cap) if rng.random() < 0.75 else 0) for t in self.tables}
         return self._fill(sizes, null_p, dup_p)
@@ -818,6 +825,7 @@ class InstanceGenerator:
                         r[i] = None if (not col.not_null and rng.random() < null_p) else rng.choice(self.domains[(t, i)])
             return [tuple(r) for r in rows]
 
+        self.fresh_p = 0.0
         inst = self._fill(sizes, null_p, 0.3, group, focus)
         self.origin = f"guided: {hint.reason} → {len(inst[focus])} rows in {table.name}"
         return inst
@@ -904,6 +912,11 @@ class InstanceGenerator:
                 continue
             if not col.not_null and rng.random() < null_p:
                 row[i] = None
+            elif self.fresh_p and not enum_values(col) and rng.random() < self.fresh_p:
+                # a value of its own (large instances: many distinct values in one column)
+                used = {r[i] for r in inst.get(t, [])} | set(self._fresh_used.setdefault((t, i), set()))
+                row[i] = _fresh(col.category, used, self.domains[(t, i)])
+                self._fresh_used[(t, i)].add(row[i])
             else:
                 row[i] = rng.choice(self.domains[(t, i)])
         return row

@@ -7,17 +7,29 @@ Methods (the ``method`` column):
 - ``exec_match``: execution match on the pair's database (``db``): both queries run read-only,
   results compared with test-suite semantics (:mod:`tasks.result_match`): bag or set, row order
   only when both queries sort, columns permutable. ``equivalent`` means *the results match on
-  this database*, which is how execution accuracy scores pairs; a mismatch is a verified
-  counterexample (the database itself).
+  this database*, which is how execution accuracy scores pairs (when every compared result is
+  empty it is still the verdict, with a warning in ``details`` and the report); a mismatch is
+  a verified counterexample (the database itself); exactly one query failing on the database
+  is ``error_on_instance`` (an error is not a result).
 - ``finder``: the automatic counterexample finder (:mod:`tasks.counterexample`); verdicts
-  ``not_equivalent`` (verified minimal counterexample) or ``no_counterexample_within_budget``.
+  ``not_equivalent`` (verified minimal counterexample), ``no_counterexample_within_budget`` or
+  ``error_on_instance``; ``details`` holds the size of the instance that separated the pair,
+  the readings of the SQL (schema dialect, ``||``, GROUP BY literals, engine fallback) and any
+  type-incorrect comparison.
 - ``judge:<technique>:<notion>:<model>``: an LLM judge (:mod:`tasks.judges`), technique one of
   ``counter_example``, ``miniature_mull``, ``explain_compare``, notion ``semantic`` or
-  ``relaxed``; a counterexample the model proposes is executed and recorded as verified or not.
+  ``relaxed``; a counterexample the model proposes is executed and recorded as verified or not
+  (a database on which only one query raises is not verified).
+
+Labels: ``label`` is the pair's label for the method's notion; ``label_semantic`` /
+``label_relaxed`` carry both, so that pairs labelled under the other notion only (published sets
+with relaxed labels) still count in the agreement-with-labels table.
 
 Layout under the artifact root: ``runs/<run_id>/equivalence/pairs.jsonl`` (the validated input),
 ``batches/<key>.parquet`` (one per mapped batch; a finished batch is skipped on re-run),
-``equivalence.parquet`` (all rows), ``tables/*.parquet`` and ``equivalence.md``.
+``equivalence.parquet`` (all rows), ``tables/*.parquet`` (accuracy, agreement with execution
+match, agreement with the labels, counterexamples, finder instance sizes, time) and
+``equivalence.md``.
 """
 
 from __future__ import annotations
@@ -364,7 +376,8 @@ def _judge_row(row: dict, pair: QueryPair, method: Method, options: EquivalenceO
         )
         row.update(verified=check.separates, verify_error=check.error,
                    counterexample_rows=check.rows)
-        details.update(result1=check.result1, result2=check.result2, engine=check.engine)
+        details.update(result1=check.result1, result2=check.result2, engine=check.engine,
+                       error_on_instance=check.error_on_instance)
     row["details"] = json.dumps(details, default=str)
 
 

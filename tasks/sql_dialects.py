@@ -389,8 +389,9 @@ def _rewrite_engine_identifiers(q: ReadQuery) -> None:
     for node in list(q.tree.find_all(exp.Placeholder, exp.Parameter)):
         inner = node.this
         name = inner.name if isinstance(inner, exp.Expression) else inner
-        if not isinstance(name, str) or not _PLAIN_IDENTIFIER.fullmatch(name or ""):
-            continue  # `?` or `$1`: a real parameter, left for the engine to refuse
+        if not isinstance(name, str) or not _PLAIN_IDENTIFIER.fullmatch(name or "") \
+                or f"${name}" not in q.text:
+            continue  # `?`, `$1`, `:name`: a real parameter, left for the engine to refuse
         ident = exp.Identifier(this=f"${name}", quoted=True)
         parent = node.parent
         if isinstance(parent, exp.Column) and node.arg_key == "this":

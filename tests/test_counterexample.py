@@ -348,8 +348,8 @@ def test_one_sided_runtime_error_is_error_on_instance_never_a_counterexample():
     assert res.counterexample is None and res.verified is None and res.instance is None
     assert res.error.startswith("sql1 fails (sql2 runs): Conversion Error")
     assert res.one_sided_errors > 0 and "an error is not a result" in res.summary()
-    assert res.type_errors == ["sql1: type-incorrect comparison DNAME = 'SECURITY' "
-                               "(DEPT.DNAME is INT, 'SECURITY' is no int)"]
+    assert res.type_errors == [("sql1: type-incorrect comparison DNAME = 'SECURITY' "
+                                "(DEPT.DNAME is INT, 'SECURITY' is no int)")]
     # the failing database is shrunk and shown; executed, it is no counterexample either
     assert res.error_script.count("INSERT INTO DEPT") == 1
     check = verify_counterexample(sql1, sql2, res.error_script, dialect="mysql", schema=schema)

@@ -463,8 +463,8 @@ def test_finder_rows_carry_readings_type_errors_and_error_on_instance():
 
 def test_cli_find_acceptance_commands(capsys):
     argv = ["equivalence", "find", "--schema",
-            "CREATE TABLE `emp` (`empno` int primary key not null, `deptno` int not null); "
-            "CREATE TABLE ANON (c INT);",
+            ("CREATE TABLE `emp` (`empno` int primary key not null, `deptno` int not null); "
+             "CREATE TABLE ANON (c INT);"),
             "--sql1", "SELECT empno FROM emp", "--sql2", "SELECT empno FROM emp WHERE deptno=deptno",
             "--dialect", "duckdb", "--max-instances", "200"]
     assert _cli(argv) == 0
