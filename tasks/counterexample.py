@@ -45,8 +45,12 @@ How instances are made (deterministic for a given seed):
 
 An instance *separates* the queries when their results differ under the match options (bag
 semantics by default, row order only when both queries have a top-level ORDER BY, column order
-free) with its rows inserted in order **and** in reverse order, so that a difference coming
-only from an arbitrary choice among ties is not reported. A runtime error in one query while the
+free) with its rows inserted in order **and** in reverse order — and, when a query may choose
+arbitrarily among rows (LIMIT, window functions, DISTINCT ON, order-dependent aggregates,
+SQLite's bare columns: :func:`tasks.instances.arbitrary_choices`), under rotations and shuffles
+of the rows too, so that every one of three tied rows gets chosen once — and no result of one
+query under some order equals a result of the other under another: a difference coming only
+from an arbitrary choice among ties is not reported. A runtime error in one query while the
 other returns rows is *not* a difference (see ``error_on_instance``).
 
 Shrinking: delta debugging (``ddmin``, Zeller & Hildebrandt, "Simplifying and Isolating

@@ -172,7 +172,7 @@ class RelSchema:
             read = read_ddl(ddl, dialect, query_dialect)
         except SQLReadError as exc:
             raise SchemaError(str(exc)) from None
-        raw: dict[str, tuple[Table, list[tuple[tuple[str, ...], str, tuple[str, ...]]]]] = {}
+        raw: dict[str, tuple[Table, list[_FK]]] = {}
         notes = list(read.notes)
         for st in read.statements:
             tree = st.tree
@@ -184,7 +184,8 @@ class RelSchema:
                 raw[table.name.lower()] = (table, fks)
             elif kind == "INDEX" and tree.args.get("unique"):
                 _unique_index(tree, raw, notes)
-            elif kind in ("VIEW", "MATERIALIZED VIEW") or (kind and kind not in ("INDEX", "SCHEMA", "DATABASE", "SEQUENCE")):
+            elif kind and kind not in ("INDEX", "SCHEMA", "DATABASE", "SEQUENCE"):
+                # a view, function, trigger, ...: not a table the finder can fill
                 name = tree.this.name if isinstance(tree.this, exp.Expression) else "?"
                 notes.append(f"schema DDL: CREATE {kind} {name} not read (a query reading it "
                              "fails with 'no table')")

@@ -455,3 +455,23 @@ def test_the_corpus_covers_every_defect_class():
     assert expects["error_on_instance"] >= 2
     for c in CORPUS:
         QueryPair.model_validate(c["pair"])
+
+
+def test_sql_reading_helpers():
+    from tasks.sql_dialects import engine_sql, read_query, split_statements
+
+    script = "CREATE TABLE `a;b` (c TEXT DEFAULT ';'); -- x; y\nINSERT INTO t VALUES ('1;2');"
+    assert split_statements(script, "mysql") == ["CREATE TABLE `a;b` (c TEXT DEFAULT ';')",
+                                                 "INSERT INTO t VALUES ('1;2')"]
+    q = read_query("SELECT * FROM (VALUES (1, 2)) AS t(EXPR$0, EXPR$1)", "calcite")
+    assert engine_sql(q, "calcite", "duckdb") == 'SELECT * FROM (VALUES (1, 2)) AS t("EXPR$0", "EXPR$1")'
+    lite = engine_sql(q, "calcite", "sqlite")
+    assert 'column1 AS "EXPR$0"' in lite
+    import sqlite3
+
+    assert sqlite3.connect(":memory:").execute(lite).fetchall() == [(1, 2)]
+    # a plain query in the engine's own dialect is passed through untouched
+    text = "select a  from t where b = 1"
+    assert engine_sql(read_query(text, "duckdb"), "duckdb", "duckdb") == text
+    # parameters stay parameters
+    assert "?" in engine_sql(read_query("SELECT a FROM t WHERE b = ?", "duckdb"), "duckdb", "sqlite")
