@@ -33,7 +33,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from schemas.settings import Settings
     from tasks.progress import console_progress
     from tasks.runs import StageFailed, valid_run_id
-    from tasks.trials import parse_agent
+    from tasks.trials import check_sandbox, parse_agent
 
     settings = Settings.from_env()
     root = args.artifacts or settings.artifacts
@@ -41,6 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     agents = args.agent or ["oracle"]
     for agent in agents:
         parse_agent(agent)
+    check_sandbox(agents, cmd_agents.agent_options_from_args(args))  # before anything runs
     _check_datasets(args.dataset)
     if args.trials < 1 or args.batch_size < 1:
         raise UsageError("--trials and --batch-size must be at least 1")

@@ -184,6 +184,9 @@ def compute_report_tables(
     }
     uris_m, more = resolve_manifests(artifacts_root, run_id, run_queries, manifest_uris)
     notes += more
+    from tasks.trials import sandbox_notes  # noqa: PLC0415 (trials imports the agent stack)
+
+    notes += sandbox_notes(artifacts_root, run_id)
     manifests = [storage.read_json(u) for u in uris_m]
     requirements = (
         requirements_from_manifests(manifests)

@@ -41,6 +41,7 @@ from tasks.llm import (
     resolve_model,
 )
 from tasks.replay import answers_for, load_answers, run_replay
+from tasks.sandbox import shared_sandbox
 from tasks.tools import ToolBox
 from tasks.validate import is_correct
 
@@ -51,6 +52,7 @@ __all__ = [
     "agent_options",
     "batch_uri",
     "check_agents",
+    "check_sandbox",
     "combine_trials",
     "describe_agents",
     "hint_conditions",
@@ -58,6 +60,7 @@ __all__ = [
     "plan_batches",
     "run_batch",
     "run_trial_batch",
+    "sandbox_notes",
     "trial_key",
     "work_root",
 ]
@@ -176,10 +179,54 @@ def check_agents(
                  "ignored_datasets": sorted(answers.datasets() - names)}
             )
         out.append(desc)
+    sandbox = check_sandbox(agents, opts)
     if any(d["kind"] == "openai" for d in out):
         for d in out:
             d["options"] = opts.model_dump()
+            if d["kind"] == "openai":
+                d["sandbox"] = sandbox
     return out
+
+
+def check_sandbox(agents: list[str], options: dict | AgentOptions | None = None) -> dict | None:
+    """Refuse LLM agents where their ``execute_python`` cells cannot be isolated.
+
+    For a run with an ``openai:`` agent returns what the sandbox provides on this machine
+    (:meth:`tasks.sandbox.Isolation.describe` plus ``unsafe_sandbox``); raises
+    AgentConfigError naming the missing mechanisms unless the option ``unsafe_sandbox`` is set.
+    None when no agent runs model-written code (the oracle and replay agents run their own).
+    """
+    opts = agent_options(options)
+    if not any(parse_agent(a)[0] == "openai" for a in agents):
+        return None
+    iso = shared_sandbox().isolation()
+    if not iso.ok and not opts.unsafe_sandbox:
+        raise AgentConfigError(
+            f"{iso.error()}. LLM agents do not run without it; --unsafe-sandbox runs them "
+            "anyway (recorded in the run and its report)"
+        )
+    return {**iso.describe(), "unsafe_sandbox": opts.unsafe_sandbox}
+
+
+def sandbox_notes(artifacts_root: str, run_id: str) -> list[str]:
+    """Report lines for a run whose LLM agents ran with ``--unsafe-sandbox`` (from
+    ``runs/<run_id>/trials/agents.json``); empty otherwise."""
+    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
+    if not storage.exists(uri):
+        return []
+    notes = []
+    for d in storage.read_json(uri):
+        sb = d.get("sandbox") or {}
+        if not sb.get("unsafe_sandbox"):
+            continue
+        if sb.get("missing"):
+            how = ("its `execute_python` cells ran WITHOUT full isolation (missing: "
+                   f"{', '.join(sb['missing'])}): the agent may have reached the answer key or "
+                   "the host, so its scores are not sealed")
+        else:
+            how = "this machine still isolated its `execute_python` cells (nothing was missing)"
+        notes.append(f"UNSAFE SANDBOX: `{d['agent']}` ran with --unsafe-sandbox; {how}.")
+    return notes
 
 
 def trial_key(agent: str, dataset: str, query_id: str, trial: int) -> str:
@@ -424,6 +471,10 @@ def run_batch(
     manifest = storage.read_json(batch["manifest_uri"])
     queries = {q["id"]: q for q in manifest["queries"]}
     options = agent_options(batch.get("options"))
+    # model-written cells need the sealed sandbox unless the run said --unsafe-sandbox
+    strict = parse_agent(batch["agent"])[0] == "openai" and not options.unsafe_sandbox
+    if strict:
+        check_sandbox([batch["agent"]], options)
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
     hints = batch.get("hints")
@@ -446,10 +497,13 @@ def run_batch(
                 databases, workdir, descriptions=descriptions,
                 python_timeout_s=options.python_timeout_s,
                 python_memory_mb=options.python_memory_mb, python_cpu_s=options.python_cpu_s,
+                python_disk_mb=options.python_disk_mb, python_max_procs=options.python_max_procs,
+                require_isolation=strict,
             )
             try:
                 outcome = runner.run(query, trial, toolbox)
             finally:
+                toolbox.close()  # the trial's sandbox session and its work directory
                 shutil.rmtree(workdir, ignore_errors=True)
             rows = _rows(
                 run_id, key, label, runner.model, manifest, query, trial, outcome, hints
