@@ -302,10 +302,14 @@ class Session:
                 send_msg(self._sock, header, payload)
                 reply, data = recv_msg(self._sock, time.monotonic() + timeout_s,
                                        max_payload=max_payload)
-            except (OSError, ValueError, TimeoutError) as exc:
+            except TimeoutError:
                 self._kill()
-                raise SandboxError(f"the sandbox session stopped answering ({exc}); its work "
-                                   "directory is lost") from None
+                raise SandboxError(f"the sandbox session stopped answering within {timeout_s:g} "
+                                   "s; its work directory is lost") from None
+            except (OSError, ValueError) as exc:
+                self._kill()
+                raise SandboxError(f"the sandbox session died ({exc}); its work directory is "
+                                   "lost") from None
             if reply is None:
                 self._kill()
                 raise SandboxError("the sandbox session died; its work directory is lost")
@@ -471,6 +475,7 @@ class Sandbox:
         self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self._home: str | None = None
         self._cgroups: dict | None = None
+        self._retired: list[tuple[dict | None, str | None]] = []
         self._view_error: str | None = None
         self._warned = False
         self.hello: dict = {}
@@ -517,7 +522,10 @@ class Sandbox:
         if self.isolate and not self._view_error and hello.get("view_error"):
             self._view_error = f"the file-system view could not be built: {hello['view_error']}"
 
-    def _stop(self) -> None:
+    def _stop(self, final: bool = True) -> None:
+        """Stop the zygote. ``final``: also remove its cgroups and directory (and those of
+        zygotes stopped before); otherwise (a restart) they stay for the sessions still
+        running from it, until :meth:`close`."""
         proc, self._proc = self._proc, None
         if self._ctl is not None:
             self._ctl.close()
@@ -528,11 +536,14 @@ class Sandbox:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
-        sandbox_host.remove_cgroup_base(self._cgroups)
-        self._cgroups = None
-        if self._home:
-            shutil.rmtree(self._home, ignore_errors=True)
-            self._home = None
+        self._retired.append((self._cgroups, self._home))
+        self._cgroups = self._home = None
+        if final:
+            for cgroups, home in self._retired:
+                sandbox_host.remove_cgroup_base(cgroups)
+                if home:
+                    shutil.rmtree(home, ignore_errors=True)
+            self._retired = []
 
     def _forget(self, session: Session) -> None:
         self._sessions.discard(session)
@@ -646,7 +657,7 @@ class Sandbox:
                     raise SandboxError("the sandbox was closed")  # a late spare: not wanted
                 for attempt in (1, 2):
                     if self._proc is None or self._proc.poll() is not None:
-                        self._stop()
+                        self._stop(final=False)
                         self._start()
                         if self._view_error and spec.get("isolate", True):
                             raise SandboxUnavailable(["filesystem_view"], self._view_error)
@@ -659,7 +670,7 @@ class Sandbox:
                     except OSError:
                         if attempt == 2:
                             raise SandboxError("the execute_python sandbox died") from None
-                        self._stop()
+                        self._stop(final=False)
                         continue
                     break
         finally:
@@ -925,3 +936,7 @@ def run_validator(
         return False, f"validate.py failed ({res.error or 'no verdict'}): {tail}"
     result = json.loads(verdict)
     return bool(result["ok"]), str(result["reason"])
+
+
+if __name__ == "__main__":  # python -m tasks.sandbox: what this machine provides
+    print(json.dumps(detect_isolation().describe(), indent=2))

@@ -265,6 +265,35 @@ def test_cli_run_refuses_in_one_line(no_isolation, capsys):
     assert "cgroup memory limit" in err and "--unsafe-sandbox" in err
 
 
+def test_unsafe_cli_run_is_recorded_and_reported(no_isolation, prefect_harness, settings,
+                                                 monkeypatch, tmp_path, capsys):
+    from querylab.cli import main
+    from tasks import storage
+    from tests.fakes.openai_server import ScriptedOpenAIServer, tool_calls
+
+    def responder(body, index):
+        return tool_calls(("execute_python", {"code": "print('hi')"})) if not any(
+            m["role"] == "tool" for m in body["messages"]) else tool_calls(
+            ("return_answer", {"answer": "Facebook"}))
+
+    with ScriptedOpenAIServer(responder) as srv:
+        models = tmp_path / "models.yaml"
+        models.write_text(f"models:\n  - {{name: unsafe-m, base_url: '{srv.base_url}', "
+                          "prices: {input: 1, output: 1}, context_window: 100000}\n")
+        monkeypatch.setenv("QUERYLAB_MODELS", str(models))
+        status = main(["run", "--agent", "openai:unsafe-m", "--dataset", "stocks", "--trials", "1",
+                       "--run-id", "unsafe-test", "--unsafe-sandbox"])
+    out = capsys.readouterr().out
+    assert status in (0, 1), out  # the scripted answers are wrong for most queries
+    record = storage.read_json(storage.join(settings.artifacts, "runs", "unsafe-test", "run.json"))
+    assert json.dumps(record).count('"unsafe_sandbox": true') >= 1
+    agents = storage.read_json(storage.join(settings.artifacts, "runs", "unsafe-test", "trials",
+                                            "agents.json"))
+    assert agents[0]["sandbox"]["unsafe_sandbox"] and agents[0]["sandbox"]["missing"]
+    report = next(line.split()[-1] for line in out.splitlines() if line.startswith("report:"))
+    assert "UNSAFE SANDBOX" in Path(report).read_text()
+
+
 def test_unsafe_run_is_in_the_report_notes(tmp_path):
     from tasks import storage
     from tasks.trials import sandbox_notes
@@ -403,3 +432,37 @@ def test_validator_imports_given_libraries(tmp_path, sandbox):
     ok, why = run_validator(q, "HOPPER", sandbox=sandbox)  # without the library
     assert not ok and "No module named 'common_scaffold'" in why
     assert Path(q / "validate.py").exists()
+
+
+# ---- failures of the sandbox's own processes ------------------------------------------------
+
+
+def test_a_dead_zygote_is_restarted_and_running_sessions_go_on():
+    import signal
+
+    sb = Sandbox(spares=0)
+    try:
+        s1 = sb.open_session(disk_mb=16)
+        s1.put_file("keep.txt", b"still here")
+        os.kill(sb._proc.pid, signal.SIGKILL)
+        sb._proc.wait(10)
+        assert s1.run("print(open('keep.txt').read())").stdout == "still here\n"
+        s2 = sb.open_session(disk_mb=16)  # a new zygote
+        assert s2.run("print(2)").stdout == "2\n" and s2.isolated
+        s1.close()
+        s2.close()
+    finally:
+        sb.close()
+
+
+def test_a_killed_session_is_an_error_and_the_toolbox_reopens(toolbox):
+    import signal
+
+    toolbox.call("query_db", {"db": "listings", "query": "SELECT 1 AS one"}, "q1")
+    assert toolbox.call("execute_python", {"code": "print(var_q1)"}, "c1").success
+    signal.pidfd_send_signal(toolbox.session._pidfd, signal.SIGKILL)
+    out = toolbox.call("execute_python", {"code": "print(var_q1)"}, "c2")
+    assert not out.success and "work directory is lost" in out.error
+    # the next call gets a new session with the stored variables
+    out = toolbox.call("execute_python", {"code": "print(var_q1, var_c1)"}, "c3")
+    assert out.success and json.loads(out.content)["stdout"] == "[{'one': 1}] [{'one': 1}]\n\n"
