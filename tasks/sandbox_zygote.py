@@ -4,30 +4,34 @@
 with an environment stripped of secrets. Three kinds of process run its code:
 
 **Zygote** (one per :class:`~tasks.sandbox.Sandbox`): enters a user namespace first when it is
-not root (``config["userns"]``), imports the preload modules (pandas, pyarrow) once, drops
-querylab's own import hooks from ``sys.path`` / ``sys.meta_path``, opens the sandbox's cgroup
-base directories, then serves a ``SOCK_SEQPACKET`` control socket: each ``open`` request
-carries one end of a socket pair (``SCM_RIGHTS``); the zygote forks a *session* into a new PID
-namespace (``unshare(CLONE_NEWPID)`` before the fork, ``setns`` back after it) and returns a
-pidfd of the session. It never runs agent code.
+not root (``config["userns"]``; then it also becomes PID 1 of a PID namespace of its own),
+imports the preload modules (pandas, pyarrow) once, drops querylab's own import hooks from
+``sys.path`` / ``sys.meta_path``, opens the sandbox's cgroup base directories and builds the
+*template* mount namespace (:func:`_build_template`: a tmpfs root with read-only binds of the
+interpreter, the venv's libraries (querylab's own entries masked) and ``/usr``, a minimal
+``/etc`` and ``/dev``, empty mount points for the per-trial file systems; ``pivot_root`` into
+it, the host's tree detached). Then it serves a ``SOCK_SEQPACKET`` control socket: each
+``open`` request carries one end of a socket pair (``SCM_RIGHTS``); the zygote forks a
+*session* into a new PID namespace (``unshare(CLONE_NEWPID)`` before the fork, ``setns`` back
+after it) and returns a pidfd of it; when a session ends it removes its cgroups. It never runs
+agent code.
 
-**Session** (one per trial, PID 1 of the trial's PID namespace): in its own mount, network,
-IPC and UTS namespaces it builds the cell's root file system on a tmpfs — read-only binds of
-the interpreter, the venv's libraries (querylab's own entries masked) and ``/usr``, a minimal
-``/etc`` and ``/dev``, a size-capped tmpfs for ``/home/sandbox`` (the work directory), ``/tmp``
-and ``/dev/shm`` — then ``pivot_root``\\ s into it and detaches the host's tree, so nothing of
-the host is reachable from it any more, and creates the trial's cgroups. It serves the
-harness over its socket: ``put`` / ``get`` / ``rename`` files in the work directory (never
-following a symlink), ``run`` a cell, ``close``.
+**Session** (one per trial, PID 1 of the trial's PID namespace): takes new network, IPC and
+UTS namespaces and a private copy of the template (``setns`` + ``unshare(CLONE_NEWNS)``: no
+host mount is in it), mounts the trial's size-capped tmpfs (work directory ``/home/sandbox``,
+``/tmp``, ``/dev/shm``), the cells' output tmpfs and its own ``/proc``, then moves itself into
+the trial's cgroups (once: its cells are born there). It serves the harness over its socket:
+``put`` / ``get`` / ``rename`` / ``save_output`` files of the work directory (never following a
+symlink), ``put_ro`` into the read-only directories of a validator session, ``run`` a cell,
+``close``.
 
-**Cell** (one per ``execute_python`` call): forked by the session into a new PID namespace
-whose init it is (when it exits or is killed, the kernel kills every process it left), it
-joins the trial's cgroups (memory, pids, cpu: limits over its whole process tree), mounts its
-own ``/proc``, closes every inherited descriptor, drops to the unprivileged sandbox uid with
-every capability gone (bounding set too) and ``no_new_privs``, installs a seccomp filter
-(x86-64: no mount, namespace, ptrace, bpf, keyring or module system calls), sets its rlimits,
-loads ``vars/var_<call_id>.json`` as globals and runs the code. Every mechanism the session
-announced is enforced or the cell aborts before running any agent code.
+**Cell** (one per ``execute_python`` call): forked by the session; it closes every inherited
+descriptor, drops to the unprivileged sandbox uid with every capability gone (bounding set
+too) and ``no_new_privs``, sets its rlimits, installs a seccomp filter (x86-64: no mount,
+namespace, ptrace, bpf, keyring or module system calls), loads ``vars/var_<call_id>.json`` as
+globals and runs the code. The session enforces the wall and CPU limits and, after the cell,
+kills every other process of its PID namespace. Every mechanism the session announced is
+enforced or the cell aborts before running any agent code.
 
 Only the standard library is imported here (it also runs when querylab is not importable).
 The framing helpers :func:`send_msg` / :func:`recv_msg` are shared with :mod:`tasks.sandbox`.
