@@ -256,11 +256,30 @@ class Session:
         self._lock = threading.Lock()
         self._closed = False
         self._legacy_tmp: str | None = None
+        self._pool_key: int | None = None  # a trial session: recycled into the warm pool
+        self._handed_over = False
+        self._recycling = False
         self.disk_mb: int | None = None
         self.mechanisms: dict[str, bool] = {}
         self.notes: dict[str, str] = {}
 
     # -- plumbing -------------------------------------------------------------------------
+    def _await_recycled(self, timeout_s: float) -> bool:
+        """Wait for the reply to a recycle request; False (and the session killed) when the
+        session could not be made as good as new."""
+        with self._lock:
+            try:
+                msg, _ = recv_msg(self._sock, time.monotonic() + timeout_s, max_payload=0)
+            except (OSError, ValueError, TimeoutError):
+                msg = None
+            self._recycling = False
+        if not msg or not msg.get("ok"):
+            if msg:
+                log.warning("a sandbox session could not be recycled: %s", msg.get("error"))
+            self._kill()
+            return False
+        return True
+
     def _hello(self, timeout_s: float) -> None:
         try:
             msg, _ = recv_msg(self._sock, time.monotonic() + timeout_s, max_payload=0)
@@ -282,7 +301,22 @@ class Session:
     def alive(self) -> bool:
         return not self._closed
 
+    def _successor(self) -> Session:
+        """A new handle on this session's process (for the next trial); this one is closed."""
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the sandbox session is closed")
+            s = Session(self.sandbox, self._sock, self._pidfd, self.pid, self.sid)
+            s.mechanisms, s.notes, s.disk_mb = self.mechanisms, self.notes, self.disk_mb
+            s._pool_key = self._pool_key
+            self._closed = self._handed_over = True
+        self.sandbox._forget(self)
+        self.sandbox._sessions.add(s)
+        return s
+
     def _kill(self) -> None:
+        if self._handed_over:
+            return
         self._closed = True
         try:
             signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
@@ -291,6 +325,8 @@ class Session:
         self._release()
 
     def _release(self) -> None:
+        if self._handed_over:
+            return
         self._closed = True
         for close in (self._sock.close, lambda: os.close(self._pidfd)):
             try:
@@ -425,9 +461,13 @@ class Session:
         return res
 
     def close(self) -> None:
-        """End the session (idempotent): its processes, work directory and cgroups go (the
-        session removes its cgroups and exits on its own after acknowledging)."""
+        """End the session (idempotent): its processes and work directory go. A trial session
+        goes back to the sandbox's warm pool (recycled: every process killed, fresh file
+        systems and IPC namespace) when there is room; else its process exits and its cgroups
+        are removed."""
         if self._closed:
+            return
+        if self._pool_key is not None and self.sandbox._give_back(self):
             return
         try:
             self._request({"op": "close"}, timeout_s=10.0)
@@ -451,10 +491,11 @@ class Sandbox:
     one, so the venv's libraries are importable); ``isolate``: False makes every session a
     legacy one on a host directory (no file-system view; tests of the unsafe path); ``cpus``:
     cores a cell may use at once (cgroup quota); ``spares``: trial sessions (default work
-    directory and cwd) kept set up ahead per work-directory size, so :meth:`open_session`
-    hands one over and a background thread prepares the next (the set-up's RCU grace periods
-    and forks leave the trial's critical path). Thread-safe: many sessions run at once;
-    :meth:`close` stops the zygote and every session.
+    directory and cwd) kept ready per work-directory size — set up ahead by a background
+    thread, or recycled when a trial closes its session (every process killed, fresh file
+    systems and IPC namespace) — so :meth:`open_session` hands one over (the forks, namespace
+    and cgroup set-up and their RCU grace periods leave the trial's critical path). Thread-safe:
+    many sessions run at once; :meth:`close` stops the zygote and every session.
     """
 
     def __init__(
@@ -463,7 +504,7 @@ class Sandbox:
         python: str | None = None,
         isolate: bool = True,
         cpus: float = 1.0,
-        spares: int = 1,
+        spares: int = 2,
     ):
         if sys.platform != "linux":  # pragma: no cover
             raise SandboxError("execute_python's sandbox needs Linux (namespaces, cgroups)")
@@ -605,6 +646,7 @@ class Sandbox:
     def _open(self, disk_mb, cwd, readonly_mb, require_isolation, workdir) -> Session:
         if workdir is None and self.isolate and not readonly_mb and cwd is None and self.spares:
             session = self._take_spare(int(disk_mb)) or self._open_new(disk_mb, None, 0, None)
+            session._pool_key = int(disk_mb)
             self._refill(int(disk_mb))
         else:
             session = self._open_new(disk_mb, cwd, readonly_mb, workdir)
@@ -615,20 +657,51 @@ class Sandbox:
             raise SandboxUnavailable(missing, notes)
         return session
 
-    # -- warm spares: trial sessions set up ahead, so opening one costs a hand-over ---------
+    # -- the warm pool: trial sessions set up ahead or recycled, so opening one is a ------
+    # -- hand-over (no fork, no namespace or cgroup set-up on the trial's path) ------------
     def _take_spare(self, disk_mb: int) -> Session | None:
+        while True:
+            with self._spare_lock:
+                spares = self._spares.get(disk_mb, [])
+                if not spares:
+                    return None
+                s = spares.pop()  # the last returned: a recycled one when there is
+            if s._recycling and not s._await_recycled(30.0):
+                continue
+            if s.alive and not select.select([s._pidfd], [], [], 0)[0]:
+                return s
+            s._kill()
+
+    def _give_back(self, session: Session) -> bool:
+        """Recycle a closed trial session into the pool when it has room (the session does the
+        work in the background; the next :meth:`_take_spare` waits for it). False: no room."""
+        key = session._pool_key
         with self._spare_lock:
-            spares = self._spares.get(disk_mb, [])
-            while spares:
-                s = spares.pop()
-                if s.alive and not select.select([s._pidfd], [], [], 0)[0]:
-                    return s
-                s._kill()
-        return None
+            if len(self._spares.get(key, [])) >= self.spares:
+                return False
+            generation = self._generation
+        try:
+            with session._lock:
+                if session._closed:
+                    return True
+                send_msg(session._sock, {"op": "recycle"})
+            successor = session._successor()
+        except (OSError, SandboxError):
+            session._kill()
+            return True
+        successor._recycling = True
+        with self._spare_lock:
+            if generation == self._generation:
+                self._spares.setdefault(key, []).append(successor)
+                return True
+        successor._kill()
+        return True
 
     def _refill(self, disk_mb: int) -> None:
+        """Prepare a new session in the background when none is ready (closed sessions come
+        back recycled, up to ``spares``: in a steady state no new session is forked)."""
         with self._spare_lock:
-            if disk_mb in self._refilling or len(self._spares.get(disk_mb, [])) >= self.spares:
+            if disk_mb in self._refilling or self._spares.get(disk_mb):
                 return
             self._refilling.add(disk_mb)
             generation = self._generation

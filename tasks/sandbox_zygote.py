@@ -933,21 +933,8 @@ class _Session:
         unshare(CLONE_NEWNS)
         os.close(_STATE["template"])
         self.mech["filesystem_view"] = True
-        disk = int(self.spec.get("disk_mb", 1024))
-        inodes = int(self.spec.get("inodes", 65536))
-        mount("tmpfs", _SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV,
-              f"size={disk}m,nr_inodes={inodes},mode=700")
+        self._mount_scratch()
         self.mech["tmpfs_size_cap"] = True
-        for sub, dst, mode in (("home", self.home, 0o700), ("tmp", "/tmp", 0o1777),
-                               ("shm", "/dev/shm", 0o1777)):
-            os.mkdir(f"{_SCRATCH}/{sub}", mode)
-            os.chmod(f"{_SCRATCH}/{sub}", mode)
-            if self.owner:
-                os.chown(f"{_SCRATCH}/{sub}", *self.owner)
-            _bind(f"{_SCRATCH}/{sub}", dst, MS_NOSUID | MS_NODEV)
-        owner = f",uid={self.uid},gid={self.gid}" if self.owner else ""
-        mount("tmpfs", OUT_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
-              f"size={self.out_max},nr_inodes=1024,mode=700{owner}")
         ro_mb = int(self.spec.get("ro_mb", 0))
         if ro_mb:  # filled through put_ro, then sealed read-only
             for d in (_TASK_DIR, _LIB_DIR):
@@ -956,6 +943,47 @@ class _Session:
             self.sealed = False
         if self.in_pidns:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+    #: Where the scratch tmpfs is bound: (subdirectory, mount point, mode).
+    _SCRATCH_DIRS = (("home", None, 0o700), ("tmp", "/tmp", 0o1777), ("shm", "/dev/shm", 0o1777))
+
+    def _mount_scratch(self) -> None:
+        """Mount the trial's fresh file systems: the size-capped tmpfs bound at the work
+        directory, /tmp and /dev/shm, and the cells' output tmpfs."""
+        disk = int(self.spec.get("disk_mb", 1024))
+        inodes = int(self.spec.get("inodes", 65536))
+        mount("tmpfs", _SCRATCH, "tmpfs", MS_NOSUID | MS_NODEV,
+              f"size={disk}m,nr_inodes={inodes},mode=700")
+        for sub, dst, mode in self._SCRATCH_DIRS:
+            os.mkdir(f"{_SCRATCH}/{sub}", mode)
+            os.chmod(f"{_SCRATCH}/{sub}", mode)
+            if self.owner:
+                os.chown(f"{_SCRATCH}/{sub}", *self.owner)
+            _bind(f"{_SCRATCH}/{sub}", dst or self.home, MS_NOSUID | MS_NODEV)
+        owner = f",uid={self.uid},gid={self.gid}" if self.owner else ""
+        mount("tmpfs", OUT_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
+              f"size={self.out_max},nr_inodes=1024,mode=700{owner}")
+
+    def recycle(self) -> None:
+        """Make this session as good as new for another trial (a warm spare): every process
+        of its PID namespace gone, fresh work-directory, /tmp, /dev/shm and output file
+        systems (the old ones are detached, with whatever the cells left), a new IPC namespace
+        (SysV objects and POSIX message queues outlive processes). The network namespace has
+        nothing a process without capabilities could leave in it."""
+        if not self.isolated or not self.sealed or int(self.spec.get("ro_mb", 0)):
+            raise ValueError("only a trial session can be recycled")
+        _kill_cells(self, None)
+        others = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
+        if others:
+            raise OSError(errno.EBUSY, f"processes left: {others[:5]}")
+        for _, dst, _ in self._SCRATCH_DIRS:
+            umount2(dst or self.home, MNT_DETACH)
+        umount2(_SCRATCH, MNT_DETACH)
+        umount2(OUT_DIR, MNT_DETACH)
+        self._mount_scratch()
+        if self.mech["ipc_namespace"]:
+            unshare(CLONE_NEWIPC)
+        self.last_out = None
 
     def _seal(self) -> None:
         if not self.sealed:
@@ -977,7 +1005,10 @@ class _Session:
                 if op == "close":
                     send_msg(self.sock, {"ok": True})
                     return 0
-                if op == "put":
+                if op == "recycle":
+                    self.recycle()
+                    send_msg(self.sock, {"ok": True})
+                elif op == "put":
                     self.files.put(req["path"], payload)
                     send_msg(self.sock, {"ok": True})
                 elif op == "put_ro":

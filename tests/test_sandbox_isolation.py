@@ -295,6 +295,43 @@ def test_no_network_not_even_to_the_hosts_loopback(session):
     assert out["tcp"] == "Network is unreachable" and out["unix"] == "Connection refused"
 
 
+def test_a_recycled_session_keeps_nothing_of_the_previous_trial():
+    leave = (
+        "import ctypes, os, subprocess\n"
+        "open('secret.txt', 'w').write('trial A'); open('/tmp/t', 'w').write('A')\n"
+        "open('/dev/shm/s', 'w').write('A')\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.shmget(0x51AB, 4096, 0o1666))\n"  # IPC_CREAT | 0666: a SysV segment
+        "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+    )
+    sb = Sandbox(spares=2)
+    a = sb.open_session(disk_mb=16)
+    res = a.run(leave)
+    assert res.ok and int(res.stdout) >= 0, (res.error, res.stdout)
+    # positive control: the segment outlives its cell within the trial
+    assert int(a.run("import ctypes\nprint(ctypes.CDLL(None).shmget(0x51AB, 0, 0))").stdout) >= 0
+    pid = a.pid
+    t0 = time.monotonic()
+    while sb._refilling and time.monotonic() - t0 < 30:  # the spare prepared meanwhile
+        time.sleep(0.05)
+    a.close()  # back to the pool, recycled, and the next to be handed out
+    b = sb.open_session(disk_mb=16)
+    try:
+        assert b.pid == pid  # the same session process, handed to the next trial
+        out = _json(b.run(
+            "import ctypes, json, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(json.dumps({'home': os.listdir('.'), 'tmp': os.listdir('/tmp'),"
+            " 'shm': os.listdir('/dev/shm'), 'sysv': libc.shmget(0x51AB, 0, 0),"
+            " 'others': [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in"
+            " (1, os.getpid())]}))"))
+    finally:
+        b.close()
+        sb.close()
+    assert out == {"home": [], "tmp": [], "shm": [], "sysv": -1, "others": []}
+    with pytest.raises(Exception, match="closed"):
+        a.run("print(1)")  # the old handle is dead for good
+
+
 # ---- the same attacks through the real ReAct loop over HTTP ---------------------------------
 
 
