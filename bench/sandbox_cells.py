@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/sandbox_cells.py [--cells 300] [--sessions 100]
 
-What runs (one process, sequentially, so the figures compare on the same load):
+What runs (one process; the three kinds of cell interleaved, so they see the same load):
 
 - **plain fork**: the pre-isolation design's core: this process imports pandas and pyarrow,
   then per cell ``fork()``\\ s a child that redirects stdout to a file, sets rlimits and runs
@@ -15,11 +15,14 @@ What runs (one process, sequentially, so the figures compare on the same load):
   zygote into a new PID namespace; new network, IPC, UTS namespaces; a private copy of the
   template view with the trial's tmpfs work directory, output directory and ``/proc``; the
   trial's cgroups, which the session joins) — paid once per trial that runs Python.
-- **session hand-over**: the same with a warm spare ready (the default): what a trial waits
-  for when the spare was prepared while it did other work (the loop sleeps 0.2 s untimed).
+- **session hand-over**: the same with the warm pool (the default): opening takes a ready
+  session (recycled when the previous trial closed its own: processes killed, fresh tmpfs
+  and IPC namespace) and closing gives it back; the loop sleeps 0.2 s untimed, as a trial
+  does other work between sessions.
 
 The cell is ``print(sum(range(1000)))``. The last line gives the isolation cost per cell
-(sealed − plain fork) and per trial (session open + close).
+(median of the paired differences sealed − plain fork, one pair per iteration) and per trial
+(session open + close).
 """
 
 from __future__ import annotations
@@ -38,40 +41,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CODE = "print(sum(range(1000)))"
 
 
-def plain_fork(n: int, out_dir: str) -> list[float]:
-    import pandas  # noqa: F401  (preloaded, as in the zygote)
-    import pyarrow  # noqa: F401
-
-    times = []
-    out = os.path.join(out_dir, "cell.out")
-    for _ in range(n):
-        t0 = time.perf_counter()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.dup2(fd, 1)
-                resource.setrlimit(resource.RLIMIT_CPU, (60, 61))
-                sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
-                exec(CODE, {"__name__": "__main__"})
-                sys.stdout.flush()
-            finally:
-                os._exit(0)
-        os.waitpid(pid, 0)
-        with open(out) as fh:
-            assert fh.read() == "499500\n"
-        times.append(time.perf_counter() - t0)
-    return times
+def plain_fork_cell(out: str) -> float:
+    """One cell the pre-isolation way (this process has pandas and pyarrow imported)."""
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(fd, 1)
+            resource.setrlimit(resource.RLIMIT_CPU, (60, 61))
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            exec(CODE, {"__name__": "__main__"})
+            sys.stdout.flush()
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    with open(out) as fh:
+        assert fh.read() == "499500\n"
+    return time.perf_counter() - t0
 
 
-def cells(session, n: int) -> list[float]:
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        res = session.run(CODE)
-        assert res.ok and res.stdout == "499500\n", res.error
-        times.append(time.perf_counter() - t0)
-    return times
+def session_cell(session) -> float:
+    t0 = time.perf_counter()
+    res = session.run(CODE)
+    assert res.ok and res.stdout == "499500\n", res.error
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -80,29 +74,34 @@ def main() -> None:
     p.add_argument("--sessions", type=int, default=100)
     args = p.parse_args()
 
+    import pandas  # noqa: F401  (preloaded for the plain fork, as in the zygote)
+    import pyarrow  # noqa: F401
+
     from tasks.sandbox import Sandbox
 
     sb = Sandbox()
     cold = Sandbox(spares=0)
     legacy = Sandbox(isolate=False)
+    plain, sealed, leg, setups, handovers = [], [], [], [], []
     try:
         for z in (sb, cold, legacy):  # start the zygotes (pandas import) outside the timings
             z.open_session().close()
         iso = sb.require_isolation()
-        with tempfile.TemporaryDirectory() as tmp:
-            plain = plain_fork(args.cells, tmp)
-        with sb.open_session() as s:
-            cells(s, 10)
-            sealed = cells(s, args.cells)
-        with legacy.open_session() as s:
-            cells(s, 10)
-            leg = cells(s, args.cells)
-        setups, handovers = [], []
+        # interleaved, so the three kinds of cell see the same (shared, noisy) machine
+        with tempfile.TemporaryDirectory() as tmp, sb.open_session() as s, \
+                legacy.open_session() as ls:
+            out = os.path.join(tmp, "cell.out")
+            for _ in range(10):
+                plain_fork_cell(out), session_cell(s), session_cell(ls)
+            for _ in range(args.cells):
+                plain.append(plain_fork_cell(out))
+                sealed.append(session_cell(s))
+                leg.append(session_cell(ls))
         for _ in range(args.sessions):
             t0 = time.perf_counter()
             cold.open_session().close()
             setups.append(time.perf_counter() - t0)
-            time.sleep(0.2)  # the warm spare gets ready
+            time.sleep(0.2)  # a trial does other work between sessions
             t0 = time.perf_counter()
             sb.open_session().close()
             handovers.append(time.perf_counter() - t0)
@@ -120,8 +119,10 @@ def main() -> None:
         p90 = 1000 * sorted(xs)[int(len(xs) * 0.9)]
         print(f"{name:20s} {len(xs):5d} runs: median {ms(xs):6.2f} ms, mean "
               f"{1000 * statistics.mean(xs):6.2f} ms, p90 {p90:6.2f} ms")
+    paired = [a - b for a, b in zip(sealed, plain, strict=True)]
     print(f"sandbox: sealed cell {ms(sealed):.2f} ms vs plain fork {ms(plain):.2f} ms -> "
-          f"isolation costs {ms(sealed) - ms(plain):.2f} ms per cell (median) + per trial "
+          f"isolation costs {ms(paired):.2f} ms per cell (median of paired differences) + "
+          f"per trial "
           f"{ms(handovers):.2f} ms (session hand-over; set-up without a spare "
           f"{ms(setups):.2f} ms)")
 
