@@ -252,11 +252,19 @@ def seccomp_program() -> list[tuple[int, int, int, int]]:
     return out
 
 
+_FPROG: list = []  # the filter, built once (in the zygote) and kept alive for the cells
+
+
+def _seccomp_fprog() -> _SockFprog:
+    if not _FPROG:
+        prog = seccomp_program()
+        arr = (_SockFilter * len(prog))(*[_SockFilter(*p) for p in prog])
+        _FPROG[:] = [_SockFprog(len(prog), arr), arr]
+    return _FPROG[0]
+
+
 def _install_seccomp() -> None:
-    prog = seccomp_program()
-    arr = (_SockFilter * len(prog))(*[_SockFilter(*p) for p in prog])
-    fprog = _SockFprog(len(prog), arr)
-    _check(prctl(PR_SET_SECCOMP, 2, ctypes.addressof(fprog)), "seccomp")
+    _check(prctl(PR_SET_SECCOMP, 2, ctypes.addressof(_seccomp_fprog())), "seccomp")
 
 
 # --------------------------------------------------------------------------------------------
@@ -750,6 +758,8 @@ def main() -> None:
         None, "isolation off")
     _STATE["template"], _STATE["template_error"] = template, why
     prctl(PR_SET_DUMPABLE, 0)
+    if _ARCH == "x86_64":
+        _seccomp_fprog()  # built once, before the freeze
     gc.collect()
     gc.freeze()  # preloaded objects stay out of the children's collections: fewer CoW faults
     ctl.send(json.dumps({"ready": True, "userns": userns, "euid": os.geteuid(),
@@ -892,6 +902,10 @@ class _Session:
             except OSError as exc:
                 self.notes["pid_namespace"] = f"no /proc of its own: {exc}"
         self.files = _Files(self.home, self.owner)
+        # the cells' environment, set once here (inherited by every fork)
+        os.environ.update({"HOME": self.home, "USER": "sandbox", "LOGNAME": "sandbox",
+                           "PWD": self.cwd, "TMPDIR": "/tmp" if self.isolated else os.path.join(
+                               self.home, "tmp")})
         self.mech["pid_namespace"] = self.in_pidns and os.getpid() == 1 and (
             "pid_namespace" not in self.notes)
         self.mech["unprivileged_uid"] = self.drop_uid or not root
@@ -976,11 +990,12 @@ class _Session:
         others = [p for p in os.listdir("/proc") if p.isdigit() and p != "1"]
         if others:
             raise OSError(errno.EBUSY, f"processes left: {others[:5]}")
-        for _, dst, _ in self._SCRATCH_DIRS:
-            umount2(dst or self.home, MNT_DETACH)
-        umount2(_SCRATCH, MNT_DETACH)
-        umount2(OUT_DIR, MNT_DETACH)
-        self._mount_scratch()
+        # emptied in place (unmounting would wait for RCU grace periods on the next trial's
+        # path); the roots' mode, owner, extended attributes and times are reset too, so
+        # nothing of the previous trial is left to read
+        for _, dst, mode in self._SCRATCH_DIRS:
+            _wipe(dst or self.home, mode, self.owner)
+        _wipe(OUT_DIR, 0o700, self.owner)
         if self.mech["ipc_namespace"]:
             unshare(CLONE_NEWIPC)
         self.last_out = None
@@ -1039,7 +1054,7 @@ class _Session:
                     send_msg(self.sock, reply, head)
                 else:
                     send_msg(self.sock, {"ok": False, "error": f"unknown op {op!r}"})
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except Exception as exc:  # noqa: BLE001 - reported; the session serves on
                 try:
                     send_msg(self.sock, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
                 except OSError:
@@ -1055,18 +1070,13 @@ class _Session:
                 except FileNotFoundError:
                     pass
             return
-        top = os.open(self.out_dir, _NOFOLLOW_DIR)
         try:
-            for _, dirs, files, rfd in os.fwalk(dir_fd=top, topdown=False):
-                for f in files:
-                    os.unlink(f, dir_fd=rfd)
-                for d in dirs:
-                    try:
-                        os.rmdir(d, dir_fd=rfd)
-                    except NotADirectoryError:  # a symlink to a directory
-                        os.unlink(d, dir_fd=rfd)
-        finally:
-            os.close(top)
+            _wipe(self.out_dir, 0o700, self.owner)
+        except (OSError, RecursionError):  # e.g. a tree too deep to walk: a new file system
+            umount2(OUT_DIR, MNT_DETACH)
+            owner = f",uid={self.uid},gid={self.gid}" if self.owner else ""
+            mount("tmpfs", OUT_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
+                  f"size={self.out_max},nr_inodes=1024,mode=700{owner}")
 
     def run(self, req: dict) -> tuple[bytes, dict]:
         name = req["name"]
@@ -1094,6 +1104,29 @@ class _Session:
 
     def close(self) -> None:
         _kill_cells(self, None)
+
+
+def _wipe(path: str, mode: int, owner: tuple[int, int] | None) -> None:
+    """Empty the directory ``path`` (never following a symlink) and reset its own mode,
+    owner, extended attributes and times."""
+    top = os.open(path, _NOFOLLOW_DIR)
+    try:
+        for _, dirs, files, rfd in os.fwalk(dir_fd=top, topdown=False):
+            for f in files:
+                os.unlink(f, dir_fd=rfd)
+            for d in dirs:
+                try:
+                    os.rmdir(d, dir_fd=rfd)
+                except NotADirectoryError:  # a symlink to a directory
+                    os.unlink(d, dir_fd=rfd)
+        os.fchmod(top, mode)
+        if owner:
+            os.fchown(top, *owner)
+        for attr in os.listxattr(top):
+            os.removexattr(top, attr)
+        os.utime(top, (0, 0))
+    finally:
+        os.close(top)
 
 
 def _session_main(fd: int, spec: dict, in_pidns: bool) -> int:
@@ -1262,13 +1295,8 @@ def _cell_setup(s: _Session, req: dict, status_fd: int) -> None:
                      os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
         os.dup2(fd, target)
         os.close(fd)
-    env = dict(os.environ)
-    env.update({"HOME": s.home, "TMPDIR": "/tmp" if s.isolated else os.path.join(s.home, "tmp"),
-                "USER": "sandbox", "LOGNAME": "sandbox", "PWD": s.cwd})
-    os.environ.clear()
-    os.environ.update(env)
     if not s.isolated:
-        os.makedirs(env["TMPDIR"], exist_ok=True)
+        os.makedirs(os.environ["TMPDIR"], exist_ok=True)
     mem, cpu, fsize = int(req["memory_bytes"]), int(req["cpu_s"]), int(req["max_file_bytes"])
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))

@@ -303,6 +303,8 @@ def test_a_recycled_session_keeps_nothing_of_the_previous_trial():
         "libc = ctypes.CDLL(None, use_errno=True)\n"
         "print(libc.shmget(0x51AB, 4096, 0o1666))\n"  # IPC_CREAT | 0666: a SysV segment
         "subprocess.Popen(['sleep', '600'], start_new_session=True)\n"
+        "os.setxattr('.', 'user.secret', b'A'); os.chmod('.', 0o755)\n"
+        "os.utime('.', (424242, 424242))\n"  # metadata of the work directory itself
     )
     sb = Sandbox(spares=2)
     a = sb.open_session(disk_mb=16)
@@ -322,12 +324,15 @@ def test_a_recycled_session_keeps_nothing_of_the_previous_trial():
             "import ctypes, json, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
             "print(json.dumps({'home': os.listdir('.'), 'tmp': os.listdir('/tmp'),"
             " 'shm': os.listdir('/dev/shm'), 'sysv': libc.shmget(0x51AB, 0, 0),"
+            " 'xattr': os.listxattr('.'), 'mode': oct(os.stat('.').st_mode & 0o777),"
+            " 'mtime': os.stat('.').st_mtime,"
             " 'others': [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in"
             " (1, os.getpid())]}))"))
     finally:
         b.close()
         sb.close()
-    assert out == {"home": [], "tmp": [], "shm": [], "sysv": -1, "others": []}
+    assert out == {"home": [], "tmp": [], "shm": [], "sysv": -1, "others": [], "xattr": [],
+                   "mode": "0o700", "mtime": 0.0}
     with pytest.raises(Exception, match="closed"):
         a.run("print(1)")  # the old handle is dead for good
 
