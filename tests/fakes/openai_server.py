@@ -47,6 +47,7 @@ __all__ = [
     "ToolCallsStep",
     "delay",
     "error",
+    "is_preflight",
     "message",
     "sigkill_after_requests",
     "tool_calls",
@@ -372,6 +373,17 @@ class ScriptedOpenAIServer:
             return len(self._requests)
 
     @property
+    def trial_request_count(self) -> int:
+        """Chat-completion requests other than querylab's preflight checks (see
+        :func:`is_preflight`): the requests trials made."""
+        return sum(not is_preflight(r) for r in self.requests)
+
+    @property
+    def preflight_count(self) -> int:
+        """querylab preflight requests received so far."""
+        return sum(is_preflight(r) for r in self.requests)
+
+    @property
     def errors(self) -> list[str]:
         """Script problems seen so far (exhausted script, responder failures)."""
         with self._lock:
@@ -552,6 +564,16 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
             self._send_json(200, server._completion(step, body, index))
 
     return Handler
+
+
+#: The user message of querylab's preflight request (``tasks.llm.PREFLIGHT_PROMPT``).
+PREFLIGHT_PROMPT = "querylab preflight check: reply OK."
+
+
+def is_preflight(body: dict[str, Any]) -> bool:
+    """True for querylab's one-request preflight check (``tasks.llm.preflight``)."""
+    msgs = body.get("messages") or []
+    return len(msgs) == 1 and msgs[0].get("content") == PREFLIGHT_PROMPT
 
 
 def sigkill_after_requests(child, server: "ScriptedOpenAIServer", count: int,
