@@ -256,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # accepted anywhere on the line, not only before the command
+    if not logging.getLogger().handlers:  # warnings of querylab's own modules, one line each
+        logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
+                            format="querylab: %(levelname)s: %(message)s")
     args = p.parse_args([a for a in argv if a != "--debug"])
     args.debug = debug
     try:

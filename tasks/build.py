@@ -26,7 +26,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from prefect import task
+from tasks.prefect_task import task
 
 from schemas.spec import DatasetSpec, FormatOp, FuzzOp, SourceSpec, SplitOp
 from tasks import storage

@@ -297,6 +297,10 @@ def pending_stages(artifacts_root: str, run_id: str) -> list[str]:
 
 
 def _flow_run_id() -> str | None:
+    import sys
+
+    if "prefect" not in sys.modules:  # not inside a flow run; do not import Prefect for nothing
+        return None
     try:
         from prefect.runtime import flow_run
 

@@ -91,6 +91,7 @@ class ToolCallsStep:
     calls: tuple[tuple[str, Union[dict[str, Any], str]], ...]
     content: str | None = None
     usage: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_USAGE))
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class MessageStep:
 
     content: str
     usage: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_USAGE))
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,14 +162,17 @@ def tool_calls(
     *calls: tuple[str, Union[dict[str, Any], str]],
     content: str | None = None,
     usage: Mapping[str, Any] | None = None,
+    reasoning: str | None = None,
 ) -> ToolCallsStep:
     """Step: the assistant calls one or more tools.
 
     Each call is ``(name, arguments)``: a dict is JSON-encoded by the server, a
     str is sent verbatim as ``function.arguments`` (use it for malformed JSON).
     Call ids are deterministic: ``call_<request_index>_<i>``. ``content`` is the
-    optional assistant text sent alongside; ``usage`` as in :func:`message`.
-    Raises ``ValueError`` when no calls are given or a call is badly shaped.
+    optional assistant text sent alongside; ``usage`` as in :func:`message`;
+    ``reasoning`` is sent as the message's ``reasoning_content`` (as DeepSeek, vLLM and
+    llama.cpp servers do). Raises ``ValueError`` when no calls are given or a call is badly
+    shaped.
     """
     if not calls:
         raise ValueError("tool_calls() needs at least one (name, arguments) call")
@@ -178,10 +183,13 @@ def tool_calls(
         if not isinstance(call[1], (dict, str)):
             raise ValueError(f"arguments must be a dict or str, got {type(call[1]).__name__}")
         checked.append((call[0], call[1]))
-    return ToolCallsStep(calls=tuple(checked), content=content, usage=_normalise_usage(usage))
+    return ToolCallsStep(calls=tuple(checked), content=content, usage=_normalise_usage(usage),
+                         reasoning=reasoning)
 
 
-def message(content: str, usage: Mapping[str, Any] | None = None) -> MessageStep:
+def message(
+    content: str, usage: Mapping[str, Any] | None = None, reasoning: str | None = None
+) -> MessageStep:
     """Step: a plain assistant text reply (``finish_reason == "stop"``).
 
     ``usage`` defaults to :data:`DEFAULT_USAGE`; otherwise a dict with
@@ -190,7 +198,7 @@ def message(content: str, usage: Mapping[str, Any] | None = None) -> MessageStep
     ``reasoning_tokens`` (-> ``usage.completion_tokens_details.reasoning_tokens``).
     Raises ``ValueError`` on a malformed usage dict.
     """
-    return MessageStep(content=content, usage=_normalise_usage(usage))
+    return MessageStep(content=content, usage=_normalise_usage(usage), reasoning=reasoning)
 
 
 def error(
@@ -453,6 +461,8 @@ class ScriptedOpenAIServer:
         else:
             msg["content"] = step.content
             finish = "stop"
+        if step.reasoning is not None:
+            msg["reasoning_content"] = step.reasoning
         return {
             "id": f"chatcmpl-scripted-{index}",
             "object": "chat.completion",
