@@ -4,9 +4,10 @@ CSS, figures embedded as base64 ``data:`` URIs, no external requests).
 
 The HTML carries a small inline script that records script and resource errors and, once the
 page has loaded, counts the tables and the figures that decoded (``naturalWidth > 0``) and
-writes the result into ``<div id="render-check" data-status="ok|broken" data-tables=..
-data-images=.. data-images-loaded=.. data-errors=..>``, so a headless browser (or a reader)
-can see that everything rendered.
+the tables wider than the page (they would scroll horizontally), and writes the result into
+``<div id="render-check" data-status="ok|broken" data-tables=.. data-images=..
+data-images-loaded=.. data-errors=.. data-wide-tables=.. data-wide=<names> data-viewport=..>``,
+so a headless browser (or a reader) can see that everything rendered.
 """
 
 from __future__ import annotations
@@ -209,7 +210,13 @@ window.addEventListener("load", function () {
   var imgs = Array.prototype.slice.call(document.querySelectorAll("img.plot"));
   var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
   var tables = document.querySelectorAll("table.data").length;
+  var wide = Array.prototype.slice.call(document.querySelectorAll("div.scroll")).filter(
+    function (d) { return d.scrollWidth > d.clientWidth + 1; }).map(function (d) {
+      var t = d.querySelector("table"); return t ? t.getAttribute("data-name") : "?"; });
   var el = document.getElementById("render-check");
+  el.setAttribute("data-viewport", String(window.innerWidth));
+  el.setAttribute("data-wide-tables", String(wide.length));
+  el.setAttribute("data-wide", wide.join(" "));
   el.setAttribute("data-images", String(imgs.length));
   el.setAttribute("data-images-loaded", String(ok));
   el.setAttribute("data-tables", String(tables));
