@@ -57,10 +57,11 @@ def cmd_models(args: argparse.Namespace) -> int:
     """Print the models table, or check agents as a run does — resolution plus the preflight
     request of each LLM agent (exit 2 with one line per agent that cannot run)."""
     from tasks.llm import AgentConfigError, load_models_config
-    from tasks.trials import check_agents, preflight_agents
 
     try:
         if args.check:
+            from tasks.trials import check_agents, preflight_agents
+
             described = check_agents(args.check)
             checks = iter(preflight_agents(args.check))  # one per openai agent, in order
             bad = 0

@@ -487,11 +487,12 @@ def _pass_at_1(artifacts_root: str, run_id: str) -> dict[str, float | None]:
     uri = storage.join(artifacts_root, "runs", run_id, "report", "pass_at_k_summary.parquet")
     if not storage.exists(uri):
         return {}
-    import pyarrow.parquet as pq
     import io
 
-    table = pq.read_table(io.BytesIO(storage.read_bytes(uri)),
-                          columns=["agent", "dataset", "k", "pass_at_k"])
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(io.BytesIO(storage.read_bytes(uri))).read(
+        columns=["agent", "dataset", "k", "pass_at_k"])
     out: dict[str, float | None] = {}
     for row in table.to_pylist():
         if row["k"] == 1 and row["dataset"] == "ALL (queries)":

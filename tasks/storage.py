@@ -224,7 +224,9 @@ def write_parquet(uri: str, table: pa.Table, schema: pa.Schema | None = None) ->
 
 def read_parquet(uri: str, schema: pa.Schema | None = None) -> pa.Table:
     """Read a Parquet artifact as a pyarrow Table (checked against ``schema`` when given)."""
-    table = pq.read_table(io.BytesIO(read_bytes(uri)))
+    # ParquetFile, not read_table: one file needs no pyarrow.dataset (whose import pulls in
+    # pandas, ~0.5 s that read-only commands would pay)
+    table = pq.ParquetFile(io.BytesIO(read_bytes(uri))).read()
     if schema is not None:
         table = check_schema(table, schema, uri)
     return table
