@@ -28,6 +28,7 @@ from tasks.scoring import (
     scoring_uri,
 )
 from tasks.trials import combine_trials, run_trial_batch
+from tests.test_operations import scripted_model  # noqa: F401 - a fixture
 from tests.fakes.openai_server import (
     ScriptedOpenAIServer,
     delay,
@@ -47,21 +48,9 @@ def manifest_uri(stocks_manifest, settings) -> str:
 
 
 @pytest.fixture
-def model(tmp_path, monkeypatch):
-    """``make(srv, name="hs-m") -> "openai:<name>"``: a priced models-table model at the server."""
-
-    def make(srv, name: str = "hs-m") -> str:
-        path = tmp_path / "models.yaml"
-        path.write_text(
-            "models:\n"
-            f"  - {{name: {name}, base_url: '{srv.base_url}', api_key_env: QL_HS_KEY, "
-            "prices: {input: 1.0, output: 4.0}, context_window: 100000}\n"
-        )
-        monkeypatch.setenv("QUERYLAB_MODELS", str(path))
-        monkeypatch.setenv("QL_HS_KEY", "sk-hs-SECRET")
-        return f"openai:{name}"
-
-    return make
+def model(scripted_model):
+    """``model(srv) -> "openai:ops-m"``: a priced models-table model at the server."""
+    return scripted_model
 
 
 def _run(root: str, run_id: str, manifest_uri: str, agent: str, items: list, key: str = "b",
@@ -148,7 +137,7 @@ def _scripted_run(tmp_path, manifest_uri, model) -> tuple[str, str, dict]:
 def test_messages_audit_and_viewer_in_chromium(tmp_path, manifest_uri, model, stocks_manifest):
     root, run_id, summary = _scripted_run(tmp_path, manifest_uri, model)
     msgs = pl.read_parquet(storage.join(root, "runs", run_id, "trials", "messages.parquet"))
-    key0, key1 = (f"openai:hs-m|stocks|{QUERY}|{t}" for t in (0, 1))
+    key0, key1 = (f"openai:ops-m|stocks|{QUERY}|{t}" for t in (0, 1))
     m0 = msgs.filter(pl.col("trial_key") == key0).sort("index")
     assert m0["role"].to_list() == ["system", "user", "assistant", "tool", "assistant", "tool",
                                     "assistant", "tool", "assistant"]
@@ -178,8 +167,13 @@ def test_messages_audit_and_viewer_in_chromium(tmp_path, manifest_uri, model, st
     report_md = Path(root, "runs", run_id, "report", "report.md").read_text()
     assert "## Trace audit" in report_md and "path_outside_workdir" in report_md
 
-    # the viewer: question, ground truth, answer, verdict with reason, every tool result
+    # `querylab view`: question, ground truth, answer, verdict with reason, every tool result
+    from querylab.cli import main
+
     viewer = Path(root, "runs", run_id, "report", "viewer.html")
+    viewer.unlink()
+    assert main(["view", "--run-id", run_id, "--artifacts", root]) == 0
+    assert viewer.exists()
     dom = _dom(viewer, tmp_path, f"trial={key0}")
     check = _check(dom)
     assert check["status"] == "ok" and check["trials"] == "2" and check["selected"] == key0
@@ -260,7 +254,7 @@ def test_audit_flags_answer_key_reads_and_prompt_free_answers(tmp_path, manifest
     out = score_run(run_id, root)
     audit = pl.read_parquet(out["audit"])
     by = {k: set(g["check"]) for (k,), g in audit.group_by("trial_key")}
-    k0, k1 = (f"openai:hs-m|stocks|{QUERY}|{t}" for t in (0, 1))
+    k0, k1 = (f"openai:ops-m|stocks|{QUERY}|{t}" for t in (0, 1))
     assert {"path_outside_workdir", "answer_key_access"} <= by[k0]
     assert "answer_not_in_tool_output" in by[k1]
 
@@ -305,7 +299,7 @@ def test_validator_change_and_rescore_without_model_calls(tmp_path, model, capsy
     summary = storage.read_json(storage.join(root, "runs", "rescore-run", "score", "summary.json"))
     assert summary["correct"] == 1 and summary["scorer_version"]
     report = Path(root, "runs", "rescore-run", "report", "report.md").read_text()
-    assert "| openai:hs-m | stocks" in report
+    assert "| openai:ops-m | stocks" in report
 
 
 # -- errored is not incorrect; retry exactly the errored trials ----------------------------------
@@ -394,7 +388,7 @@ def test_half_the_trials_errored_then_retry_errors(prefect_harness, tmp_path, mo
         assert {"querylab", "run:half", f"agent:{agent}", "dataset:stocks"} <= set(bench.tags)
         tasks_ = client.read_task_runs(flow_run_filter=FlowRunFilter(
             id={"any_": [f.id for f in flow_runs]}))
-        assert any(t.name.startswith("batch-openai_hs-m-stocks-0000-") for t in tasks_)
+        assert any(t.name.startswith("batch-openai_ops-m-stocks-0000-") for t in tasks_)
 
 
 # -- preflight and the endpoint named ------------------------------------------------------------
@@ -618,3 +612,22 @@ def test_messages_schema_is_declared():
     assert {"trial_key", "index", "turn", "role", "content", "reasoning", "tool_calls",
             "tool_call_id", "content_chars", "full_size"} <= set(artifacts.MESSAGES.names)
     assert "is_correct" not in artifacts.TRIALS.names and "verdict" in artifacts.SCORES.names
+
+
+def test_viewer_is_served_on_loopback_only():
+    import urllib.error
+    import urllib.request
+
+    from tasks.viewer import serve_html
+
+    server = serve_html(b"<!DOCTYPE html><p>viewer</p>")
+    try:
+        host, port = server.server_address
+        assert host == "127.0.0.1"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/") as resp:
+            assert resp.read() == b"<!DOCTYPE html><p>viewer</p>"
+            assert resp.headers["Content-Type"].startswith("text/html")
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/../../etc/passwd")
+    finally:
+        server.shutdown()
