@@ -56,15 +56,9 @@ def _cut(text: str | None) -> str | None:
 def viewer_data(run_id: str, artifacts_root: str, manifest_uris: list[str] | None = None) -> dict:
     """The JSON the viewer embeds: ``{"run_id", "generated", "trials": [...], "messages":
     {trial_key: [...]}}`` from the run's artifacts (scored trials, transcripts, failure labels
-    when the report computed them, audit findings, the datasets' questions and ground truths).
-    ScoringError when the run is not scored."""
-    from tasks.report import (
-        load_audit,
-        load_messages,
-        load_scored_trials,
-        report_uri,
-        resolve_manifests,
-    )
+    — the report's, or computed by the same rules —, audit findings, the datasets' questions
+    and ground truths). ScoringError when the run is not scored."""
+    from tasks.report import load_audit, load_messages, load_scored_trials, resolve_manifests
     from tasks.scoring import full_manifest
 
     trials = load_scored_trials(artifacts_root, run_id)
@@ -77,11 +71,8 @@ def viewer_data(run_id: str, artifacts_root: str, manifest_uris: list[str] | Non
         m = full_manifest(uri)
         for q in m.get("queries", []):
             queries.setdefault((m["name"], q["id"]), q)
-    labels_uri = report_uri(artifacts_root, run_id, "failure_labels.parquet")
-    labels = {}
-    if storage.exists(labels_uri):
-        for r in pl.from_arrow(storage.read_parquet(labels_uri, rs.FAILURE_LABELS)).iter_rows(named=True):
-            labels[r["trial_key"]] = r
+    labels = {r["trial_key"]: r for r in _labels(run_id, artifacts_root, trials, uris)
+              .iter_rows(named=True)}
     flags: dict[str, list[dict]] = {}
     for f in load_audit(artifacts_root, run_id).iter_rows(named=True):
         flags.setdefault(f["trial_key"], []).append(
@@ -123,6 +114,30 @@ def viewer_data(run_id: str, artifacts_root: str, manifest_uris: list[str] | Non
         "trials": rows,
         "messages": messages,
     }
+
+
+def _labels(run_id: str, artifacts_root: str, trials: pl.DataFrame,
+            manifest_uris: list[str]) -> pl.DataFrame:
+    """The run's failure labels: the report's ``failure_labels.parquet`` when it is current
+    (one label per incorrect trial), else computed here by the same rules
+    (:func:`tasks.failure_modes.classify_failures`)."""
+    from tasks.failure_modes import classify_failures, requirements_from_manifests
+    from tasks.report import load_tool_calls, report_uri
+    from tasks.scoring import full_manifest
+
+    uri = report_uri(artifacts_root, run_id, "failure_labels.parquet")
+    incorrect = set(trials.filter(pl.col("verdict") == "incorrect")["trial_key"])
+    if storage.exists(uri):
+        labels = pl.from_arrow(storage.read_parquet(uri, rs.FAILURE_LABELS))
+        if set(labels["trial_key"]) == incorrect:
+            return labels
+    calls = load_tool_calls(artifacts_root, run_id)
+    if calls is None:
+        from schemas import artifacts
+
+        calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table())
+    requirements = requirements_from_manifests([full_manifest(u) for u in manifest_uris])
+    return classify_failures(trials, calls, requirements)
 
 
 def _embed(data: dict) -> str:

@@ -282,6 +282,12 @@ def test_validator_change_and_rescore_without_model_calls(tmp_path, model, capsy
         first = score_run("rescore-run", root)
         before = pl.read_parquet(first["scores"]).sort("trial")["verdict"].to_list()
         assert before == ["correct", "incorrect"]
+        # the viewer labels the incorrect trial even before any report ran
+        from tasks.viewer import viewer_data
+
+        shown = {t["trial"]: t for t in viewer_data("rescore-run", root)["trials"]}
+        assert shown[1]["mode"] == "FM1" and shown[1]["rule"] == "no_data_tool_call"
+        assert shown[0]["mode"] is None and shown[1]["ground_truth"] == "Facebook"
         # fix the "validator": the ground truth of the query was wrong all along
         private = storage.read_json(scoring_uri(uri))
         private["queries"][QUERY]["ground_truth"] = ["Apple"]
