@@ -11,7 +11,7 @@ from schemas.settings import Settings
 from tasks import runs
 from tasks.prefect_task import label_flow_run, run_tags
 from tasks.trials import agent_options as check_agent_options
-from tasks.trials import parse_agent, preflight_agents
+from tasks.trials import hint_conditions, parse_agent, preflight_agents
 
 
 def _benchmark_run_name() -> str:
@@ -29,6 +29,7 @@ def benchmark(
     batch_size: int = 25,
     artifacts_root: str | None = None,
     agent_options: dict | None = None,
+    hints: list[str] | None = None,
     query_ids: list[str] | None = None,
     limit: int | None = None,
     max_error_share: float = 0.0,
@@ -38,9 +39,10 @@ def benchmark(
     plus the shared-data ones when ``QUERYLAB_SHARED_DATA`` / ``../shared/data`` exists, with a
     warning naming those skipped), run ``agents`` (default: oracle) ``n_trials`` times per
     query, score the answers and report pass@k. ``agent_options``:
-    :class:`schemas.models.AgentOptions` fields (limits, retries, sampling, cache);
-    ``query_ids`` / ``limit`` run a subset of each dataset's queries; ``run_id`` default: a new
-    one (scheduled deployments).
+    :class:`schemas.models.AgentOptions` fields (limits, retries, sampling, cache); ``hints``:
+    hint conditions, ``["off"]`` (default, as DAB), ``["on"]`` or both
+    (:func:`tasks.trials.plan_batches`); ``query_ids`` / ``limit`` run a subset of each
+    dataset's queries; ``run_id`` default: a new one (scheduled deployments).
 
     ``preflight``: before any dataset is built, each LLM agent is checked with one minimal
     real request (:func:`tasks.llm.preflight`); a failure raises AgentConfigError naming agent,
@@ -72,8 +74,8 @@ def benchmark(
             raise AgentConfigError("preflight failed: " + "; ".join(r.line() for r in failed))
     runs.record_benchmark(root, run_id, {
         "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
-        "agent_options": agent_options or {}, "query_ids": list(query_ids or []),
-        "limit": limit, "max_error_share": max_error_share,
+        "agent_options": agent_options or {}, "hints": hint_conditions(hints),
+        "query_ids": list(query_ids or []), "limit": limit, "max_error_share": max_error_share,
     })
     with tags(*run_tag_list):
         manifests = datasets_stage(run_id, root)

@@ -80,8 +80,8 @@ def trials_stage(run_id: str, root: str, retry_errors: bool = False) -> dict[str
     with runs.stage_run(root, run_id, "trials") as stage:
         out = run_trials(
             run_id, manifests, config.agents, config.n_trials, config.batch_size, root,
-            config.agent_options, retry_errors=retry_errors, query_ids=config.query_ids,
-            limit=config.limit,
+            config.agent_options, config.hints, retry_errors=retry_errors,
+            query_ids=config.query_ids, limit=config.limit,
         )
         stage.outputs = dict(out)
     return out

@@ -121,12 +121,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_agents(agents, options=options)
     run_preflight(agents, options, "run")
 
+    hints = list(dict.fromkeys(args.hints or ["off"]))
     print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
-          f"artifacts in {root}")
-    return _run_benchmark(args, run_id, root, names, agents, options)
+          f"hints {'/'.join(hints)}, artifacts in {root}")
+    return _run_benchmark(args, run_id, root, names, agents, options, hints)
 
 
-def _run_benchmark(args, run_id, root, names, agents, options) -> int:
+def _run_benchmark(args, run_id, root, names, agents, options, hints) -> int:
     _prefect_defaults()
     from flows.benchmark import benchmark
     from querylab.cmd_report import print_report, with_run_details
@@ -141,7 +142,7 @@ def _run_benchmark(args, run_id, root, names, agents, options) -> int:
             out = benchmark(
                 run_id=run_id, datasets=names, agents=agents, n_trials=args.trials,
                 batch_size=args.batch_size, artifacts_root=root, agent_options=options,
-                query_ids=args.query or None, limit=args.limit,
+                hints=hints, query_ids=args.query or None, limit=args.limit,
                 max_error_share=args.max_error_share, preflight=False,
             )
     except StageFailed as exc:
@@ -238,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,
         help="progress bar (default: when stderr is a terminal)",
+    )
+    r.add_argument(
+        "--hints", action="append", choices=["on", "off"],
+        help="hint condition: off (default, as DAB) shows the question and the database "
+        "description; on adds the dataset's hints (DAB's --use_hints); repeat "
+        "(--hints off --hints on) to compare both in one run",
     )
     cmd_agents.add_agent_options(r)
     r.set_defaults(func=cmd_run)

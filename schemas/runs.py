@@ -61,19 +61,28 @@ class BenchmarkConfig(BaseModel):
     ``datasets``: dataset names in build order; ``agents``: ``oracle``, ``openai:<model>``
     (``openai:<model>@<base url>``), ``replay:<file>``; ``n_trials``: trials per (agent,
     query); ``batch_size``: trials per mapped task; ``agent_options``:
-    :class:`schemas.models.AgentOptions` fields; ``query_ids`` (``<id>`` or
-    ``<dataset>/<id>``; empty: all) and ``limit`` (the first N queries of each dataset; None:
-    all) select a subset; ``max_error_share``: the share of errored trials a run may have and
-    still succeed (default 0: any errored trial fails the run)."""
+    :class:`schemas.models.AgentOptions` fields; ``hints``: the hint conditions (``off``:
+    question and database description only, DAB's default; ``on``: the dataset's hints too,
+    DAB's ``--use_hints``), each run for every agent that reads a prompt — two conditions
+    compare both in one run; ``query_ids`` (``<id>`` or ``<dataset>/<id>``; empty: all) and
+    ``limit`` (the first N queries of each dataset; None: all) select a subset;
+    ``max_error_share``: the share of errored trials a run may have and still succeed
+    (default 0: any errored trial fails the run)."""
 
     datasets: list[str] = Field(min_length=1)
     agents: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
     n_trials: int = Field(default=5, ge=1)
     batch_size: int = Field(default=25, ge=1)
     agent_options: dict[str, Any] = Field(default_factory=dict)
+    hints: list[Literal["on", "off"]] = Field(default_factory=lambda: ["off"], min_length=1)
     query_ids: list[str] = Field(default_factory=list)
     limit: int | None = Field(default=None, ge=1)
     max_error_share: float = Field(default=0.0, ge=0.0, le=1.0)
+
+    @field_validator("hints")
+    @classmethod
+    def _distinct_hints(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
 
 
 class RunRecord(BaseModel):

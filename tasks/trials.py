@@ -39,7 +39,14 @@ from schemas import artifacts
 from schemas.models import AgentOptions
 from schemas.settings import Settings
 from tasks import storage
-from tasks.agent import Transcript, TrialOutcome, run_oracle, run_react, system_prompt
+from tasks.agent import (
+    Transcript,
+    TrialOutcome,
+    run_oracle,
+    run_react,
+    system_prompt,
+    user_prompt,
+)
 from tasks.engines import open_databases
 from tasks.llm import (
     AgentConfigError,
@@ -58,6 +65,8 @@ from tasks.tools import ToolBox
 
 __all__ = [
     "AgentConfigError",
+    "HINT_CONDITIONS",
+    "agent_label",
     "batch_errored",
     "check_query_selection",
     "preflight_agents",
@@ -67,6 +76,7 @@ __all__ = [
     "check_agents",
     "combine_trials",
     "describe_agents",
+    "hint_conditions",
     "parse_agent",
     "plan_batches",
     "run_batch",
@@ -110,13 +120,52 @@ def agent_options(options: dict | AgentOptions | None) -> AgentOptions:
         raise AgentConfigError(f"agent option {loc}: {first['msg']}") from None
 
 
+#: Hint conditions of a run: ``off`` (DAB's default: the agent sees the question and the
+#: database description) and ``on`` (DAB's ``--use_hints``: the dataset's hint text follows).
+HINT_CONDITIONS = ("off", "on")
+
+#: Agent kinds that never read a prompt (hints cannot change them): planned once per run, with
+#: no hint condition.
+PROMPTLESS_KINDS = frozenset({"oracle", "replay"})
+
+
+def hint_conditions(hints: list[str] | tuple[str, ...] | str | None) -> list[str]:
+    """The run's hint conditions, validated and de-duplicated in order (``None`` → ``["off"]``).
+    Raises AgentConfigError for anything but ``on`` / ``off``."""
+    if hints is None:
+        return ["off"]
+    values = [hints] if isinstance(hints, str) else list(hints)
+    bad = [h for h in values if h not in HINT_CONDITIONS]
+    if bad or not values:
+        raise AgentConfigError(f"hints {bad or values!r}: use 'on' or 'off' (repeat to run both)")
+    return list(dict.fromkeys(values))
+
+
+def agent_label(agent: str, hints: str | None) -> str:
+    """The agent as trial rows and report tables name it: ``agent`` itself with hints off (or
+    for an agent that reads no prompt), ``"<agent>+hints"`` with hints on, so one run that
+    compares both conditions gets one pass@k row per condition."""
+    return f"{agent}+hints" if hints == "on" else agent
+
+
+def _planned_hints(agent: str, hints: list[str]) -> list[str | None]:
+    """The hint conditions an agent is run under: every condition for agents that read a
+    prompt, ``[None]`` (once, not applicable) for the oracle and replay agents."""
+    return [None] if parse_agent(agent)[0] in PROMPTLESS_KINDS else list(hints)
+
+
 def check_agents(
     agents: list[str],
     manifest_uris: list[str] | None = None,
     options: dict | None = None,
     env: dict | None = None,
+    hints: list[str] | None = None,
 ) -> list[dict]:
     """Check that every agent can run before any trial does; return their descriptions.
+
+    Each description has ``hints``: the hint conditions the agent runs under (``["off"]`` by
+    default; ``[]`` for the oracle and replay agents, which read no prompt) and ``labels``:
+    the agent names its trial rows carry (:func:`agent_label`).
 
     ``openai:<model>``: resolved through the models table (key present, endpoint valid; a
     named endpoint overriding the table is logged as a warning);
@@ -125,12 +174,15 @@ def check_agents(
     Raises AgentConfigError (or ReplayError) with a message naming the problem.
     """
     opts = agent_options(options)
+    conditions = hint_conditions(hints)
     manifests = [storage.read_json(u) for u in manifest_uris or []]
     config = None
     out = []
     for agent in agents:
         kind, arg = parse_agent(agent)
-        desc: dict = {"agent": agent, "kind": kind}
+        planned = _planned_hints(agent, conditions)
+        desc: dict = {"agent": agent, "kind": kind, "hints": [h for h in planned if h],
+                      "labels": [agent_label(agent, h) for h in planned]}
         if kind == "openai":
             config = config or load_models_config(env=env)
             resolved = resolve_model(arg, config, env)
@@ -233,10 +285,16 @@ def plan_batches(
     n_trials: int,
     batch_size: int = 25,
     options: dict | None = None,
+    hints: list[str] | None = None,
     query_ids: list[str] | None = None,
     limit: int | None = None,
 ) -> list[dict]:
-    """Expand agents × datasets × queries × trials into batches of at most ``batch_size``.
+    """Expand agents × hint conditions × datasets × queries × trials into batches of at most
+    ``batch_size``.
+
+    ``hints``: the run's hint conditions (:func:`hint_conditions`; default ``["off"]``). An
+    agent that reads a prompt is planned once per condition (its trials are labelled
+    :func:`agent_label`); the oracle and replay agents once, with condition ``None``.
 
     ``query_ids`` / ``limit`` select a subset of each dataset's queries
     (:func:`select_queries`; an id no dataset has raises ValueError). A ``replay:<file>``
@@ -245,39 +303,46 @@ def plan_batches(
     + 1 (a missing run is a ``no_answer`` trial, an incorrect answer, not a runtime failure);
     datasets the file does not answer are not planned for that agent.
 
-    Returns JSON-able dicts ``{"key", "agent", "manifest_uri", "items": [[query_id, trial]],
-    "options": {...}}`` (``options``: the :class:`AgentOptions` that differ from the defaults).
-    Keys are stable for the same inputs (so re-runs find finished batches) and change with the
-    options or a replay file's content. Raises AgentConfigError for an unknown agent or bad
-    options, ValueError for ``n_trials`` < 1 or ``batch_size`` < 1.
+    Returns JSON-able dicts ``{"key", "agent", "hints", "manifest_uri", "items": [[query_id,
+    trial]], "options": {...}}`` (``hints``: ``"on"``, ``"off"`` or None; ``options``: the
+    :class:`AgentOptions` that differ from the defaults). Keys are stable for the same inputs
+    (so re-runs find finished batches) and change with the options, the hint condition (when
+    on) or a replay file's content. Raises AgentConfigError for an unknown agent, bad options
+    or a bad hint condition, ValueError for ``n_trials`` < 1 or ``batch_size`` < 1.
     """
     if n_trials < 1 or batch_size < 1:
         raise ValueError(f"n_trials and batch_size must be >= 1, got {n_trials}, {batch_size}")
     opts = agent_options(options).model_dump(exclude_defaults=True)
+    conditions = hint_conditions(hints)
     fingerprints = {agent: _fingerprint(agent) for agent in agents}
     manifests = {uri: storage.read_json(uri) for uri in manifest_uris}
     check_query_selection(list(manifests.values()), query_ids)
     batches = []
     for agent in agents:
-        for uri in manifest_uris:
-            manifest = manifests[uri]
-            runs = _replay_runs(agent, manifest) if agent.startswith("replay:") else n_trials
-            queries = select_queries(manifest, query_ids, limit)
-            items = [[q["id"], t] for q in queries for t in range(runs)]
-            for start in range(0, len(items), batch_size):
-                chunk = items[start : start + batch_size]
-                material: list = [agent, manifest["version"], chunk]
-                if opts:
-                    material.append(opts)
-                if fingerprints[agent]:
-                    material.append(fingerprints[agent])
-                digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
-                slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", agent)[:60]
-                key = f"{slug}-{manifest['name']}-{start // batch_size:04d}-{digest[:10]}"
-                batches.append(
-                    {"key": key, "agent": agent, "manifest_uri": uri, "items": chunk,
-                     "options": opts}
-                )
+        for hint in _planned_hints(agent, conditions):
+            label = agent_label(agent, hint)
+            for uri, manifest in manifests.items():
+                runs = _replay_runs(agent, manifest) if agent.startswith("replay:") else n_trials
+                queries = select_queries(manifest, query_ids, limit)
+                items = [[q["id"], t] for q in queries for t in range(runs)]
+                for start in range(0, len(items), batch_size):
+                    chunk = items[start : start + batch_size]
+                    material: list = [agent, manifest["version"], chunk]
+                    if opts:
+                        material.append(opts)
+                    if fingerprints[agent]:
+                        material.append(fingerprints[agent])
+                    if hint == "on":
+                        material.append({"hints": hint})
+                    digest = hashlib.sha256(
+                        json.dumps(material, sort_keys=True).encode()
+                    ).hexdigest()
+                    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60]
+                    key = f"{slug}-{manifest['name']}-{start // batch_size:04d}-{digest[:10]}"
+                    batches.append(
+                        {"key": key, "agent": agent, "hints": hint, "manifest_uri": uri,
+                         "items": chunk, "options": opts}
+                    )
     return batches
 
 
@@ -310,9 +375,13 @@ class _Agent:
     close() for resources (the HTTP client). Only the oracle reads the private scoring file
     (its reference solutions); every other agent sees the public manifest alone."""
 
-    def __init__(self, agent: str, manifest_uri: str, manifest: dict, options: AgentOptions,
-                 artifacts_root: str):
+    def __init__(
+        self, agent: str, manifest_uri: str, manifest: dict, options: AgentOptions,
+        artifacts_root: str, hints: bool = False,
+    ):
         self.kind, arg = parse_agent(agent)
+        self.manifest = manifest
+        self.hints = hints
         self.model: str | None = arg if self.kind == "openai" else None
         self.chat: ChatModel | None = None
         self.error: str | None = None
@@ -349,7 +418,8 @@ class _Agent:
             outcome.messages = transcript.rows
             return outcome
         assert self.chat is not None
-        return run_react(self.chat, toolbox, query["question"], self.system, trial, self.options)
+        prompt = user_prompt(self.manifest, query["question"], self.hints)
+        return run_react(self.chat, toolbox, prompt, self.system, trial, self.options)
 
     def close(self) -> None:
         if self.chat is not None:
@@ -357,13 +427,14 @@ class _Agent:
 
 
 def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, query: dict,
-          trial: int, outcome: TrialOutcome) -> dict:
+          trial: int, outcome: TrialOutcome, hints: str | None = None) -> dict:
     """The artifact rows of one finished trial: ``{"trial": row, "tool_calls": [...],
     "llm_calls": [...], "messages": [...]}`` (the checkpoint of the trial). No verdict."""
     trial_row = {
         "run_id": run_id,
         "trial_key": key,
         "agent": agent,
+        "hints": hints,
         "model": model,
         "dataset": manifest["name"],
         "query_id": query["id"],
@@ -513,13 +584,16 @@ def run_batch(
     options = agent_options(batch.get("options"))
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
-    runner = _Agent(batch["agent"], batch["manifest_uri"], manifest, options, artifacts_root)
+    hints = batch.get("hints")
+    label = agent_label(batch["agent"], hints)
+    runner = _Agent(batch["agent"], batch["manifest_uri"], manifest, options, artifacts_root,
+                    hints == "on")
     parts: list[dict] = []
     n_run = 0
     try:
         for index, (query_id, trial) in enumerate(batch["items"]):
             part_uri = _parts_uri(artifacts_root, run_id, batch["key"], index)
-            key = trial_key(batch["agent"], manifest["name"], query_id, trial)
+            key = trial_key(label, manifest["name"], query_id, trial)
             if storage.exists(part_uri):
                 part = storage.read_json(part_uri)
                 if not (retry_errors and is_errored(part["trial"]["terminate_reason"])):
@@ -544,7 +618,9 @@ def run_batch(
                 outcome = _harness_error(exc)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
-            rows = _rows(run_id, key, batch["agent"], runner.model, manifest, query, trial, outcome)
+            rows = _rows(
+                run_id, key, label, runner.model, manifest, query, trial, outcome, hints
+            )
             storage.write_bytes(part_uri, json.dumps(rows, default=str).encode())
             parts.append(rows)
             n_run += 1
@@ -596,13 +672,14 @@ def run_trial_batch(run_id: str, artifacts_root: str, batch: dict, retry_errors:
 @task(name="check-agents", persist_result=False)
 def describe_agents(
     run_id: str, artifacts_root: str, agents: list[str], manifest_uris: list[str],
-    options: dict | None = None,
+    options: dict | None = None, hints: list[str] | None = None,
 ) -> str:
-    """:func:`check_agents` and write the descriptions to ``runs/<run_id>/trials/agents.json``
-    (endpoints actually called, prices, ``priced``, options; never a key), and the dataset
-    manifests of the trials to ``trials/manifests.json`` (what the score step reads). Returns
-    the agents.json URI; raises AgentConfigError before any trial runs when an agent cannot."""
-    described = check_agents(agents, manifest_uris, options)
+    """:func:`check_agents` (with the run's hint conditions) and write the descriptions to
+    ``runs/<run_id>/trials/agents.json`` (endpoints actually called, prices, ``priced``,
+    options; never a key), and the dataset manifests of the trials to
+    ``trials/manifests.json`` (what the score step reads). Returns the agents.json URI; raises
+    AgentConfigError before any trial runs when an agent cannot."""
+    described = check_agents(agents, manifest_uris, options, hints=hints)
     prefix = storage.join(artifacts_root, "runs", run_id, "trials")
     storage.write_json(storage.join(prefix, "manifests.json"), list(manifest_uris))
     return storage.write_json(storage.join(prefix, "agents.json"), described)

