@@ -144,7 +144,10 @@ def test_messages_audit_and_viewer_in_chromium(tmp_path, manifest_uri, model, st
     assert m0["index"].to_list() == list(range(9))
     assert m0["turn"].to_list() == [0, 0, 0, 0, 1, 1, 2, 2, 3]
     question = next(q["question"] for q in stocks_manifest["queries"] if q["id"] == QUERY)
-    assert m0["content"][1] == question
+    from tasks.agent import user_prompt
+
+    # the exact first user message the model got (DAB's shape: QUERY + DATABASE DESCRIPTION)
+    assert m0["content"][1] == user_prompt(storage.read_json(manifest_uri), question)
     assert m0["reasoning"][2] == "First I look at the databases."
     assert json.loads(m0["tool_calls"][8]) == [
         {"id": "call_3_0", "name": "return_answer", "arguments": '{"answer": "Facebook"}'}]
