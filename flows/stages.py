@@ -52,7 +52,8 @@ def datasets_stage(run_id: str, root: str) -> list[str]:
         manifests = []
         with StageProgress("datasets", run_id, len(config.datasets), unit="datasets") as bar:
             for name in config.datasets:
-                manifests.append(flows[name](artifacts_root=root))
+                build = flows[name].with_options(flow_run_name=f"build-{name}-{run_id}")
+                manifests.append(build(artifacts_root=root))
                 bar.advance()
         runs.record_manifests(root, run_id, manifests)
         stage.outputs = {"manifests": manifests}

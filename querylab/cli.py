@@ -77,10 +77,22 @@ def check_specs(names: list[str], query_ids: list[str] | None = None) -> None:
                          "<dataset>/<id>; `querylab datasets list` shows the datasets)")
 
 
+def check_agents_now(agents: list[str], options: dict | None, command: str) -> list[dict]:
+    """:func:`tasks.trials.check_agents` before anything starts, printing its warnings (an
+    endpoint overriding the models table's, a model without prices) as one line each."""
+    from tasks.trials import check_agents
+
+    described = check_agents(agents, options=options)
+    for d in described:
+        for warning in d.get("warnings", []):
+            print(f"querylab {command}: warning: {warning}", file=sys.stderr)
+    return described
+
+
 def run_preflight(agents: list[str], options: dict | None, command: str) -> None:
     """Check every LLM agent with one minimal real request (:func:`tasks.trials.preflight_agents`)
     before anything is built; UsageError with one line per failing agent (agent, endpoint,
-    problem). Warnings (an overridden endpoint, a rate limit) are printed."""
+    problem). Warnings (a rate limit at the check) are printed."""
     from tasks.trials import preflight_agents
 
     results = preflight_agents(agents, options)
@@ -100,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from schemas.settings import Settings
     from tasks.catalogue import default_datasets
     from tasks.runs import valid_run_id
-    from tasks.trials import check_agents, parse_agent
+    from tasks.trials import parse_agent
 
     settings = Settings.from_env()
     root = args.artifacts or settings.artifacts
@@ -118,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--max-error-share must be between 0 and 1")
     check_specs(names, args.query)
     options = cmd_agents.agent_options_from_args(args)
-    check_agents(agents, options=options)
+    check_agents_now(agents, options, "run")
     run_preflight(agents, options, "run")
 
     hints = list(dict.fromkeys(args.hints or ["off"]))
@@ -263,9 +275,6 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # accepted anywhere on the line, not only before the command
-    if not logging.getLogger().handlers:  # warnings of querylab's own modules, one line each
-        logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
-                            format="querylab: %(levelname)s: %(message)s")
     args = p.parse_args([a for a in argv if a != "--debug"])
     args.debug = debug
     try:

@@ -332,11 +332,10 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
     a subset of the queries), score them with each query's ``validate.py`` and print pass@k.
     Exit 1 when trials errored (more than ``--max-error-share``) or the oracle failed."""
     from querylab import UsageError, run_id_or_new
-    from querylab.cli import quiet_tracebacks, run_preflight
+    from querylab.cli import check_agents_now, quiet_tracebacks, run_preflight
     from querylab.cmd_report import print_report, with_run_details
     from tasks.dab_import import DabImportError, find_dab_datasets
     from tasks.runs import TrialsErrored, check_error_share
-    from tasks.trials import check_agents
 
     run_id = None if args.no_run else run_id_or_new(args.run_id)
     agents = args.agent or ["oracle"]
@@ -348,7 +347,7 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
         print(f"querylab import-dab: {exc}", file=sys.stderr)
         return 2
     if run_id is not None:
-        check_agents(agents)
+        check_agents_now(agents, None, "import-dab")
         run_preflight(agents, None, "import-dab")
     from flows.datasets.dab_import import import_dab
 

@@ -290,7 +290,7 @@ class PreflightResult:
 
     ``ok``: the model can be used. ``problem``: one line saying what is wrong (None when ok);
     ``warning``: something to tell the user that does not stop the run (rate-limited at the
-    check, an overridden endpoint); ``status``: the HTTP status of the last attempt (None
+    check); ``status``: the HTTP status of the last attempt (None
     without a response); ``tools_accepted``: True when the endpoint accepted a request with
     ``tools``, False when it rejected them, None when unknown (no answer); ``latency_s``:
     seconds the check took; ``model_id`` / ``base_url``: what was called."""
@@ -418,8 +418,6 @@ def preflight(
     finally:
         client.close()
         result.latency_s = time.monotonic() - start
-    if result.ok and result.problem is None:
-        result.warning = result.warning or endpoint_warning(resolved)
     return result
 
 

@@ -167,8 +167,9 @@ def check_agents(
     default; ``[]`` for the oracle and replay agents, which read no prompt) and ``labels``:
     the agent names its trial rows carry (:func:`agent_label`).
 
-    ``openai:<model>``: resolved through the models table (key present, endpoint valid; a
-    named endpoint overriding the table is logged as a warning);
+    ``openai:<model>``: resolved through the models table (key present, endpoint valid);
+    ``warnings`` lists what the user should be told (a named endpoint overriding the table's,
+    a model without prices);
     ``replay:<file>``: parsed, and its queries matched against the given datasets. Returns
     JSON-able dicts ``{"agent", "kind", ...}`` (endpoint, prices, ``priced``; never a key).
     Raises AgentConfigError (or ReplayError) with a message naming the problem.
@@ -187,12 +188,11 @@ def check_agents(
             config = config or load_models_config(env=env)
             resolved = resolve_model(arg, config, env)
             desc.update(resolved.describe())
-            warning = endpoint_warning(resolved)
-            if warning:
-                log.warning("%s", warning)
+            warnings = [endpoint_warning(resolved)]
             if not resolved.priced:
-                log.warning("%s is not in the models table: its cost is recorded as unpriced",
-                            agent)
+                warnings.append(f"{agent} is not in the models table: its cost is recorded as "
+                                "unpriced")
+            desc["warnings"] = [w for w in warnings if w]
         elif kind == "replay":
             answers = load_answers(arg)
             names = {m["name"].lower() for m in manifests}
@@ -680,6 +680,9 @@ def describe_agents(
     ``trials/manifests.json`` (what the score step reads). Returns the agents.json URI; raises
     AgentConfigError before any trial runs when an agent cannot."""
     described = check_agents(agents, manifest_uris, options, hints=hints)
+    for d in described:
+        for warning in d.get("warnings", []):
+            log.warning("%s", warning)
     prefix = storage.join(artifacts_root, "runs", run_id, "trials")
     storage.write_json(storage.join(prefix, "manifests.json"), list(manifest_uris))
     return storage.write_json(storage.join(prefix, "agents.json"), described)

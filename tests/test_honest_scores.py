@@ -463,7 +463,8 @@ def test_unreachable_endpoint_run_fails_fast_before_building(tmp_path):
     )
     elapsed = time.monotonic() - start
     assert proc.returncode == 2, proc.stderr
-    lines = [x for x in proc.stderr.strip().splitlines() if ": WARNING: " not in x]
+    lines = [x for x in proc.stderr.strip().splitlines() if ": warning: " not in x]
+    assert "querylab run: warning: openai:my-local-model is not in the models table" in proc.stderr
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("querylab run: preflight failed: ")
     assert "openai:my-local-model at http://127.0.0.1:9/v1: endpoint unreachable" in lines[0]
@@ -487,10 +488,15 @@ def test_named_endpoint_overrides_the_models_table(tmp_path, manifest_uri, monke
         resolved = resolve_model("tbl-m")
         assert resolved.base_url == srv.base_url and resolved.base_url_source == "env"
         assert "not to the models table's https://api.example.invalid/v1" in endpoint_warning(resolved)
-        with caplog.at_level("WARNING"):
-            desc = check_agents(["openai:tbl-m"])
+        desc = check_agents(["openai:tbl-m"])
         assert desc[0]["base_url"] == srv.base_url and "overrides" not in desc[0]
         assert desc[0]["overridden_base_url"] == "https://api.example.invalid/v1"
+        assert "models table's https://api.example.invalid/v1" in desc[0]["warnings"][0]
+        # the trials stage logs it; the CLI prints it before anything starts
+        from tasks.trials import describe_agents
+
+        with caplog.at_level("WARNING"):
+            describe_agents.fn("warn-run", root, ["openai:tbl-m"], [manifest_uri])
         assert "models table's https://api.example.invalid/v1" in caplog.text
         out = _run(root, "env-url", manifest_uri, "openai:tbl-m", [[QUERY, 0]])
         n_env, env_url = srv.request_count, srv.base_url
