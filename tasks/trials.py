@@ -508,6 +508,14 @@ def work_root(settings: Settings) -> Path:
     return Path(settings.home) / "work"
 
 
+def scratch_dir(settings: Settings, artifacts_root: str, run_id: str) -> Path:
+    """A run's scratch directory: ``<work root>/<run_id>-<8 hex of the artifact root>``, so two
+    runs with the same id under different artifact roots (two checkouts, two test sessions on
+    one machine) never share — or delete — each other's trial work directories."""
+    digest = hashlib.sha256(artifacts_root.encode()).hexdigest()[:8]
+    return work_root(settings) / f"{run_id}-{digest}"
+
+
 def _remove_local(uri: str) -> None:
     if "://" not in uri or uri.startswith("file://"):
         shutil.rmtree(uri.removeprefix("file://"), ignore_errors=True)
@@ -588,6 +596,7 @@ def run_batch(
     label = agent_label(batch["agent"], hints)
     runner = _Agent(batch["agent"], batch["manifest_uri"], manifest, options, artifacts_root,
                     hints == "on")
+    batch_dir = scratch_dir(settings, artifacts_root, run_id) / batch["key"]
     parts: list[dict] = []
     n_run = 0
     try:
@@ -603,7 +612,7 @@ def run_batch(
                 parts.append(finished[key])
                 continue
             query = queries[query_id]
-            workdir = work_root(settings) / run_id / batch["key"] / f"{query_id}-{trial}"
+            workdir = batch_dir / f"{query_id}-{trial}"
             if workdir.exists():  # left by a killed run
                 shutil.rmtree(workdir, ignore_errors=True)
             try:
@@ -626,7 +635,6 @@ def run_batch(
             n_run += 1
     finally:
         runner.close()
-        batch_dir = work_root(settings) / run_id / batch["key"]
         shutil.rmtree(batch_dir, ignore_errors=True)
         try:
             batch_dir.parent.rmdir()  # the run's scratch directory, once no batch uses it

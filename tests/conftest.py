@@ -30,6 +30,9 @@ os.environ.update(
     {
         "QUERYLAB_HOME": str(_ROOT / "home"),
         "QUERYLAB_ARTIFACTS": str(_ROOT / "artifacts"),
+        # trial scratch directories of this session only (the default, /dev/shm/querylab-<uid>,
+        # is shared by every test session on the machine)
+        "QUERYLAB_WORK_DIR": str(_ROOT / "work"),
         "PREFECT_HOME": str(_ROOT / "prefect"),
         "DO_NOT_TRACK": "1",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
