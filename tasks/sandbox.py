@@ -1021,5 +1021,29 @@ def run_validator(
     return bool(result["ok"]), str(result["reason"])
 
 
+def sandbox_notes(artifacts_root: str, run_id: str) -> list[str]:
+    """Report lines for a run whose LLM agents ran with ``--unsafe-sandbox`` (read from
+    ``runs/<run_id>/trials/agents.json``, written by :func:`tasks.trials.describe_agents`);
+    empty otherwise."""
+    from tasks import storage
+
+    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
+    if not storage.exists(uri):
+        return []
+    notes = []
+    for d in storage.read_json(uri):
+        sb = d.get("sandbox") or {}
+        if not sb.get("unsafe_sandbox"):
+            continue
+        if sb.get("missing"):
+            how = ("its `execute_python` cells ran WITHOUT full isolation (missing: "
+                   f"{', '.join(sb['missing'])}): the agent may have reached the answer key or "
+                   "the host, so its scores are not sealed")
+        else:
+            how = "this machine still isolated its `execute_python` cells (nothing was missing)"
+        notes.append(f"UNSAFE SANDBOX: `{d['agent']}` ran with --unsafe-sandbox; {how}.")
+    return notes
+
+
 if __name__ == "__main__":  # python -m tasks.sandbox: what this machine provides
     print(json.dumps(detect_isolation().describe(), indent=2))

@@ -256,8 +256,10 @@ def test_llm_agents_refuse_without_isolation(no_isolation, monkeypatch, tmp_path
     assert desc[0]["options"]["unsafe_sandbox"] is True
 
 
-def test_cli_run_refuses_in_one_line(no_isolation, capsys):
+def test_cli_run_refuses_in_one_line(no_isolation, capsys, monkeypatch):
     from querylab.cli import main
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-used")  # refused before any request
 
     assert main(["run", "--agent", "openai:gpt-4o-mini", "--dataset", "stocks"]) == 2
     err = capsys.readouterr().err.strip()
@@ -296,7 +298,7 @@ def test_unsafe_cli_run_is_recorded_and_reported(no_isolation, prefect_harness, 
 
 def test_unsafe_run_is_in_the_report_notes(tmp_path):
     from tasks import storage
-    from tasks.trials import sandbox_notes
+    from tasks.sandbox import sandbox_notes
 
     root = str(tmp_path)
     storage.write_json(storage.join(root, "runs", "r1", "trials", "agents.json"), [

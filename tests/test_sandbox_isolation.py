@@ -22,13 +22,15 @@ import pytest
 
 from tasks import storage
 from tasks.sandbox import Sandbox
+from tasks.scoring import score_frame
 from tasks.trials import batch_uri, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, tool_calls
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: Walks / (not /proc) for querylab's answer key: manifests, ground truth, dataset specs
-#: (YAML naming ground truth), canonical Parquet; prints {"found": [...], "ground_truth": ...}.
+#: Walks / (not /proc) for querylab's answer key: manifests, scoring files, ground truth,
+#: dataset specs (YAML naming ground truth), canonical Parquet; prints {"found": [...],
+#: "ground_truth": <the first scoring / ground-truth file's text>}.
 WALK = r"""
 import json, os, time
 found, truth, t0 = [], None, time.monotonic()
@@ -39,7 +41,8 @@ for root, dirs, files in os.walk("/", onerror=lambda e: None):
         break
     for f in files:
         p = os.path.join(root, f)
-        hit = f == "ground_truth.json" or ("/canonical/" in p and f.endswith(".parquet"))
+        hit = f in ("ground_truth.json", "scoring.json") or (
+            "/canonical/" in p and f.endswith(".parquet"))
         if not hit and (f == "manifest.json" or f.endswith((".yaml", ".yml"))):
             try:  # querylab's manifests list queries; its specs hold ground-truth SQL
                 head = open(p, "rb").read(1 << 20)
@@ -48,7 +51,7 @@ for root, dirs, files in os.walk("/", onerror=lambda e: None):
                 pass
         if hit:
             found.append(p)
-            if f == "ground_truth.json" and truth is None:
+            if f in ("ground_truth.json", "scoring.json") and truth is None:
                 try:
                     truth = open(p).read(4000)
                 except OSError:
@@ -176,7 +179,7 @@ def _json(res) -> dict:
 def test_walking_the_file_system_finds_no_answer_key(session, stocks_manifest, settings):
     # positive control: on the host the same payload finds the built dataset and the specs
     art = Path(settings.artifacts) / "datasets" / "stocks" / stocks_manifest["version"]
-    assert (art / "manifest.json").is_file()
+    assert (art / "manifest.json").is_file() and (art / "scoring.json").is_file()
     assert any(b"ground_truth" in p.read_bytes() for p in (REPO / "data").glob("*.yaml"))
     res = session.run(WALK, timeout_s=60, cpu_s=60)
     seen = _json(res)
@@ -382,7 +385,7 @@ def test_hostile_agent_through_the_react_loop(tmp_path, stocks_manifest, setting
         run_trial_batch.fn("r", root, batch)
         assert time.monotonic() - t0 < 150
         last = srv.requests[-1]
-    trials = pl.read_parquet(batch_uri(root, "r", "hostile", "trials"))
+    trials = score_frame(pl.read_parquet(batch_uri(root, "r", "hostile", "trials")), [uri])
     assert trials["terminate_reason"].to_list() == ["return_answer"]
     assert trials["answer"].to_list() == ["nothing"] and not trials["is_correct"][0]
     out = [json.loads(m["content"]) for m in last["messages"] if m["role"] == "tool"]
