@@ -43,11 +43,12 @@ def benchmark(
     for agent in agents:
         parse_agent(agent)
     check_agent_options(agent_options)
-    runs.record_benchmark(root, run_id, {
-        "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
-        "agent_options": agent_options or {},
-    })
-    manifests = datasets_stage(run_id, root)
-    trials = trials_stage(run_id, root)
-    report = report_stage(run_id, root)
+    with runs.run_lease(root, run_id):  # one process per run id, across all three stages
+        runs.record_benchmark(root, run_id, {
+            "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
+            "agent_options": agent_options or {},
+        })
+        manifests = datasets_stage(run_id, root)
+        trials = trials_stage(run_id, root)
+        report = report_stage(run_id, root)
     return {"run_id": run_id, "manifests": manifests, "trials": trials, "report": report}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -32,7 +33,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from querylab.cmd_report import print_report, with_run_details
     from schemas.settings import Settings
     from tasks.progress import console_progress
-    from tasks.runs import StageFailed, valid_run_id
+    from tasks.runs import StageFailed, run_lease, valid_run_id
     from tasks.trials import parse_agent
 
     settings = Settings.from_env()
@@ -44,10 +45,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_datasets(args.dataset)
     if args.trials < 1 or args.batch_size < 1:
         raise UsageError("--trials and --batch-size must be at least 1")
+    lease = contextlib.ExitStack()
+    lease.enter_context(run_lease(root, run_id))  # refuses at once (LeaseHeld) if it is running
     print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
           f"artifacts in {root}")
     try:
-        with console_progress(args.progress):
+        with lease, console_progress(args.progress):
             out = benchmark(
                 run_id=run_id,
                 datasets=args.dataset or None,

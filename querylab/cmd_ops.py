@@ -10,6 +10,7 @@ stage of the run that has not completed, in DAG order.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -98,9 +99,15 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     if not stages:
         print(f"run {args.run_id}: every stage has completed; name one with --stage to re-run it")
         return 0
+    try:
+        lease = contextlib.ExitStack()
+        lease.enter_context(runs.run_lease(root, args.run_id))  # refuses at once if it is running
+    except runs.RunError as exc:
+        print(f"querylab rerun: {exc}", file=sys.stderr)
+        return 2
     print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}; artifacts in {root}")
     status = 0
-    with console_progress(args.progress):
+    with lease, console_progress(args.progress):
         for stage in stages:
             try:
                 out = run_stage(stage, args.run_id, root)
