@@ -542,6 +542,24 @@ _MONGO_SHAPES = (
 )
 
 
+#: Deepest nesting of a Mongo request (MongoDB refuses documents nested deeper than 100).
+MONGO_MAX_DEPTH = 100
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """True when ``value`` (dicts and lists) nests deeper than ``limit`` (iterative)."""
+    stack = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if d > limit:
+            return True
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, d + 1) for x in v)
+    return False
+
+
 def parse_mongo_query(query: str | dict) -> dict:
     """Normalise a Mongo request.
 
@@ -567,12 +585,18 @@ def parse_mongo_query(query: str | dict) -> dict:
                 q = json.loads(text)
             except json.JSONDecodeError as e:
                 raise QueryError(f"Invalid JSON: {e}. " + _MONGO_SHAPES) from None
+        except RecursionError:
+            raise QueryError(f"Refused: the query is nested more than {MONGO_MAX_DEPTH} levels "
+                             "deep (MongoDB's own limit for documents).") from None
         except Exception as e:
             raise QueryError(f"Invalid JSON: {_short(e, 1)}. " + _MONGO_SHAPES) from None
     else:
         q = query
     if not isinstance(q, dict):
         raise QueryError(f"A Mongo query must be a JSON object, got {type(q).__name__}. " + _MONGO_SHAPES)
+    if _depth_over(q, MONGO_MAX_DEPTH):
+        raise QueryError(f"Refused: the query is nested more than {MONGO_MAX_DEPTH} levels deep "
+                         "(MongoDB's own limit for documents).")
     coll = q.get("collection")
     if not isinstance(coll, str) or not coll:
         raise QueryError('Missing "collection" (a non-empty string). ' + _MONGO_SHAPES)
@@ -1623,7 +1647,9 @@ def postgres_server_url(postgres_url: str | None, home: pathlib.Path) -> str:
 def postgres_database_dsn(server_url: str, dbname: str, create: bool = False) -> str:
     """A DSN for database ``dbname`` on the server of ``server_url`` (URI or key=value DSN;
     every other parameter kept). With ``create=True`` the database is created (``CREATE
-    DATABASE`` in autocommit, connecting through ``server_url``) if it does not exist yet.
+    DATABASE`` in autocommit, connecting through ``server_url``) if it does not exist yet,
+    with ``CONNECT`` and ``TEMPORARY`` revoked from ``PUBLIC`` (only the administrator and the
+    roles granted them may connect).
     Returns a key=value DSN. Raises ``psycopg.Error`` if the server cannot be reached."""
     import psycopg
     from psycopg import sql
@@ -1642,6 +1668,10 @@ def postgres_database_dsn(server_url: str, dbname: str, create: bool = False) ->
                     pass
                 except psycopg.errors.UniqueViolation:  # pragma: no cover - same race, older PG
                     pass
+                # closed from the start: no other role (no other dataset's agent role) may
+                # connect; its own agent role gets CONNECT from tasks.pg_roles
+                conn.execute(sql.SQL("REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC").format(
+                    sql.Identifier(dbname)))
     return dsn
 
 

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.databases import QueryError, QueryResult, ResultLimits, TableInfo, ColumnInfo
+from tasks.databases import ColumnInfo, QueryError, QueryResult, ResultLimits, TableInfo
 
 #: Resident memory the SQL worker's queries may use (MiB): ``QUERYLAB_QUERY_WORKER_MEMORY_MB``.
 #: A watchdog samples the worker's RSS every few milliseconds and stops every running query

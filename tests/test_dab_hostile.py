@@ -6,7 +6,6 @@ database, and no marker file appears."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import textwrap
 import uuid

@@ -19,7 +19,6 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from schemas.settings import Settings
 from tasks import storage
 from tasks.databases import PostgresDatabase, QueryError, load_postgres, postgres_database_dsn
 from tasks.engines import _physical_name, open_databases
