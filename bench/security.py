@@ -104,48 +104,42 @@ def dab_verdicts(settings, hostile) -> list:
     mark = hostile._marker()
     out = []
 
-    def case(name, fn, needle, bound_s=60.0):
+    def refuses(fn, needle):
+        """A DAB payload blocked when ``fn`` raises a one-line DabImportError with ``needle``."""
+        def run():
+            try:
+                fn()
+            except DabImportError as exc:
+                text = str(exc)
+                return True if needle in text and "\n" not in text else f"refused, not as expected: {text[:200]}"
+            return "accepted"
+        return run
+
+    def case(name, run, bound_s=60.0):
         start = time.monotonic()
         try:
-            fn()
-            why = "accepted"
-        except DabImportError as exc:
-            text = str(exc)
-            why = "" if needle in text and "\n" not in text else f"refused, not as expected: {text[:200]}"
+            why = run()
         except Exception as exc:  # noqa: BLE001 - any other failure is a finding
             why = f"{type(exc).__name__}: {exc}"[:200]
-        if not why and mark.exists():
+        if why is True and mark.exists():
             why = f"{mark} was created"
         seconds = time.monotonic() - start
-        if not why and seconds > bound_s:
+        if why is True and seconds > bound_s:
             why = f"took {seconds:.1f} s"
         p = hostile.Payload(name, "dab", None, None, bound_s)
-        out.append(hostile.Verdict(p, not why, why, seconds))
+        out.append(hostile.Verdict(p, why is True, "" if why is True else str(why), seconds))
 
-    metas = [f"\\! touch {mark}", f"SELECT 1;\n\\! touch {mark}\n", "\\copy t FROM '/etc/passwd'",
-             "\\connect postgres", "\\i /etc/passwd", f"SELECT 1 \\g {mark}", f"\\o {mark}",
-             "\\set ON_ERROR_STOP 0", f"CREATE TABLE a (x text);\n  \\!  touch {mark}\n",
-             "SELECT 1 \\gexec\n", f"\\setenv X 1\n\\! touch {mark}", f"\\w {mark}"]
-    for i, m in enumerate(metas):
+    for i, m in enumerate(hostile.dab_meta_commands(mark)):
         case(f"psql meta-command in a dump ({i}): {m.strip()[:40]!r}",
-             lambda m=m: list(split_sql_dump(m, "dump.sql")), "psql meta-command refused")
-    attacks = [
-        ("COPY TO PROGRAM in a dump", f"COPY (SELECT 1) TO PROGRAM 'touch {mark}';", "permission denied"),
-        ("COPY FROM a server file in a dump", "CREATE TABLE t (a text);\nCOPY t FROM '/etc/passwd';",
-         "permission denied"),
-        ("pg_read_file in a dump", "SELECT pg_read_file('/etc/passwd');", "permission denied"),
-        ("CREATE ROLE SUPERUSER in a dump", "CREATE ROLE evil SUPERUSER;", "permission denied"),
-        ("ALTER SYSTEM in a dump", "ALTER SYSTEM SET log_statement = 'all';", "transaction block"),
-        ("DROP DATABASE in a dump", "DROP DATABASE postgres;", "transaction block"),
-        ("SET ROLE postgres in a dump", "SET ROLE postgres;", "permission denied"),
-        ("lo_import in a dump", "SELECT lo_import('/etc/passwd');", "permission denied"),
-        ("unterminated dollar quote", "SELECT $x$ never closed", "unterminated"),
-        ("COPY data without its end", "CREATE TABLE t (a text);\nCOPY t FROM stdin;\nrow\n", "terminator"),
-    ]
-    for name, text, needle in attacks:
-        f = _TMP / f"dump-{abs(hash(name))}.sql"
-        f.write_text(text)
-        case(name, lambda f=f: read_postgres_dump(f, settings), needle)
+             refuses(lambda m=m: list(split_sql_dump(m, "dump.sql")), "psql meta-command refused"))
+    for i, (name, text, needle) in enumerate(hostile.dab_server_attacks(mark)):
+        f = _TMP / f"dump-{i}.sql"
+        f.write_text(text + "\nCREATE TABLE ok (a int);\n")
+        if needle is None:  # skipped by the import, which then finishes
+            case(f"{name} in a dump (skipped)", lambda f=f: True if "ok" in read_postgres_dump(
+                f, settings) else "the import did not finish")
+        else:
+            case(f"{name} in a dump", refuses(lambda f=f: read_postgres_dump(f, settings), needle))
     for how in ("dotdot", "absolute", "symlink", "mongo symlink", "validator symlink", "description symlink"):
         base = _TMP / f"dab-{how.replace(' ', '-')}"
         shop = make_dab_checkout(base) / "query_tinyshop"
@@ -173,7 +167,8 @@ def dab_verdicts(settings, hostile) -> list:
             (shop / "db_config.yaml").write_text(
                 f"db_clients:\n  x:\n    db_type: sqlite\n    {config}\n")
         case(f"path out of the dataset folder: {how}",
-             lambda shop=shop, base=base: import_dab_dataset.fn(str(shop), str(base / "art")), "outside")
+             refuses(lambda shop=shop, base=base: import_dab_dataset.fn(str(shop), str(base / "art")),
+                     "outside"))
     return out
 
 
@@ -198,6 +193,8 @@ def main() -> None:
     args = ap.parse_args()
     os.environ["QUERYLAB_STATEMENT_TIMEOUT_MS"] = str(args.timeout_ms)
 
+    import logging
+
     from schemas.settings import Settings
     from tasks import storage
     from tasks.build import build_dataset_artifacts
@@ -205,8 +202,6 @@ def main() -> None:
     from tasks.spec import spec_path
     from tests.fakes import hostile
     from tests.fakes.openai_server import ScriptedOpenAIServer
-
-    import logging
 
     logging.getLogger("sqlglot").setLevel(logging.ERROR)  # refused statements warn otherwise
     settings = Settings.from_env()

@@ -628,3 +628,34 @@ print("FOUND", len(found), found[:3])
          lambda out: (time.sleep(6), True if not daemon.exists() else "the daemon outlived its cell")[1]),
     ]
     return [Payload(n, c, py(code), stdout_says(v), bound_s=60) for n, code, v in cells]
+
+
+# ---- DAB inputs (run directly: tests/test_dab_hostile.py, bench/security.py) -----------------------
+
+
+def dab_meta_commands(mark: Path) -> list[str]:
+    """SQL dumps holding psql meta-commands (each must be refused before anything runs;
+    ``mark`` must never appear)."""
+    return [f"\\! touch {mark}", f"SELECT 1;\n\\! touch {mark}\n", "\\copy t FROM '/etc/passwd'",
+            "\\connect postgres", "\\i /etc/passwd", f"SELECT 1 \\g {mark}", f"\\o {mark}",
+            "\\set ON_ERROR_STOP 0", f"CREATE TABLE a (x text);\n  \\!  touch {mark}\n",
+            "SELECT 1 \\gexec\n", f"\\setenv X 1\n\\! touch {mark}", f"\\w {mark}"]
+
+
+def dab_server_attacks(mark: Path) -> list[tuple[str, str, str | None]]:
+    """``(name, dump, expected error)``: statements a dump may hold that only a privileged
+    role could run (None: skipped, not an error)."""
+    return [
+        ("COPY TO PROGRAM", f"COPY (SELECT 1) TO PROGRAM 'touch {mark}';", "permission denied"),
+        ("COPY FROM a server file", "CREATE TABLE t (a text);\nCOPY t FROM '/etc/passwd';",
+         "permission denied"),
+        ("pg_read_file", "SELECT pg_read_file('/etc/passwd');", "permission denied"),
+        ("CREATE ROLE SUPERUSER", "CREATE ROLE evil SUPERUSER;", "permission denied"),
+        ("ALTER SYSTEM", "ALTER SYSTEM SET log_statement = 'all';", "transaction block"),
+        ("DROP DATABASE", "DROP DATABASE postgres;", "transaction block"),
+        ("SET ROLE postgres", "SET ROLE postgres;", "permission denied"),
+        ("lo_import", "SELECT lo_import('/etc/passwd');", "permission denied"),
+        ("CREATE EXTENSION dblink", "CREATE EXTENSION dblink;", None),
+        ("unterminated dollar quote", "SELECT $x$ never closed", "unterminated"),
+        ("COPY data without its end", "CREATE TABLE t (a text);\nCOPY t FROM stdin;\nrow\n", "terminator"),
+    ]
