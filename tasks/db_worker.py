@@ -444,19 +444,21 @@ def _reply(sock: socket.socket, reply: dict) -> None:
         pass  # querylab gave up on this request
 
 
-def _handed_over(ctrl: socket.socket):
-    """Say ``ready``, then yield ``(op, request socket)`` for each request querylab hands over,
-    until its end of the control socket closes."""
-    ctrl.sendall(b"ready")
+def _receive(ctrl: socket.socket) -> tuple[bytes, socket.socket] | None:
+    """The next ``(op, request socket)`` querylab hands over on the control socket; None once
+    querylab's end closed (it is gone, or replaced this worker). Safe from several threads:
+    each message goes to one of them."""
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(ctrl, 16, 4)
         except OSError:
-            return
+            return None
         if not msg and not fds:
-            return
-        for fd in fds:
-            yield msg, socket.socket(fileno=fd)
+            return None
+        for extra in fds[1:]:  # pragma: no cover - querylab sends one per message
+            os.close(extra)
+        if fds:
+            return msg, socket.socket(fileno=fds[0])
 
 
 def _rss_mb() -> int:
@@ -490,14 +492,37 @@ def _sql_request(sock: socket.socket, memory_mb: int) -> None:
 SQL_WORKER_THREADS = 8
 
 
-def _watch_memory(memory_mb: int) -> None:
-    """The SQL worker's watchdog: stop running queries past ``memory_mb`` resident, end the
-    worker past 1.5× (querylab restarts it)."""
+class _Busy:
+    """How many requests the SQL worker is serving; the watchdog sleeps while there are none."""
+
+    def __init__(self):
+        self.n = 0
+        self.cond = threading.Condition()
+
+    def __enter__(self):
+        with self.cond:
+            self.n += 1
+            self.cond.notify_all()
+
+    def __exit__(self, *exc):
+        with self.cond:
+            self.n -= 1
+
+    def wait(self) -> None:
+        with self.cond:
+            while self.n == 0:
+                self.cond.wait()
+
+
+def _watch_memory(memory_mb: int, busy: _Busy) -> None:
+    """The SQL worker's watchdog: while requests run, stop every running query past
+    ``memory_mb`` resident and end the worker past 1.5× (querylab restarts it)."""
     from tasks import databases as d
 
     reason = (f"the query ran out of memory (queries may use at most {memory_mb} MiB; "
               "select less, or aggregate in SQL)")
     while True:
+        busy.wait()
         time.sleep(0.005)
         rss = _rss_mb()
         if rss > memory_mb * 3 // 2:
@@ -507,30 +532,26 @@ def _watch_memory(memory_mb: int) -> None:
 
 
 def _serve_sql(ctrl: socket.socket, memory_mb: int) -> None:
-    import queue
-
     _limit_memory(4 * memory_mb)
     from tasks import databases as d
 
     # instance-wide DuckDB settings of every file this worker opens
     d._DUCKDB_WORKER_SETTINGS.update({"memory_limit": f"{max(256, memory_mb // 3)}MB", "threads": "2"})
-    requests: queue.Queue = queue.Queue()
+    busy = _Busy()
 
-    def serve() -> None:
-        while True:
-            sock = requests.get()
-            try:
-                _sql_request(sock, memory_mb)
-            finally:
-                requests.task_done()
+    def serve() -> None:  # each thread takes requests straight off the control socket
+        while (got := _receive(ctrl)) is not None:
+            with busy:
+                _sql_request(got[1], memory_mb)
 
     threading.stack_size(4 << 20)  # threads are made now, while the address space is free
-    for _ in range(SQL_WORKER_THREADS):
-        threading.Thread(target=serve, daemon=True).start()
-    threading.Thread(target=_watch_memory, args=(memory_mb,), daemon=True).start()
-    for _, sock in _handed_over(ctrl):
-        requests.put(sock)
-    requests.join()  # querylab is gone, or replaced this worker: finish what was handed over
+    threads = [threading.Thread(target=serve, daemon=True) for _ in range(SQL_WORKER_THREADS)]
+    for t in threads:
+        t.start()
+    threading.Thread(target=_watch_memory, args=(memory_mb, busy), daemon=True).start()
+    ctrl.sendall(b"ready")
+    for t in threads:  # querylab is gone, or replaced this worker: finish what was handed over
+        t.join()
     os._exit(0)
 
 
@@ -586,7 +607,9 @@ def _serve_mongomock(ctrl: socket.socket, memory_mb: int) -> None:
 
     client = mongomock.MongoClient()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    for msg, sock in _handed_over(ctrl):
+    ctrl.sendall(b"ready")
+    while (got := _receive(ctrl)) is not None:
+        msg, sock = got
         if msg == b"load":
             _mongo_load(client, sock)
         elif os.fork() == 0:
