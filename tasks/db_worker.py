@@ -132,6 +132,15 @@ class _Worker:
         self._ctrl: socket.socket | None = None
         self.generation = 0
         atexit.register(self.stop)
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        """In a forked child of querylab: start its own worker on first use (the parent's
+        stays the parent's; a lock held at the fork is not inherited)."""
+        self._lock = threading.RLock()
+        if self._ctrl is not None:
+            self._ctrl.close()  # this process's copy only: the parent's worker is unaffected
+        self._proc = self._ctrl = None
 
     def _alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None and self._ctrl is not None
