@@ -507,7 +507,8 @@ def check_read_only_sql(sql: str, dialect: str) -> None:
     if not isinstance(sql, str) or not sql.strip():
         raise QueryError("Refused: empty query; send one SELECT statement.")
     try:
-        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
+        statements = [s for s in sqlglot.parse(sql, read=dialect)  # a trailing comment after
+                      if s is not None and not isinstance(s, getattr(exp, "Semicolon", ()))]  # ';'
     except ParseError as e:
         raise QueryError(f"Could not parse SQL ({dialect}): {_parse_error_message(e)}") from None
     except TokenError as e:
@@ -1307,15 +1308,16 @@ class PostgresDatabase(_SQLDatabase):
         # psycopg sends 'DECLARE "<name>" CURSOR FOR <sql>': error positions are shifted by that.
         desc = self._run(describe, body, offset=declare)
         builder = _ResultBuilder(limits, [n for n, _ in desc])
-        if not desc:
-            return builder.result()
         types = [int(t) for _, t in desc]
+        if not types:  # SELECT FROM t: rows without columns (nothing to cut)
+            wrapped = body
+        else:
+            wrapped = _pg_wrap(body, types, builder.cap)
         cap = builder.cap
-        wrapped = _pg_wrap(body, types, cap)
         varlen = sum(t not in _PG_FIXED_TYPES for t in types)
-        row_bound = 64 * len(types) + varlen * 2 * (4 * cap + 32)
+        row_bound = 64 * (len(types) + 1) + varlen * 2 * (4 * cap + 32)
         chunk = max(1, min(1000, _PG_FETCH_BYTES // row_bound))
-        head = declare + wrapped.index("(\n") + 2
+        head = declare + (wrapped.index("(\n") + 2 if types else 0)
 
         def fn(conn):
             with conn.cursor(name=name) as cur:
