@@ -12,7 +12,13 @@ Terminate reasons (a trial's ``terminate_reason``; see :data:`TERMINATE_REASONS`
 ``replay`` / ``no_answer`` (replay agent), and the runtime failures (DAB's FM5)
 ``max_iterations``, ``max_wall_time``, ``max_tool_calls_per_turn``, ``token_budget``,
 ``context_window``, ``api_error`` (infrastructure retries exhausted or a non-retryable API
-error) and ``error`` (a configuration or harness error, or a failing reference solution).
+error) and ``error`` (a configuration or harness error). ``reference_failed``: a step of the
+oracle's reference solution failed (a dataset bug, scored incorrect). Trials ending ``api_error``
+or ``error`` are *errored* (:data:`tasks.scoring.ERRORED_REASONS`): they get no verdict.
+
+Every agent records its transcript (:class:`Transcript`, the ``messages`` artifact): the ReAct
+agent every message it sends and receives, the oracle its question, steps and results, the
+replay agent its question and recorded answer.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ TERMINATE_REASONS: dict[str, str] = {
     "token_budget": "the trial's prompt + completion token budget was used up",
     "context_window": "the conversation no longer fits the model's context window",
     "api_error": "the model API failed (retries exhausted, or a non-retryable error)",
-    "error": "configuration or harness error, or a failing reference solution",
+    "error": "configuration or harness error (the trial is errored, not scored)",
+    "reference_failed": "a step of the oracle's reference solution failed (a dataset bug)",
 }
 #: Terminate reasons that are runtime failures (DAB failure mode FM5).
 RUNTIME_FAILURES = frozenset(
@@ -45,18 +52,64 @@ RUNTIME_FAILURES = frozenset(
      "context_window", "api_error", "error"}
 )
 
-SYSTEM_PROMPT = """You are a data agent. Answer the user's question using the databases below.
-Use the tools: list_db to see databases and schemas, query_db to run one read-only query,
-execute_python to compute with earlier results (available as var_<call_id>), and
-return_answer to give the final answer. Data may be spread over several databases whose keys
-are formatted differently; some facts are only written inside free text.
+#: The system prompt of LLM agents: instructions only, the same for every dataset (as DAB's
+#: ``common_scaffold/prompts/prompt_builder.py``: the databases and hints go in the first user
+#: message, see :func:`user_prompt`).
+SYSTEM_PROMPT = """You are a data analysis agent. Use only the tools to answer the user's query, \
+based on the DATABASE DESCRIPTION in the user's message (logical database names and their \
+engines) and the results of earlier tool calls.
 
-Databases:
-{databases}
+TOOLS:
+- list_db: list the databases, or the tables / collections of one database with their columns.
+- query_db: run one read-only query on a database: SQL in the engine's dialect, or a MongoDB \
+request as JSON.
+- execute_python: run Python code; the result of an earlier tool call with id <call_id> is \
+available as the variable var_<call_id>. Print what you need.
+- return_answer: finish and give the final answer (plain text).
 
-Hints:
-{hints}
+RULES:
+1. Always use tool calls; return the final answer only through one return_answer call.
+2. A large result is shown as a preview; the full result is in var_<call_id>.
+3. Data may be spread over several databases whose keys are written differently, and some \
+facts exist only inside free text.
 """
+
+
+class Transcript:
+    """The messages of one trial in order, as rows of the ``messages`` artifact (without run
+    and trial keys; see :data:`schemas.artifacts.MESSAGES`)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def add(self, role: str, turn: int, content: str | None = None, *,
+            reasoning: str | None = None, tool_calls: list[dict] | None = None,
+            tool_call_id: str | None = None, tool_name: str | None = None,
+            full_size: int | None = None) -> None:
+        """Append one message; ``tool_calls`` as ``[{"id", "name", "arguments"}]``."""
+        self.rows.append({
+            "index": len(self.rows), "turn": turn, "role": role, "content": content,
+            "reasoning": reasoning,
+            "tool_calls": json.dumps(tool_calls, ensure_ascii=False) if tool_calls else None,
+            "tool_call_id": tool_call_id, "tool_name": tool_name,
+            "content_chars": len(content or ""), "full_size": full_size,
+        })
+
+    def tool_result(self, turn: int, out: ToolOutcome) -> None:
+        """Append a tool result exactly as the model saw it, with the full result's size."""
+        self.add("tool", turn, out.content, tool_call_id=out.call_id, tool_name=out.tool,
+                 full_size=out.result_size)
+
+
+def reasoning_text(msg) -> str | None:
+    """The reasoning text of an assistant message when the API returned one
+    (``reasoning_content``: DeepSeek, vLLM, llama.cpp; ``reasoning``: OpenRouter), else None."""
+    extra = getattr(msg, "model_extra", None) or {}
+    for name in ("reasoning_content", "reasoning"):
+        value = extra.get(name) or getattr(msg, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 @dataclass
@@ -72,7 +125,8 @@ class TrialOutcome:
     """The result of one trial: answer text (or None), terminate reason, error message, token
     counts (sums over the model calls; ``cached_tokens`` is the prompt-cache part of the prompt
     tokens), ``cost_usd`` (sum of the calls' costs), number of model calls, the tool-call
-    trajectory, the model-call records and wall time in seconds."""
+    trajectory, the model-call records, wall time in seconds and the transcript
+    (``messages``: :class:`Transcript` rows)."""
 
     answer: str | None
     terminate_reason: str
@@ -85,6 +139,7 @@ class TrialOutcome:
     cached_tokens: int = 0
     cost_usd: float = 0.0
     llm_calls: list[LLMCallRecord] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
 
     def add_call(self, rec: LLMCallRecord) -> None:
         """Count one model call (its tokens and cost) in the totals."""
@@ -96,39 +151,97 @@ class TrialOutcome:
         self.cost_usd += rec.cost_usd
 
 
-def system_prompt(manifest: dict) -> str:
-    """The system prompt for a dataset: its databases (engine, description) and hints."""
-    dbs = "\n".join(
-        f"- {name} ({d['engine']}): {d['description']}" for name, d in manifest["databases"].items()
+def system_prompt(manifest: dict | None = None) -> str:
+    """The system prompt of LLM agents (:data:`SYSTEM_PROMPT`): tool instructions only, the same
+    for every dataset; ``manifest`` is accepted for callers that pass it and not used."""
+    return SYSTEM_PROMPT
+
+
+def hint_text(manifest: dict) -> str:
+    """The dataset's hint text as an agent sees it with hints on: DAB's
+    ``db_description_withhint.txt`` for imported DAB datasets, the spec's ``hints`` for built
+    ones, under a ``HINTS:`` heading unless the text starts with one. ``""`` when the dataset
+    has no hints."""
+    text = str(manifest.get("hints") or "").strip()
+    if not text or text.upper().startswith("HINTS"):
+        return text
+    return "HINTS:\n" + text
+
+
+def database_description(manifest: dict) -> str:
+    """The DATABASE DESCRIPTION an agent sees: the manifest's ``schema_description`` (DAB's
+    ``db_description.txt``; for built datasets :func:`tasks.build.describe_schema` over the
+    spec's database, table and column descriptions), else one line per database."""
+    text = str(manifest.get("schema_description") or "").strip()
+    if text:
+        return text
+    return "\n".join(
+        f"- {name} ({d['engine']}): {d.get('description', '')}".rstrip()
+        for name, d in manifest["databases"].items()
     )
-    return SYSTEM_PROMPT.format(databases=dbs, hints=manifest.get("hints", "").strip() or "-")
 
 
-def run_oracle(toolbox: ToolBox, reference: list[dict]) -> TrialOutcome:
+def user_prompt(manifest: dict, question: str, hints: bool = False) -> str:
+    """The first user message, built as DAB's ``prompt_builder.init_messages`` builds it::
+
+        QUERY:
+        <question>
+
+        DATABASE DESCRIPTION:
+        <database description>
+
+    With ``hints`` (DAB's ``--use_hints``) the hint text (:func:`hint_text`) follows after a
+    blank line, as DAB appends ``db_description_withhint.txt``. Without hints it is absent:
+    DAB's default, and ours."""
+    description = database_description(manifest)
+    if hints:
+        extra = hint_text(manifest)
+        if extra:
+            description += "\n\n" + extra
+    return f"QUERY:\n{question.strip()}\n\nDATABASE DESCRIPTION:\n{description}"
+
+
+def run_oracle(toolbox: ToolBox, reference: list[dict], question: str | None = None) -> TrialOutcome:
     """Run a reference solution (``[{"tool": ..., "args": {...}}, ...]``) through ``toolbox``.
 
     Calls are numbered ``call_1``, ``call_2``, ...; the stripped output of the last step is
-    passed to ``return_answer``. A failing step ends the trial with terminate reason ``error``.
+    passed to ``return_answer``. A failing step ends the trial with terminate reason
+    ``reference_failed`` (a dataset bug: scored incorrect, so the run names it). The
+    transcript holds ``question`` (when given), each step as an assistant tool call and its
+    result.
     """
     start = time.perf_counter()
     records: list[ToolCallRecord] = []
+    transcript = Transcript()
+    if question is not None:
+        transcript.add("user", 0, question)
     last: ToolOutcome | None = None
-    for i, step in enumerate(reference, start=1):
-        last = toolbox.call(step["tool"], json.dumps(step["args"]), f"call_{i}")
-        records.append(ToolCallRecord(turn=i - 1, outcome=last))
+
+    def step(turn: int, tool: str, args: str, call_id: str) -> ToolOutcome:
+        transcript.add("assistant", turn, None,
+                       tool_calls=[{"id": call_id, "name": tool, "arguments": args}])
+        out = toolbox.call(tool, args, call_id)
+        records.append(ToolCallRecord(turn=turn, outcome=out))
+        if tool != "return_answer":
+            transcript.tool_result(turn, out)
+        return out
+
+    for i, s in enumerate(reference, start=1):
+        last = step(i - 1, s["tool"], json.dumps(s["args"]), f"call_{i}")
         if not last.success:
-            return TrialOutcome(
-                None, "error", f"reference step {i} ({step['tool']}) failed: {last.error}",
+            return TrialOutcome(  # a harness error is querylab's, not the dataset's
+                None, "error" if last.harness_error else "reference_failed",
+                f"reference step {i} ({s['tool']}) failed: {last.error}",
                 tool_calls=records, latency_s=time.perf_counter() - start,
+                messages=transcript.rows,
             )
     value = last.value if last is not None else ""
     answer = value.strip() if isinstance(value, str) else json.dumps(value, default=str)
-    final = toolbox.call(
-        "return_answer", json.dumps({"answer": answer}), f"call_{len(reference) + 1}"
-    )
-    records.append(ToolCallRecord(turn=len(reference), outcome=final))
+    final = step(len(reference), "return_answer", json.dumps({"answer": answer}),
+                 f"call_{len(reference) + 1}")
     return TrialOutcome(
-        final.answer, "return_answer", tool_calls=records, latency_s=time.perf_counter() - start
+        final.answer, "return_answer", tool_calls=records, latency_s=time.perf_counter() - start,
+        messages=transcript.rows,
     )
 
 
@@ -155,9 +268,10 @@ def _tool_call_parts(tc, turn: int, i: int) -> tuple[str, str, str]:
             as_text(args) if not isinstance(args, str) else clean_text(args))
 
 
-def _reply_parts(resp) -> tuple[str | None, list]:
-    """``(content, tool calls)`` of a completion's first choice; ValueError when it has no
-    message. Non-string content becomes its JSON, a non-list ``tool_calls`` a list of one."""
+def _reply_parts(resp) -> tuple[object, str | None, list]:
+    """``(message, content, tool calls)`` of a completion's first choice; ValueError when it
+    has no message. Non-string content becomes its JSON, a non-list ``tool_calls`` a list of
+    one, lone surrogates U+FFFD."""
     choices = _field(resp, "choices")
     if not choices:
         raise ValueError("the response has no choices")
@@ -170,7 +284,7 @@ def _reply_parts(resp) -> tuple[str | None, list]:
     calls = _field(msg, "tool_calls") or []
     if not isinstance(calls, list):
         calls = [calls]
-    return content, calls
+    return msg, content, calls
 
 
 def run_react(
@@ -201,7 +315,10 @@ def run_react(
         {"role": "system", "content": system},
         {"role": "user", "content": question},
     ]
-    result = TrialOutcome(None, "max_iterations")
+    transcript = Transcript()
+    transcript.add("system", 0, system)
+    transcript.add("user", 0, question)
+    result = TrialOutcome(None, "max_iterations", messages=transcript.rows)
     window = chat.resolved.context_window
     context_tokens, new_chars = 0, len(system) + len(question)
 
@@ -230,10 +347,17 @@ def run_react(
         result.add_call(rec)
         context_tokens, new_chars = rec.prompt_tokens + rec.completion_tokens, 0
         try:
-            content, calls = _reply_parts(resp)
+            msg, content, calls = _reply_parts(resp)
         except ValueError as exc:
             stop("api_error", f"malformed model response: {exc}")
             break
+        parts = [_tool_call_parts(tc, turn, i) for i, tc in enumerate(calls)]
+        reasoning = reasoning_text(msg)
+        transcript.add(
+            "assistant", turn, content,
+            reasoning=None if reasoning is None else clean_text(reasoning),
+            tool_calls=[{"id": c, "name": n, "arguments": a} for c, n, a in parts],
+        )
         if not calls:
             result.answer = content
             stop("no_tool_call")
@@ -243,7 +367,6 @@ def run_react(
                  f"{len(calls)} tool calls in one turn; the limit is "
                  f"{o.max_tool_calls_per_turn}")
             break
-        parts = [_tool_call_parts(tc, turn, i) for i, tc in enumerate(calls)]
         messages.append(
             {
                 "role": "assistant",
@@ -268,6 +391,7 @@ def run_react(
                 final = out
                 break
             messages.append({"role": "tool", "tool_call_id": cid, "content": out.content})
+            transcript.tool_result(turn, out)
             new_chars += len(out.content)
         if final is not None:
             result.answer = final.answer
