@@ -125,11 +125,10 @@ LOOK_AROUND = textwrap.dedent("""
 
 def test_validate_runs_in_its_own_sandbox_with_only_its_folder(shop, tmp_path, settings):
     (shop / "query2" / "validate.py").write_text(LOOK_AROUND)
-    from tasks import storage
+    from tasks.scoring import load_scoring
 
-    manifest = storage.read_json(import_dab_dataset.fn(str(shop), str(tmp_path / "art")))
-    q2 = next(q for q in manifest["queries"] if q["id"] == "query2")
-    v = q2["validator"]
+    scoring = load_scoring(import_dab_dataset.fn(str(shop), str(tmp_path / "art")))
+    v = scoring["queries"]["query2"]["validator"]
     ok, reason = run_validate_script(v["script"], "x", folder=v["folder"], support=v["support"])
     seen = json.loads(reason)
     assert ok and set(seen["cwd"]) <= {"validate.py", "query.json", "ground_truth.csv", "answer.txt",

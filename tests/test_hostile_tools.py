@@ -115,8 +115,8 @@ def test_mongo_lookup_bomb_ends_at_the_limit_while_another_trial_answers(
                  ("query_db", {"db": "catalog", "query": json.dumps(plain)})))}
 
     def respond(body, index):
-        if len(body["messages"]) == 2:
-            return steps[body["messages"][1]["content"]]
+        if len(body["messages"]) == 2:  # the first user message holds the question
+            return next(step for q, step in steps.items() if q in body["messages"][1]["content"])
         return tool_calls(("return_answer", {"answer": "done"}))
 
     root = str(tmp_path / "artifacts")
