@@ -412,6 +412,9 @@ class ToolBox:
 
     # -- tools ------------------------------------------------------------------------------
     def _tool_list_db(self, out: ToolOutcome, db: str | None = None) -> None:
+        if db is not None and not isinstance(db, str):
+            return self._fail(out, f"bad arguments for list_db: db must be a string, got "
+                                   f"{type(db).__name__}")
         if db is None:
             listing = [
                 {
@@ -424,7 +427,7 @@ class ToolBox:
             ]
             return self._ok(out, listing)
         if db not in self.databases:
-            return self._fail(out, f"unknown database {db!r}; have {sorted(self.databases)}")
+            return self._fail(out, f"unknown database {db[:100]!r}; have {sorted(self.databases)}")
         tables = [
             {"table": t.name, "columns": {c.name: c.type for c in t.columns}}
             for t in cached_tables(self.databases[db])
