@@ -47,9 +47,8 @@ def short_limits(monkeypatch):
 
 
 def _run(payloads, manifest_uri, query_id, tmp_path, key, monkeypatch):
-    monkeypatch.setenv("QUERYLAB_MODELS", "")  # set by register_model below, undone after
     with ScriptedOpenAIServer(hostile.responder(payloads)) as srv:
-        agent = hostile.register_model(srv, tmp_path)
+        agent = hostile.register_model(srv, tmp_path, monkeypatch.setenv)
         root = str(tmp_path / "artifacts")
         verdicts = hostile.run_payloads(payloads, srv, agent, manifest_uri, query_id, root, key)
     trials = pl.read_parquet(batch_uri(root, "hostile", key, "trials"))
@@ -73,7 +72,7 @@ def test_rerun_of_a_hostile_batch_replays_the_cache_and_finishes(tmp_path, stock
     never_completions = {"body that is not UTF-8", "body that is not JSON", "no choices"}  # not cached
     payloads = [p for p in hostile.tool_call_shapes() if p.name not in never_completions]
     with ScriptedOpenAIServer(hostile.responder(payloads)) as srv:
-        agent = hostile.register_model(srv, tmp_path)
+        agent = hostile.register_model(srv, tmp_path, monkeypatch.setenv)
         root = str(tmp_path / "artifacts")
         first = hostile.run_payloads(payloads, srv, agent, stocks_uri, STOCKS_QUERY, root, "again")
         assert all(v.blocked for v in first)
@@ -121,7 +120,7 @@ def test_mongo_lookup_bomb_ends_at_the_limit_while_another_trial_answers(
 
     root = str(tmp_path / "artifacts")
     with ScriptedOpenAIServer(respond) as srv:
-        agent = hostile.register_model(srv, tmp_path)
+        agent = hostile.register_model(srv, tmp_path, monkeypatch.setenv)
         out: dict = {}
 
         def go(key, qid):

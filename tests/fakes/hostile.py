@@ -211,17 +211,21 @@ def py(code: str) -> Any:
     return call("execute_python", code=code)
 
 
-def register_model(server: ScriptedOpenAIServer, directory: Path) -> str:
-    """Register model ``hostile-m`` at ``server`` in a models file under ``directory``
-    (``QUERYLAB_MODELS`` and its key variable are set in ``os.environ``); returns the agent."""
+def register_model(server: ScriptedOpenAIServer, directory: Path,
+                   setenv: Callable[[str, str], None] | None = None) -> str:
+    """Register model ``hostile-m`` at ``server`` in a models file under ``directory``;
+    ``QUERYLAB_MODELS`` and its key variable are set with ``setenv`` (tests: pytest's
+    ``monkeypatch.setenv``, undone after the test; default: ``os.environ``). Returns the
+    agent."""
+    setenv = setenv or os.environ.__setitem__
     path = Path(directory) / "hostile-models.yaml"
     path.write_text(
         "models:\n"
         f"  - {{name: hostile-m, model: hostile-x, base_url: '{server.base_url}', "
         "api_key_env: QL_HOSTILE_KEY, prices: {input: 1.0, output: 2.0}, context_window: 1000000}\n"
     )
-    os.environ["QUERYLAB_MODELS"] = str(path)
-    os.environ["QL_HOSTILE_KEY"] = "sk-hostile-test"
+    setenv("QUERYLAB_MODELS", str(path))
+    setenv("QL_HOSTILE_KEY", "sk-hostile-test")
     return "openai:hostile-m"
 
 
