@@ -72,16 +72,17 @@ def benchmark(
         failed = [r for r in preflight_agents(agents, agent_options) if not r.ok]
         if failed:
             raise AgentConfigError("preflight failed: " + "; ".join(r.line() for r in failed))
-    runs.record_benchmark(root, run_id, {
-        "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
-        "agent_options": agent_options or {}, "hints": hint_conditions(hints),
-        "query_ids": list(query_ids or []), "limit": limit, "max_error_share": max_error_share,
-    })
-    with tags(*run_tag_list):
-        manifests = datasets_stage(run_id, root)
-        trials = trials_stage(run_id, root)
-        score = score_stage(run_id, root)
-        report = report_stage(run_id, root)
+    with runs.run_lease(root, run_id):  # one process per run id, across all the stages
+        runs.record_benchmark(root, run_id, {
+            "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
+            "agent_options": agent_options or {}, "hints": hint_conditions(hints),
+            "query_ids": list(query_ids or []), "limit": limit, "max_error_share": max_error_share,
+        })
+        with tags(*run_tag_list):
+            manifests = datasets_stage(run_id, root)
+            trials = trials_stage(run_id, root)
+            score = score_stage(run_id, root)
+            report = report_stage(run_id, root)
     out = {"run_id": run_id, "manifests": manifests, "trials": trials,
            "score": {k: v for k, v in score.items() if k != "manifests"}, "report": report}
     runs.check_error_share(root, run_id, max_error_share, out)

@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from querylab import cmd_agents
     from schemas.settings import Settings
     from tasks.catalogue import default_datasets
-    from tasks.runs import valid_run_id
+    from tasks.runs import run_lease, valid_run_id
     from tasks.trials import parse_agent
 
     settings = Settings.from_env()
@@ -134,9 +134,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_preflight(agents, options, "run")
 
     hints = list(dict.fromkeys(args.hints or ["off"]))
-    print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
-          f"hints {'/'.join(hints)}, artifacts in {root}")
-    return _run_benchmark(args, run_id, root, names, agents, options, hints)
+    with run_lease(root, run_id):  # refuses at once (LeaseHeld) when another process runs it
+        print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
+              f"hints {'/'.join(hints)}, artifacts in {root}")
+        return _run_benchmark(args, run_id, root, names, agents, options, hints)
 
 
 def _run_benchmark(args, run_id, root, names, agents, options, hints) -> int:

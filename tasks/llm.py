@@ -480,6 +480,17 @@ def usage_counts(usage: Any) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------------------------
 
 
+def _construct(data: Any) -> ChatCompletion | None:
+    """A cached response that does not validate, built without validation (as the client
+    builds API responses); None if it is not even a mapping."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return ChatCompletion.construct(**data)
+    except Exception:  # noqa: BLE001 - an unusable entry is a cache miss
+        return None
+
+
 def cache_key(
     model_id: str, base_url: str, messages: list, tools: list | None, sampling: dict, trial: int
 ) -> str:
@@ -494,7 +505,7 @@ def cache_key(
         "trial": trial,
     }
     blob = json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class ResponseCache:
@@ -530,7 +541,9 @@ class ResponseCache:
         """Store ``entry`` (no-op when mode is ``off``)."""
         if self.mode == "off":
             return
-        data = json.dumps(entry, separators=(",", ":"), ensure_ascii=False, default=str)
+        # ASCII JSON: a response holding lone surrogates (invalid UTF-8 from the model) is
+        # stored as \\udxxx escapes and reads back unchanged
+        data = json.dumps(entry, separators=(",", ":"), ensure_ascii=True, default=str)
         storage.write_bytes(self.uri(key), data.encode())
 
 
@@ -795,7 +808,11 @@ class ChatModel:
             if entry is not None:
                 try:
                     resp = ChatCompletion.model_validate(entry["response"])
-                except (ValidationError, KeyError, TypeError):
+                except ValidationError:
+                    # what the API sent did not match the schema either (hostile model output
+                    # in tool calls): build it as leniently as the client did
+                    resp = _construct(entry["response"])
+                except (KeyError, TypeError):
                     resp = None
                 if resp is not None and resp.choices:
                     self._fill(record, resp, cost=False)
@@ -832,6 +849,9 @@ class ChatModel:
                     f"no slot of the model's Prefect concurrency/rate limits before the trial's "
                     f"wall time ran out ({model_limit_names(r.name)})",
                 )
+            except ValueError as exc:  # a body that is not JSON / UTF-8: not retried
+                return self._fail(record, start, "api_error",
+                                  f"the API's response could not be decoded: {exc}"[:500])
             except (openai.OpenAIError, _EmptyResponse) as exc:
                 if _is_context_overflow(exc):
                     _, _, msg = classify_error(exc)
@@ -864,7 +884,7 @@ class ChatModel:
             self.cache.put(
                 key,
                 {
-                    "response": resp.model_dump(mode="json", exclude_unset=True),
+                    "response": resp.model_dump(mode="json", exclude_unset=True, warnings=False),
                     "cost_usd": record.cost_usd,
                     "model": r.model_id,
                     "base_url": r.base_url,
@@ -892,8 +912,10 @@ class ChatModel:
         record.prompt_tokens, record.cached_tokens = prompt, cached
         record.completion_tokens = completion
         choice = resp.choices[0]
-        record.finish_reason = choice.finish_reason
-        record.n_tool_calls = len(choice.message.tool_calls or [])
+        finish = getattr(choice, "finish_reason", None)
+        record.finish_reason = None if finish is None else str(finish)[:100]
+        calls = getattr(getattr(choice, "message", None), "tool_calls", None)
+        record.n_tool_calls = len(calls) if isinstance(calls, list) else int(calls is not None)
         if cost:
             record.cost_usd = self.resolved.prices.cost_usd(prompt, cached, completion)
 
