@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow, unmapped
 
 from schemas.settings import Settings
+from tasks import local_model
 from tasks.progress import StageProgress, count_finished_trials
 from tasks.runs import gather
 from tasks.trials import combine_trials, describe_agents, plan_batches, run_trial_batch
@@ -19,6 +20,7 @@ def run_trials(
     batch_size: int = 25,
     artifacts_root: str | None = None,
     agent_options: dict | None = None,
+    agent_plans: dict[str, dict] | None = None,
 ) -> dict[str, str]:
     """Check the agents (fails before any trial when one cannot run), run every trial
     (finished batches and checkpointed trials are skipped) and combine the batches.
@@ -27,16 +29,20 @@ def run_trials(
     :class:`tasks.runs.StageFailed` naming the failed batches (re-running skips the finished
     ones). Progress (trials done, counted from checkpoints) goes to a Prefect progress artifact
     and the CLI's bar. ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits,
-    retries, sampling, cache, sandbox limits). Returns the URIs of ``trials``, ``tool_calls``,
+    retries, sampling, cache, sandbox limits); ``agent_plans``: per-agent datasets and trials
+    (:class:`schemas.runs.AgentPlan` dicts). Returns the URIs of ``trials``, ``tool_calls``,
     ``llm_calls`` and ``agents`` (agents.json).
     """
     root = artifacts_root or Settings.from_env().artifacts
-    agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options)
-    batches = plan_batches(manifest_uris, agents, n_trials, batch_size, agent_options)
-    keys = [b["key"] for b in batches]
-    total = sum(len(b["items"]) for b in batches)
-    with StageProgress("trials", run_id, total, unit="trials") as progress:
-        progress.poll(lambda: count_finished_trials(root, run_id, batches))
-        futures = run_trial_batch.map(unmapped(run_id), unmapped(root), batches)
-        gather(futures, keys, run_id, "trials")
+    with local_model.serving():  # local:<model> servers: shared by the batches, then stopped
+        agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options)
+        batches = plan_batches(
+            manifest_uris, agents, n_trials, batch_size, agent_options, agent_plans
+        )
+        keys = [b["key"] for b in batches]
+        total = sum(len(b["items"]) for b in batches)
+        with StageProgress("trials", run_id, total, unit="trials") as progress:
+            progress.poll(lambda: count_finished_trials(root, run_id, batches))
+            futures = run_trial_batch.map(unmapped(run_id), unmapped(root), batches)
+            gather(futures, keys, run_id, "trials")
     return {**combine_trials(run_id, root, keys), "agents": agents_uri}

@@ -25,6 +25,62 @@ def _check_datasets(names: list[str] | None) -> None:
         raise UsageError(f"unknown dataset(s) {unknown}; have {sorted(known)}")
 
 
+def _agent_plans(args: argparse.Namespace, agents: list[str]) -> dict[str, dict]:
+    """``--agent-datasets AGENT=D1,D2`` and ``--agent-trials AGENT=N`` as
+    :class:`schemas.runs.AgentPlan` dicts by agent (UsageError for a bad value)."""
+    plans: dict[str, dict] = {}
+    for flag, field, values in (("--agent-datasets", "datasets", args.agent_datasets),
+                                ("--agent-trials", "n_trials", args.agent_trials)):
+        for text in values or []:
+            agent, sep, value = text.rpartition("=")
+            if not sep or not agent or not value:
+                raise UsageError(f"{flag} {text!r}: use AGENT=VALUE")
+            if agent not in agents:
+                raise UsageError(f"{flag} {text!r}: {agent} is not one of the agents {agents}")
+            if field == "datasets":
+                names = [d.strip() for d in value.split(",") if d.strip()]
+                _check_datasets(names)
+                plans.setdefault(agent, {})[field] = names
+            else:
+                try:
+                    n = int(value)
+                except ValueError:
+                    n = 0
+                if n < 1:
+                    raise UsageError(f"{flag} {text!r}: the trial count must be an integer >= 1")
+                plans.setdefault(agent, {})[field] = n
+    return plans
+
+
+def _print_timings(root: str, run_id: str, trials_uri: str | None) -> None:
+    """One line: how long each stage of the run took (from its stage records) and each
+    agent's summed trial time."""
+    from datetime import datetime
+
+    from tasks.runs import stage_status
+
+    parts = []
+    for stage in ("datasets", "trials", "report"):
+        st = stage_status(root, run_id, stage)
+        if st is not None and st.started_at and st.finished_at:
+            took = (datetime.fromisoformat(st.finished_at)
+                    - datetime.fromisoformat(st.started_at)).total_seconds()
+            parts.append(f"{stage} {took:.1f} s")
+    if trials_uri:
+        import polars as pl
+
+        from schemas import artifacts
+        from tasks import storage
+
+        trials = pl.from_arrow(storage.read_parquet(trials_uri, artifacts.TRIALS))
+        per_agent = trials.group_by("agent", maintain_order=True).agg(
+            pl.len().alias("n"), pl.col("latency_s").sum().alias("s"))
+        parts += [f"{r['agent']} {r['n']} trials {r['s']:.1f} s"
+                  for r in per_agent.iter_rows(named=True)]
+    if parts:
+        print("time:      " + "; ".join(parts))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``querylab run``: validate the options, run the benchmark flow, print the report."""
     from flows.benchmark import benchmark
@@ -44,6 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_datasets(args.dataset)
     if args.trials < 1 or args.batch_size < 1:
         raise UsageError("--trials and --batch-size must be at least 1")
+    plans = _agent_plans(args, agents)
     print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
           f"artifacts in {root}")
     try:
@@ -56,6 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 batch_size=args.batch_size,
                 artifacts_root=root,
                 agent_options=cmd_agents.agent_options_from_args(args),
+                agent_plans=plans,
             )
     except StageFailed as exc:
         print(f"querylab run: {exc}\n(re-run the failed stage: querylab rerun --run-id {run_id})",
@@ -67,6 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{name + ':':<10} {out['trials'][name]}")
     for uri in out["manifests"]:
         print(f"dataset:   {uri}")
+    _print_timings(root, run_id, out["trials"].get("trials"))
     return status
 
 
@@ -100,9 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="build datasets, run agent trials, print pass@k")
     r.add_argument(
         "--agent", action="append",
-        help="oracle (default), openai:<model> (see `querylab models`), replay:<answers.json>; "
-        "repeat for several agents",
+        help="oracle (default), openai:<model> or local:<model> (see `querylab models`), "
+        "replay:<answers.json>; repeat for several agents",
     )
+    r.add_argument("--agent-datasets", action="append", metavar="AGENT=D1,D2",
+                   help="run AGENT on these datasets only (default: all of the run's); repeat")
+    r.add_argument("--agent-trials", action="append", metavar="AGENT=N",
+                   help="trials per query for AGENT (default: --trials); repeat")
     r.add_argument("--dataset", action="append", help="dataset name (default: all); repeat")
     r.add_argument("--trials", type=int, default=5, help="trials per query (default 5)")
     r.add_argument("--batch-size", type=int, default=25, help="trials per mapped task")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 #: Bump when a field changes meaning; readers reject other major versions.
 RUN_RECORD_VERSION = "1"
@@ -52,18 +52,42 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+class AgentPlan(BaseModel):
+    """What one agent of a run runs when it differs from the run's defaults: ``datasets`` (a
+    subset of the run's; None: all) and ``n_trials`` (trials per query; None: the run's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: list[str] | None = Field(default=None, min_length=1)
+    n_trials: int | None = Field(default=None, ge=1)
+
+
 class BenchmarkConfig(BaseModel):
     """The end-to-end run's configuration (what ``querylab run`` was given, datasets resolved).
 
     ``datasets``: dataset names in build order; ``agents``: ``oracle``, ``openai:<model>``,
-    ``replay:<file>``; ``n_trials``: trials per (agent, query); ``batch_size``: trials per
-    mapped task; ``agent_options``: :class:`schemas.models.AgentOptions` fields."""
+    ``local:<model>``, ``replay:<file>``; ``n_trials``: trials per (agent, query);
+    ``batch_size``: trials per mapped task; ``agent_options``:
+    :class:`schemas.models.AgentOptions` fields; ``agent_plans``: per-agent datasets and trial
+    counts (:class:`AgentPlan`) for agents of ``agents``."""
 
     datasets: list[str] = Field(min_length=1)
     agents: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
     n_trials: int = Field(default=5, ge=1)
     batch_size: int = Field(default=25, ge=1)
     agent_options: dict[str, Any] = Field(default_factory=dict)
+    agent_plans: dict[str, AgentPlan] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _plans_match(self) -> BenchmarkConfig:
+        for agent, plan in self.agent_plans.items():
+            if agent not in self.agents:
+                raise ValueError(f"agent_plans names {agent!r}, which is not one of the agents")
+            unknown = [d for d in plan.datasets or [] if d not in self.datasets]
+            if unknown:
+                raise ValueError(f"agent_plans[{agent!r}] names datasets {unknown} that the run "
+                                 f"does not build (it builds {self.datasets})")
+        return self
 
 
 class RunRecord(BaseModel):

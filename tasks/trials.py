@@ -8,7 +8,8 @@ rows), so a run killed mid-batch resumes with exactly the unfinished trials: non
 twice. Model responses are also kept in the response cache (:mod:`tasks.llm`), so even the
 interrupted trial replays its finished model calls without HTTP requests.
 
-Agents: ``oracle``, ``openai:<model>`` (a model of the models table, see ``data/models.yaml``)
+Agents: ``oracle``, ``openai:<model>`` (a model of the models table, see ``data/models.yaml``),
+``local:<model>`` (a local GGUF model of the table, served by querylab: :mod:`tasks.local_model`)
 and ``replay:<answer file>``.
 """
 
@@ -37,6 +38,7 @@ from tasks.llm import (
     AgentConfigError,
     ChatModel,
     ResponseCache,
+    check_tool_protocol,
     load_models_config,
     resolve_model,
 )
@@ -64,6 +66,7 @@ log = logging.getLogger(__name__)
 
 def parse_agent(agent: str) -> tuple[str, str | None]:
     """``"oracle"`` → ("oracle", None); ``"openai:gpt-4o-mini"`` → ("openai", "gpt-4o-mini");
+    ``"local:smollm2-135m"`` → ("local", "smollm2-135m");
     ``"replay:answers.json"`` → ("replay", "answers.json").
 
     Raises AgentConfigError for anything else (and for a ``|`` in the name, which separates
@@ -74,10 +77,11 @@ def parse_agent(agent: str) -> tuple[str, str | None]:
     if agent == "oracle":
         return "oracle", None
     kind, _, arg = agent.partition(":")
-    if kind in ("openai", "replay") and arg:
+    if kind in ("openai", "local", "replay") and arg:
         return kind, arg
     raise AgentConfigError(
-        f"unknown agent {agent!r}; use 'oracle', 'openai:<model>' or 'replay:<answer file>'"
+        f"unknown agent {agent!r}; use 'oracle', 'openai:<model>', 'local:<model>' or "
+        "'replay:<answer file>'"
     )
 
 
@@ -103,6 +107,8 @@ def check_agents(
     """Check that every agent can run before any trial does; return their descriptions.
 
     ``openai:<model>``: resolved through the models table (key present, endpoint valid);
+    ``local:<model>``: its server started (it stays up for the run) and, for tool protocol
+    ``auto``, probed once (the description records the protocol used);
     ``replay:<file>``: parsed, and its queries matched against the given datasets. Returns
     JSON-able dicts ``{"agent", "kind", ...}`` (endpoint, prices, ``priced``; never a key).
     Raises AgentConfigError (or ReplayError) with a message naming the problem.
@@ -114,10 +120,11 @@ def check_agents(
     for agent in agents:
         kind, arg = parse_agent(agent)
         desc: dict = {"agent": agent, "kind": kind}
-        if kind == "openai":
+        if kind in ("openai", "local"):
             config = config or load_models_config(env=env)
-            resolved = resolve_model(arg, config, env)
+            resolved = resolve_model(agent if kind == "local" else arg, config, env)
             desc.update(resolved.describe())
+            desc["tool_protocol"] = check_tool_protocol(resolved, opts)
             if not resolved.priced:
                 log.warning("%s is not in the models table: its cost is recorded as 0", agent)
         elif kind == "replay":
@@ -131,7 +138,7 @@ def check_agents(
                  "ignored_datasets": sorted(answers.datasets() - names)}
             )
         out.append(desc)
-    if any(d["kind"] == "openai" for d in out):
+    if any(d["kind"] in ("openai", "local") for d in out):
         for d in out:
             d["options"] = opts.model_dump()
     return out
@@ -159,8 +166,12 @@ def plan_batches(
     n_trials: int,
     batch_size: int = 25,
     options: dict | None = None,
+    agent_plans: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Expand agents × datasets × queries × trials into batches of at most ``batch_size``.
+
+    ``agent_plans`` (:class:`schemas.runs.AgentPlan` dicts by agent) narrow one agent to some
+    datasets (by name) and/or give it its own trials per query instead of ``n_trials``.
 
     A ``replay:<file>`` agent's trials come from its file, not from ``n_trials``: for each
     dataset the file answers, every query gets as many trials as the file's largest run number
@@ -179,9 +190,13 @@ def plan_batches(
     fingerprints = {agent: _fingerprint(agent) for agent in agents}
     batches = []
     for agent in agents:
+        plan = (agent_plans or {}).get(agent) or {}
         for uri in manifest_uris:
             manifest = storage.read_json(uri)
-            runs = _replay_runs(agent, manifest) if agent.startswith("replay:") else n_trials
+            if plan.get("datasets") is not None and manifest["name"] not in plan["datasets"]:
+                continue
+            runs = (_replay_runs(agent, manifest) if agent.startswith("replay:")
+                    else plan.get("n_trials") or n_trials)
             items = [[q["id"], t] for q in manifest["queries"] for t in range(runs)]
             for start in range(0, len(items), batch_size):
                 chunk = items[start : start + batch_size]
@@ -230,15 +245,15 @@ class _Agent:
 
     def __init__(self, agent: str, manifest: dict, options: AgentOptions, artifacts_root: str):
         self.kind, arg = parse_agent(agent)
-        self.model: str | None = arg if self.kind == "openai" else None
+        self.model: str | None = arg if self.kind in ("openai", "local") else None
         self.chat: ChatModel | None = None
         self.error: str | None = None
         self.replay: dict | None = None
         self.options = options
         self.system = system_prompt(manifest)
         try:
-            if self.kind == "openai":
-                resolved = resolve_model(arg)
+            if self.kind in ("openai", "local"):
+                resolved = resolve_model(agent if self.kind == "local" else arg)
                 cache = None if options.cache == "off" else ResponseCache(artifacts_root, options.cache)
                 self.chat = ChatModel(resolved, options, cache)
             elif self.kind == "replay":
