@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from querylab import UsageError, run_id_or_new
 
@@ -52,33 +53,33 @@ def _agent_plans(args: argparse.Namespace, agents: list[str]) -> dict[str, dict]
     return plans
 
 
-def _print_timings(root: str, run_id: str, trials_uri: str | None) -> None:
-    """One line: how long each stage of the run took (from its stage records) and each
-    agent's summed trial time."""
+def _print_timings(root: str, run_id: str, trials: dict, total_s: float) -> None:
+    """How long the run took: each stage (wall time, from its stage record), each agent's
+    trials (summed trial time: batches run side by side) and a local model's server load."""
     from datetime import datetime
 
+    import polars as pl
+
+    from schemas import artifacts
+    from tasks import storage
     from tasks.runs import stage_status
 
-    parts = []
+    stages = []
     for stage in ("datasets", "trials", "report"):
         st = stage_status(root, run_id, stage)
         if st is not None and st.started_at and st.finished_at:
             took = (datetime.fromisoformat(st.finished_at)
                     - datetime.fromisoformat(st.started_at)).total_seconds()
-            parts.append(f"{stage} {took:.1f} s")
-    if trials_uri:
-        import polars as pl
-
-        from schemas import artifacts
-        from tasks import storage
-
-        trials = pl.from_arrow(storage.read_parquet(trials_uri, artifacts.TRIALS))
-        per_agent = trials.group_by("agent", maintain_order=True).agg(
-            pl.len().alias("n"), pl.col("latency_s").sum().alias("s"))
-        parts += [f"{r['agent']} {r['n']} trials {r['s']:.1f} s"
-                  for r in per_agent.iter_rows(named=True)]
-    if parts:
-        print("time:      " + "; ".join(parts))
+            stages.append(f"{stage} {took:.1f} s")
+    print(f"time:      {total_s:.1f} s in all ({', '.join(stages)})")
+    if trials.get("trials"):
+        table = pl.from_arrow(storage.read_parquet(trials["trials"], artifacts.TRIALS))
+        loads = {d["agent"]: d["local"]["load_s"] for d in storage.read_json(trials["agents"])
+                 if d.get("local")} if trials.get("agents") else {}
+        for r in table.group_by("agent", maintain_order=True).agg(
+                pl.len().alias("n"), pl.col("latency_s").sum().alias("s")).iter_rows(named=True):
+            load = f", server loaded in {loads[r['agent']]:.1f} s" if r["agent"] in loads else ""
+            print(f"           {r['agent']}: {r['n']} trials, {r['s']:.1f} s summed{load}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -88,6 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from querylab.cmd_report import print_report, with_run_details
     from schemas.settings import Settings
     from tasks.progress import console_progress
+    from tasks.llm import local_entry
     from tasks.runs import StageFailed, valid_run_id
     from tasks.trials import parse_agent
 
@@ -96,13 +98,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_id = valid_run_id(run_id_or_new(args.run_id))
     agents = args.agent or ["oracle"]
     for agent in agents:
-        parse_agent(agent)
+        kind, name = parse_agent(agent)
+        if kind == "local":  # installed? (before anything is built; the server starts later)
+            local_entry(name)
     _check_datasets(args.dataset)
     if args.trials < 1 or args.batch_size < 1:
         raise UsageError("--trials and --batch-size must be at least 1")
     plans = _agent_plans(args, agents)
     print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
           f"artifacts in {root}")
+    started = time.monotonic()
     try:
         with console_progress(args.progress):
             out = benchmark(
@@ -125,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{name + ':':<10} {out['trials'][name]}")
     for uri in out["manifests"]:
         print(f"dataset:   {uri}")
-    _print_timings(root, run_id, out["trials"].get("trials"))
+    _print_timings(root, run_id, out["trials"], time.monotonic() - started)
     return status
 
 

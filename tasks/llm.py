@@ -258,10 +258,13 @@ def resolve_model(
     )
 
 
-def _resolve_local(name: str, config: ModelsConfig) -> ResolvedModel:
-    """``local:<name>``: the entry's server (started or reused) as a resolved model."""
+def local_entry(name: str, config: ModelsConfig | None = None) -> ModelConfig:
+    """The models-table entry of ``local:<name>`` after checking, without starting anything,
+    that it can be served: the entry has a ``local`` block, ``xllamacpp`` is installed and the
+    weights file exists. AgentConfigError saying what is missing and how to install it."""
     from tasks import local_model
 
+    config = load_models_config() if config is None else config
     entry = config.get(name)
     if entry is None or entry.local is None:
         local = sorted(m.name for m in config.models if m.local is not None)
@@ -269,6 +272,21 @@ def _resolve_local(name: str, config: ModelsConfig) -> ResolvedModel:
             f"local:{name}: no local model of that name in the models table; have "
             f"{', '.join('local:' + n for n in local) or 'none'}"
         )
+    if not local_model.xllamacpp_installed():
+        raise AgentConfigError(f"local:{name} needs xllamacpp: {local_model.INSTALL_HINT}")
+    try:
+        local_model.weights_path(entry.local)
+    except local_model.LocalModelError as exc:
+        raise AgentConfigError(f"local:{name}: {exc}") from None
+    return entry
+
+
+def _resolve_local(name: str, config: ModelsConfig) -> ResolvedModel:
+    """``local:<name>``: the entry's server (started or reused) as a resolved model."""
+    from tasks import local_model
+
+    entry = local_entry(name, config)
+    assert entry.local is not None
     try:
         server = local_model.ensure_server(name, entry.local, entry.context_window)
     except local_model.LocalModelError as exc:

@@ -182,7 +182,7 @@ def test_text2sql_generation_with_the_local_model(serving, pg_server_url, settin
     questions = str(SHARED_DATA / "tpcds" / "business_questions.json")
     (batch,) = plan_generation_batches([AGENT], ["3", "7"], batch_size=2)
     uri = run_generation_batch.fn("local-t2s", settings.artifacts, batch, questions,
-                                  {"max_retries": 1, "max_tokens": 120})
+                                  {"max_retries": 1, "max_tokens": 96})
     gens = pl.read_parquet(uri)
     assert gens["model"].unique().to_list() == [AGENT]
     assert sorted(gens["query_id"].unique()) == ["3", "7"]
