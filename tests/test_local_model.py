@@ -95,8 +95,8 @@ def weights_package(tmp_path, monkeypatch):
 def test_weights_are_found_in_a_package_without_importing_it(weights_package):
     path = local_model.weights_path(LocalModel(package="qlfakeweights", file="model.gguf"))
     assert path == weights_package / "model.gguf"
-    assert local_model.weights_path(
-        LocalModel(package="qlfakeweights", file="sub/deep.gguf")) == weights_package / "sub" / "deep.gguf"
+    deep = LocalModel(package="qlfakeweights", file="sub/deep.gguf")
+    assert local_model.weights_path(deep) == weights_package / "sub" / "deep.gguf"
     assert "qlfakeweights" not in sys.modules
 
 
