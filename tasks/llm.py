@@ -136,8 +136,8 @@ def load_models_config(
 @dataclass
 class ResolvedModel:
     """A model ready to call: ``name`` (as in ``openai:<name>``, or ``local:<name>`` whole),
-    ``model_id`` (sent to the
-    API), ``base_url`` (no trailing ``/``, never credentials), ``api_key`` (never logged),
+    ``model_id`` (sent to the API), ``base_url`` (no trailing ``/``, never credentials),
+    ``api_key`` (never logged),
     ``prices`` (USD per million tokens), ``context_window`` (tokens, None when unknown),
     ``sampling`` defaults, ``provider``, ``priced`` (False: not in the models table, cost
     recorded as 0), ``tool_protocol`` (``native``, ``json_schema`` or ``auto``), ``cache_base_url``
