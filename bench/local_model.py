@@ -61,7 +61,7 @@ def main() -> None:
     from schemas.models import AgentOptions
     from schemas.settings import Settings
     from tasks import local_model, storage, tool_protocol
-    from tasks.agent import run_react, system_prompt
+    from tasks.agent import run_react, system_prompt, user_prompt
     from tasks.build import build_dataset_artifacts
     from tasks.engines import ensure_loaded, open_databases
     from tasks.llm import ChatModel, resolve_model
@@ -101,7 +101,8 @@ def main() -> None:
             for trial in range(args.trials):
                 work = _TMP / "work" / f"{query['id']}-{trial}"
                 toolbox = ToolBox(databases, work, descriptions=descriptions)
-                out = run_react(chat, toolbox, query["question"], system, trial, options)
+                prompt = user_prompt(manifest, query["question"])
+                out = run_react(chat, toolbox, prompt, system, trial, options)
                 latencies += [c.latency_s for c in out.llm_calls]
                 print(f"  {query['id']}: {out.terminate_reason}, {out.n_llm_calls} calls, "
                       f"{len(out.tool_calls)} tool calls, {out.latency_s:.1f} s")

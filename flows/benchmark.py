@@ -9,7 +9,7 @@ from flows.stages import datasets_stage, report_stage, trials_stage
 from schemas.settings import Settings
 from tasks import local_model, runs
 from tasks.trials import agent_options as check_agent_options
-from tasks.trials import parse_agent
+from tasks.trials import hint_conditions, parse_agent
 
 
 @flow(name="benchmark")
@@ -22,14 +22,16 @@ def benchmark(
     artifacts_root: str | None = None,
     agent_options: dict | None = None,
     agent_plans: dict[str, dict] | None = None,
+    hints: list[str] | None = None,
 ) -> dict:
     """Build ``datasets`` (default: :func:`flows.datasets.default_datasets` — the PyPI datasets,
     plus the shared-data ones when ``QUERYLAB_SHARED_DATA`` / ``../shared/data`` exists, with a
     warning naming those skipped), run ``agents`` (default: oracle) ``n_trials`` times per
     query, and report pass@k. ``agent_options``: :class:`schemas.models.AgentOptions` fields
     (limits, retries, sampling, cache); ``agent_plans``: per-agent ``datasets`` / ``n_trials``
-    (:class:`schemas.runs.AgentPlan`, e.g. a slow model on one dataset only). ``run_id``
-    default: a new one (scheduled deployments).
+    (:class:`schemas.runs.AgentPlan`, e.g. a slow model on one dataset only). ``hints``: hint
+    conditions, ``["off"]`` (default, as DAB), ``["on"]`` or both
+    (:func:`tasks.trials.plan_batches`). ``run_id`` default: a new one (scheduled deployments).
 
     The configuration is recorded in ``runs/<run_id>/run.json`` first, so any stage can be
     re-run later from the run id alone (:mod:`flows.stages`); the stages run inline here (each
@@ -49,6 +51,7 @@ def benchmark(
     runs.record_benchmark(root, run_id, {
         "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
         "agent_options": agent_options or {}, "agent_plans": agent_plans or {},
+        "hints": hint_conditions(hints),
     })
     with local_model.serving():  # local:<model> servers live until the run ends
         manifests = datasets_stage(run_id, root)

@@ -66,7 +66,7 @@ def trials_stage(run_id: str, root: str) -> dict[str, str]:
     with runs.stage_run(root, run_id, "trials") as stage:
         out = run_trials(
             run_id, manifests, config.agents, config.n_trials, config.batch_size, root,
-            config.agent_options,
+            config.agent_options, config.hints,
             {a: p.model_dump() for a, p in config.agent_plans.items()},
         )
         stage.outputs = dict(out)

@@ -21,6 +21,7 @@ def run_trials(
     artifacts_root: str | None = None,
     agent_options: dict | None = None,
     agent_plans: dict[str, dict] | None = None,
+    hints: list[str] | None = None,
 ) -> dict[str, str]:
     """Check the agents (fails before any trial when one cannot run), run every trial
     (finished batches and checkpointed trials are skipped) and combine the batches.
@@ -29,15 +30,18 @@ def run_trials(
     :class:`tasks.runs.StageFailed` naming the failed batches (re-running skips the finished
     ones). Progress (trials done, counted from checkpoints) goes to a Prefect progress artifact
     and the CLI's bar. ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits,
-    retries, sampling, cache, sandbox limits); ``agent_plans``: per-agent datasets and trials
+    retries, sampling, cache, sandbox limits); ``hints``: hint conditions (default ``["off"]``,
+    see :func:`tasks.trials.plan_batches`); ``agent_plans``: per-agent datasets and trials
     (:class:`schemas.runs.AgentPlan` dicts). Returns the URIs of ``trials``, ``tool_calls``,
     ``llm_calls`` and ``agents`` (agents.json).
     """
     root = artifacts_root or Settings.from_env().artifacts
     with local_model.serving():  # local:<model> servers: shared by the batches, then stopped
-        agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options)
+        agents_uri = describe_agents(
+            run_id, root, agents, manifest_uris, agent_options, hints
+        )
         batches = plan_batches(
-            manifest_uris, agents, n_trials, batch_size, agent_options, agent_plans
+            manifest_uris, agents, n_trials, batch_size, agent_options, hints, agent_plans
         )
         keys = [b["key"] for b in batches]
         total = sum(len(b["items"]) for b in batches)

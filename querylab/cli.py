@@ -105,8 +105,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trials < 1 or args.batch_size < 1:
         raise UsageError("--trials and --batch-size must be at least 1")
     plans = _agent_plans(args, agents)
+    hints = list(dict.fromkeys(args.hints or ["off"]))
     print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
-          f"artifacts in {root}")
+          f"hints {'/'.join(hints)}, artifacts in {root}")
     started = time.monotonic()
     try:
         with console_progress(args.progress):
@@ -119,6 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 artifacts_root=root,
                 agent_options=cmd_agents.agent_options_from_args(args),
                 agent_plans=plans,
+                hints=hints,
             )
     except StageFailed as exc:
         print(f"querylab run: {exc}\n(re-run the failed stage: querylab rerun --run-id {run_id})",
@@ -179,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,
         help="progress bar (default: when stderr is a terminal)",
+    )
+    r.add_argument(
+        "--hints", action="append", choices=["on", "off"],
+        help="hint condition: off (default, as DAB) shows the question and the database "
+        "description; on adds the dataset's hints (DAB's --use_hints); repeat "
+        "(--hints off --hints on) to compare both in one run",
     )
     cmd_agents.add_agent_options(r)
     r.set_defaults(func=cmd_run)

@@ -15,7 +15,11 @@ def _budget_args(p: argparse.ArgumentParser) -> None:
                    help="database instances to try per pair (default 1000)")
     g.add_argument("--time-limit", type=float, default=10.0,
                    help="seconds of search per pair (default 10)")
-    g.add_argument("--max-rows", type=int, default=4, help="rows per table at most (default 4)")
+    g.add_argument("--max-rows", type=int, default=4,
+                   help="rows per table of the random instances (default 4)")
+    g.add_argument("--row-budget", type=int, default=64,
+                   help="rows in one table at most for the instances the predicates ask for "
+                        "(HAVING COUNT(*) > 10 wants 11; default 64)")
     g.add_argument("--seed", type=int, default=0, help="seed of the instance generator")
     m = p.add_argument_group("result comparison")
     m.add_argument("--set", dest="bag", action="store_false",
@@ -30,7 +34,7 @@ def _options(args: argparse.Namespace) -> dict:
     opts = {
         "match": {"bag": args.bag, "order": args.order, "permute_columns": args.permute_columns},
         "budget": {"max_instances": args.max_instances, "time_limit_s": args.time_limit,
-                   "max_rows": args.max_rows, "seed": args.seed},
+                   "max_rows": args.max_rows, "row_budget": args.row_budget, "seed": args.seed},
     }
     if getattr(args, "cache", None):
         opts["judge"] = {"cache": args.cache}
@@ -92,6 +96,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_find(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from schemas.equivalence import EquivalenceOptions, QueryPair
     from tasks.counterexample import find_counterexample
     from tasks.equivalence import PairsError, load_pairs, pair_schema
@@ -116,8 +122,13 @@ def cmd_find(args: argparse.Namespace) -> int:
             elif schema.lstrip().startswith("{"):
                 schema = json.loads(schema)
             pair = QueryPair.model_validate({"id": "cli", "sql1": args.sql1, "sql2": args.sql2,
-                                             "schema": schema, "dialect": args.dialect})
+                                             "schema": schema, "dialect": args.dialect,
+                                             "schema_dialect": args.schema_dialect})
         rel = pair_schema(pair, options.db_root)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        print(f"error: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}", file=sys.stderr)
+        return 2
     except (PairsError, SchemaError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -125,10 +136,21 @@ def cmd_find(args: argparse.Namespace) -> int:
                               budget=options.budget, match=options.match)
     print(f"verdict: {res.verdict}")
     print(res.summary())
+    for reading in res.readings:
+        print(f"reading: {reading}")
+    for problem in res.type_errors:
+        print(f"type error: {problem}")
+    for note in res.notes:
+        print(f"note: {note}")
     if res.counterexample:
         print(f"verified: {res.verified}" + (f" ({res.verify_error})" if res.verify_error else ""))
+        print(f"separated by an instance of {res.rows_before_shrink} row(s) ({res.found_by}), "
+              f"shrunk to {res.rows}")
         print("\n-- counterexample (minimal) --")
         print(res.counterexample)
+    if res.error_script:
+        print("\n-- a minimal database on which one query fails (not a counterexample) --")
+        print(res.error_script)
     print(f"instances tried: {res.instances_tried}, seconds: {res.seconds:.2f} ({res.engine})")
     return 1 if res.verdict == "error" else 0
 
@@ -166,7 +188,11 @@ def register(subparsers) -> None:
     f.add_argument("--schema", help="DDL text, a DDL file, or the JSON mapping form")
     f.add_argument("--sql1")
     f.add_argument("--sql2")
-    f.add_argument("--dialect", default="duckdb")
+    f.add_argument("--dialect", default="duckdb",
+                   help="the queries' SQL dialect (sqlglot's names, or ansi / calcite)")
+    f.add_argument("--schema-dialect",
+                   help="the DDL's dialect when it differs (default: detected from the DDL, "
+                        "e.g. backticks → mysql, then --dialect)")
     f.add_argument("--db-root", help="directory where database names in 'db' are looked up")
     _budget_args(f)
     f.set_defaults(func=cmd_find)

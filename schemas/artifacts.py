@@ -23,8 +23,16 @@ def artifact_schema(name: str, fields: list[pa.Field], version: str = SCHEMA_VER
 
 
 
-#: One row per trial (agent × dataset × query × trial index). ``trial_key`` is
-#: ``"<agent>|<dataset>|<query_id>|<trial>"``; latency in seconds; tokens as reported by the API
+def added_later(field: pa.Field) -> pa.Field:
+    """Mark a nullable column as added after its artifact's schema version: readers fill it
+    with nulls in artifacts written before it (see :func:`check_schema`)."""
+    return field.with_metadata({"added_later": "1"})
+
+
+#: One row per trial (agent × hint condition × dataset × query × trial index). ``agent`` is the
+#: agent's label: its name, with ``+hints`` appended for trials run with hints on; ``hints`` is
+#: the condition (``on`` / ``off``; null for agents that read no prompt: oracle, replay).
+#: ``trial_key`` is ``"<agent>|<dataset>|<query_id>|<trial>"``; latency in seconds; tokens as reported by the API
 #: (0 for offline agents); ``cached_tokens`` is the part of the prompt tokens the provider served
 #: from its prompt cache; ``cost_usd`` the sum of the trial's ``llm_calls`` costs (0 for offline
 #: agents and response-cache hits).
@@ -34,6 +42,7 @@ TRIALS = artifact_schema(
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("trial_key", pa.string(), nullable=False),
         pa.field("agent", pa.string(), nullable=False),
+        added_later(pa.field("hints", pa.string())),
         pa.field("model", pa.string()),
         pa.field("dataset", pa.string(), nullable=False),
         pa.field("query_id", pa.string(), nullable=False),
@@ -109,6 +118,8 @@ def check_schema(table: pa.Table, expected: pa.Schema, source: str) -> pa.Table:
     """Return ``table`` cast to ``expected``; raise ArtifactSchemaError naming ``source``.
 
     Raises when a column is missing or the stored ``schema_version`` differs from the expected.
+    A nullable column declared with :func:`added_later` may be missing (artifacts written
+    before it existed): it reads as nulls.
     """
     meta = table.schema.metadata or {}
     want = expected.metadata[b"schema_version"]
@@ -117,6 +128,9 @@ def check_schema(table: pa.Table, expected: pa.Schema, source: str) -> pa.Table:
         raise ArtifactSchemaError(
             f"{source}: schema_version {got.decode()} but querylab reads {want.decode()}"
         )
+    for f in expected:  # columns added later: an older artifact reads them as nulls
+        if f.name not in table.column_names and (f.metadata or {}).get(b"added_later"):
+            table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
     missing = [f.name for f in expected if f.name not in table.column_names]
     if missing:
         raise ArtifactSchemaError(f"{source}: missing columns {missing}")

@@ -10,6 +10,7 @@ Input (one JSON object per line of a pairs file, see ``data/equivalence/*.jsonl`
                         "foreign_keys": [{"columns": ["dept_id"], "references": "dept",
                                           "ref_columns": ["id"]}],
                         "unique": [["name"]], "not_null": ["name"]}},
+     "schema_dialect": "mysql",                                   # optional: the DDL's own dialect
      "db": "path/to/db.sqlite",                                   # optional, or a name under db_root
      "label": "not_equivalent",                                   # optional, or {"semantic": .., "relaxed": ..}
      "hardness": "hard"}                                          # optional (e.g. Spider's levels)
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from schemas.artifacts import artifact_schema
 from schemas.models import AgentOptions
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
 Notion = Literal["semantic", "relaxed"]
 Technique = Literal["counter_example", "miniature_mull", "explain_compare"]
@@ -41,12 +42,15 @@ NOTIONS: tuple[str, ...] = ("semantic", "relaxed")
 #: - ``equivalent`` / ``not_equivalent``: a decision (execution match, or an LLM judge);
 #: - ``no_counterexample_within_budget``: the counterexample finder searched its whole budget
 #:   without separating the queries (never read as "equivalent");
+#: - ``error_on_instance``: on some database exactly one of the two queries raised a runtime
+#:   error (a conversion error, a scalar subquery with two rows, ...) and no database separated
+#:   their results. An error is not a result, so this is never a counterexample;
 #: - ``unparsed``: a judge's reply held no recognisable verdict;
 #: - ``skipped``: the method cannot run on this pair (e.g. execution match without a database);
 #: - ``error``: a query failed to parse/run, or the model API failed (message in ``error``).
 VERDICTS: tuple[str, ...] = (
-    "equivalent", "not_equivalent", "no_counterexample_within_budget", "unparsed", "skipped",
-    "error",
+    "equivalent", "not_equivalent", "no_counterexample_within_budget", "error_on_instance",
+    "unparsed", "skipped", "error",
 )
 DECIDED: tuple[str, ...] = ("equivalent", "not_equivalent")
 
@@ -54,13 +58,14 @@ _LABEL_WORDS = {
     "equivalent": True, "eq": True, "true": True, "yes": True, "1": True, "same": True,
     "not_equivalent": False, "not equivalent": False, "non_equivalent": False,
     "nonequivalent": False, "neq": False, "false": False, "no": False, "0": False,
-    "different": False,
+    "different": False, "inequivalent": False, "unequivalent": False, "not_eq": False,
 }
 
 
 def parse_label(value: Any) -> bool | None:
     """``True`` (equivalent) / ``False`` (not equivalent) / ``None`` (no label) from a label
-    written as a bool, 0/1, or a word (``equivalent``, ``not_equivalent``, ``yes``, ``no``, ...).
+    written as a bool, 0/1, or a word (``equivalent``, ``not_equivalent``, ``inequivalent``,
+    ``yes``, ``no``, ...).
 
     Raises ValueError for anything else."""
     if value is None:
@@ -114,7 +119,10 @@ class QueryPair(_Strict):
       FOREIGN KEY honoured) or the mapping form ``{table: TableSpec}``; optional when ``db``
       names a SQLite/DuckDB file (the schema is then read from it).
     - ``dialect``: sqlglot dialect of both queries and of the DDL (``duckdb``, ``sqlite``,
-      ``postgres``, ``mysql``, ...); default ``duckdb``.
+      ``postgres``, ``mysql``, ..., or ``ansi`` / ``calcite`` for rewrite-engine SQL); default
+      ``duckdb``.
+    - ``schema_dialect``: the DDL's dialect when it differs (default: ``dialect``, then what
+      the DDL's text points to, e.g. backticks → MySQL; such a reading is noted in the row).
     - ``db``: a database for execution match: a SQLite/DuckDB file path, a
       ``postgresql://`` URL, or a name resolved under the run's ``db_root``.
     - ``label``: ground truth, one value for both notions or ``{"semantic", "relaxed"}``.
@@ -126,6 +134,7 @@ class QueryPair(_Strict):
     sql2: str
     schema_: str | dict[str, TableSpec] | None = Field(default=None, alias="schema")
     dialect: str = "duckdb"
+    schema_dialect: str | None = None
     db: str | None = None
     label: bool | str | int | dict[str, Any] | None = None
     hardness: str | None = None
@@ -138,6 +147,19 @@ class QueryPair(_Strict):
         if not v or not v.strip():
             raise ValueError("must not be empty")
         return v
+
+    @field_validator("dialect", "schema_dialect")
+    @classmethod
+    def _known_dialect(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from tasks.sql_dialects import SQLReadError, sqlglot_dialect
+
+        try:
+            sqlglot_dialect(v)
+        except SQLReadError as exc:
+            raise ValueError(str(exc)) from None
+        return v.lower()
 
     @field_validator("label")
     @classmethod
@@ -180,12 +202,16 @@ class MatchOptions(_Strict):
 class FinderBudget(_Strict):
     """Budget of the counterexample finder: at most ``max_instances`` database instances
     executed, at most ``time_limit_s`` seconds of search (checked between instances; shrinking
-    and verifying a candidate may run past it), instances of at most ``max_rows`` rows per table, random choices seeded with
-    ``seed`` (same inputs + seed → same instances in the same order)."""
+    and verifying a candidate may run past it), random instances of at most ``max_rows`` rows
+    per table, and at most ``row_budget`` rows in one table for the instances the queries'
+    predicates ask for (a ``HAVING COUNT(*) > 10`` wants a group of 11 rows, a ``LIMIT 5
+    OFFSET 2`` eight rows; a wish above the budget is noted, not met); random choices seeded
+    with ``seed`` (same inputs + seed → same instances in the same order)."""
 
     max_instances: int = Field(default=1000, ge=1)
     time_limit_s: float = Field(default=10.0, gt=0)
     max_rows: int = Field(default=4, ge=1, le=50)
+    row_budget: int = Field(default=64, ge=1, le=10_000)
     seed: int = 0
     query_timeout_s: float = Field(default=5.0, gt=0)
 
@@ -249,7 +275,9 @@ def _schema(name: str, fields: list[pa.Field]) -> pa.Schema:
 #:   ``technique``/``model`` null for the first two; ``notion``: the notion the method decides
 #:   (``semantic`` for execution match and the finder).
 #: - ``verdict``: one of :data:`VERDICTS`; ``label``: ground truth for ``notion`` (null when
-#:   unknown); ``correct``: verdict == label, null when undecided or unlabelled.
+#:   unknown); ``correct``: verdict == label, null when undecided or unlabelled;
+#:   ``label_semantic`` / ``label_relaxed``: the pair's labels under both notions (so that a
+#:   pair labelled only under the other notion still counts in the label-agreement table).
 #: - ``counterexample``: a database as CREATE TABLE + INSERT statements (the finder's minimal
 #:   instance, or what the judge proposed); ``counterexample_rows``: its number of rows;
 #:   ``verified``: the counterexample was executed and separates the two queries (True), was
@@ -273,6 +301,8 @@ EQUIVALENCE = _schema(
         pa.field("model", pa.string()),
         pa.field("verdict", pa.string(), nullable=False),
         pa.field("label", pa.bool_()),
+        pa.field("label_semantic", pa.bool_()),
+        pa.field("label_relaxed", pa.bool_()),
         pa.field("correct", pa.bool_()),
         pa.field("hardness", pa.string()),
         pa.field("counterexample", pa.string()),
@@ -323,6 +353,27 @@ EQUIVALENCE_AGREEMENT = _schema(
     ],
 )
 
+#: Agreement of each method's decisions with the labels of each notion (``label_notion``),
+#: over the pairs the method decided (equivalent / not_equivalent) that carry a label of that
+#: notion: ``n``, ``agree``, ``agreement`` and the 2×2 cells. Unlike the accuracy table it
+#: also compares a method with labels of the *other* notion (a semantic method against
+#: relaxed-only labels), which is all some published pair sets provide.
+EQUIVALENCE_LABEL_AGREEMENT = _schema(
+    "equivalence_label_agreement",
+    [
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("notion", pa.string(), nullable=False),
+        pa.field("label_notion", pa.string(), nullable=False),
+        pa.field("n", pa.int64(), nullable=False),
+        pa.field("agree", pa.int64(), nullable=False),
+        pa.field("agreement", pa.float64()),
+        pa.field("label_eq_method_eq", pa.int64(), nullable=False),
+        pa.field("label_eq_method_neq", pa.int64(), nullable=False),
+        pa.field("label_neq_method_eq", pa.int64(), nullable=False),
+        pa.field("label_neq_method_neq", pa.int64(), nullable=False),
+    ],
+)
+
 #: Counterexamples on the non-equivalent set (pairs labelled not semantically equivalent, or
 #: every pair when none is labelled): ``n_pairs``, ``flagged`` (verdict not_equivalent),
 #: ``with_counterexample`` (a counterexample database was given), ``verified`` (it was executed
@@ -337,6 +388,22 @@ EQUIVALENCE_COUNTEREXAMPLES = _schema(
         pa.field("with_counterexample", pa.int64(), nullable=False),
         pa.field("verified", pa.int64(), nullable=False),
         pa.field("found_rate", pa.float64()),
+    ],
+)
+
+#: Per pair the finder separated: the size of the instance that separated it
+#: (``found_rows``, rows over all tables before shrinking), how that instance was made
+#: (``found_by``: ``random``, ``large`` or ``guided: <predicate> → <n> rows in <table>``),
+#: ``rows`` of the minimal counterexample and ``found_at`` (instances tried before it).
+EQUIVALENCE_FINDER_SIZES = _schema(
+    "equivalence_finder_sizes",
+    [
+        pa.field("pair_id", pa.string(), nullable=False),
+        pa.field("method", pa.string(), nullable=False),
+        pa.field("found_rows", pa.int64()),
+        pa.field("found_by", pa.string()),
+        pa.field("rows", pa.int64()),
+        pa.field("found_at", pa.int64()),
     ],
 )
 
@@ -359,5 +426,6 @@ EQUIVALENCE_TIME = _schema(
 ALL = {
     s.metadata[b"artifact"].decode(): s
     for s in (EQUIVALENCE, EQUIVALENCE_ACCURACY, EQUIVALENCE_AGREEMENT,
-              EQUIVALENCE_COUNTEREXAMPLES, EQUIVALENCE_TIME)
+              EQUIVALENCE_LABEL_AGREEMENT, EQUIVALENCE_COUNTEREXAMPLES,
+              EQUIVALENCE_FINDER_SIZES, EQUIVALENCE_TIME)
 }

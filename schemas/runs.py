@@ -68,15 +68,24 @@ class BenchmarkConfig(BaseModel):
     ``datasets``: dataset names in build order; ``agents``: ``oracle``, ``openai:<model>``,
     ``local:<model>``, ``replay:<file>``; ``n_trials``: trials per (agent, query);
     ``batch_size``: trials per mapped task; ``agent_options``:
-    :class:`schemas.models.AgentOptions` fields; ``agent_plans``: per-agent datasets and trial
-    counts (:class:`AgentPlan`) for agents of ``agents``."""
+    :class:`schemas.models.AgentOptions` fields; ``hints``: the hint conditions (``off``:
+    question and database description only, DAB's default; ``on``: the dataset's hints too,
+    DAB's ``--use_hints``), each run for every agent that reads a prompt — two conditions
+    compare both in one run; ``agent_plans``: per-agent datasets and trial counts
+    (:class:`AgentPlan`) for agents of ``agents``."""
 
     datasets: list[str] = Field(min_length=1)
     agents: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
     n_trials: int = Field(default=5, ge=1)
     batch_size: int = Field(default=25, ge=1)
     agent_options: dict[str, Any] = Field(default_factory=dict)
+    hints: list[Literal["on", "off"]] = Field(default_factory=lambda: ["off"], min_length=1)
     agent_plans: dict[str, AgentPlan] = Field(default_factory=dict)
+
+    @field_validator("hints")
+    @classmethod
+    def _distinct_hints(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
 
     @model_validator(mode="after")
     def _plans_match(self) -> BenchmarkConfig:

@@ -67,7 +67,11 @@ class FormatOp(_Strict):
 
 class TextOp(_Strict):
     """Write one of ``templates`` (picked per row by the seeded RNG) into the text ``column``, then
-    drop ``drop``: the dropped values now live only inside free text."""
+    drop ``drop``: the dropped values now live only inside free text.
+
+    Templates are Python format strings over the row's columns with two extra format specs:
+    ``{n:words}`` writes an integer in English words (``149`` → ``one hundred forty-nine``) and
+    ``{n:Words}`` the same capitalised; NULL is written ``unknown``."""
 
     op: Literal["text"]
     column: str
@@ -81,6 +85,29 @@ class SplitOp(_Strict):
     op: Literal["split"]
     column: str
     sep: str = ", "
+
+
+class ComposeOp(_Strict):
+    """Write free text into ``column`` clause by clause, so that no single pattern reads it back
+    (DAB's hand-written descriptions; a reader still can, row by row).
+
+    ``clauses`` is a list of clauses; each clause is a list of alternative phrasings (format
+    strings as in :class:`TextOp`, ``{n:words}`` included). Per row, the seeded RNG picks one
+    phrasing of every clause, leaves out a clause whose fields are NULL (so a missing value is
+    missing, never ``unknown``), shuffles the clauses' order when ``shuffle`` (clauses listed in
+    ``keep_first`` stay first, in order) and joins them with ``sep``. Then ``drop`` is dropped.
+    Put the values a question needs in clauses with varied phrasings (numbers as digits or
+    words, before or after their noun, relative forms computed with ``derive``) and give the
+    row's other numbers clauses too (model numbers, registrations): they are the distractors a
+    naive extractor trips on."""
+
+    op: Literal["compose"]
+    column: str
+    clauses: list[list[str]] = Field(min_length=1)
+    shuffle: bool = True
+    keep_first: int = Field(default=0, ge=0)
+    sep: str = " "
+    drop: list[str] = Field(default_factory=list)
 
 
 FuzzKind = Literal["case", "whitespace", "truncate", "abbreviate"]
@@ -111,7 +138,23 @@ class FuzzOp(_Strict):
 
 
 #: One perturbation step of a placement, told apart by its ``op``.
-Transform = Annotated[FormatOp | TextOp | SplitOp | FuzzOp, Field(discriminator="op")]
+Transform = Annotated[
+    FormatOp | TextOp | ComposeOp | SplitOp | FuzzOp, Field(discriminator="op")
+]
+
+
+class ShardSpec(_Strict):
+    """Split a placement into one table per distinct value of column ``by`` (DAB's
+    stockmarket: one table per ticker). ``table`` names each table: a format string over the
+    ``by`` value (default ``"{<by>}"``), then ``case`` (``lower`` by default, ``upper`` or
+    ``keep``); the ``by`` column itself is dropped from the tables (their name carries it).
+    Rows whose value is NULL are left out. Every shard has the placement's columns, order and
+    transforms; the placement's ``name`` names the family (its Parquet artifact and its entry in
+    the schema description)."""
+
+    by: str
+    table: str | None = None
+    case: Literal["lower", "upper", "keep"] = "lower"
 
 
 class PlacementSpec(_Strict):
@@ -119,15 +162,22 @@ class PlacementSpec(_Strict):
 
     ``description`` and ``column_notes`` (placed column name → note) make up the schema
     description agents and readers see (DAB's ``db_description.txt``); say what a column holds,
-    never how it was perturbed (that belongs in the dataset's ``hints``)."""
+    never how it was perturbed (that belongs in the dataset's ``hints``).
+
+    ``derive`` adds columns computed per row before the transforms: name → DuckDB SQL expression
+    over the source table (``2013 - year_built``, ``split_part(manager, ' ', 2)``); vectorised,
+    so cheap on large tables. ``shard`` splits the placement into many tables
+    (:class:`ShardSpec`)."""
 
     database: str
     name: str
     source: str
     columns: list[str]
+    derive: dict[str, str] = Field(default_factory=dict)
     where: str | None = None
     order_by: list[str] = Field(default_factory=list)
     transforms: list[Transform] = Field(default_factory=list)
+    shard: ShardSpec | None = None
     rename: dict[str, str] = Field(default_factory=dict)
     description: str = ""
     column_notes: dict[str, str] = Field(default_factory=dict)

@@ -45,17 +45,26 @@ RUNTIME_FAILURES = frozenset(
      "context_window", "api_error", "error"}
 )
 
-SYSTEM_PROMPT = """You are a data agent. Answer the user's question using the databases below.
-Use the tools: list_db to see databases and schemas, query_db to run one read-only query,
-execute_python to compute with earlier results (available as var_<call_id>), and
-return_answer to give the final answer. Data may be spread over several databases whose keys
-are formatted differently; some facts are only written inside free text.
+#: The system prompt of LLM agents: instructions only, the same for every dataset (as DAB's
+#: ``common_scaffold/prompts/prompt_builder.py``: the databases and hints go in the first user
+#: message, see :func:`user_prompt`).
+SYSTEM_PROMPT = """You are a data analysis agent. Use only the tools to answer the user's query, \
+based on the DATABASE DESCRIPTION in the user's message (logical database names and their \
+engines) and the results of earlier tool calls.
 
-Databases:
-{databases}
+TOOLS:
+- list_db: list the databases, or the tables / collections of one database with their columns.
+- query_db: run one read-only query on a database: SQL in the engine's dialect, or a MongoDB \
+request as JSON.
+- execute_python: run Python code; the result of an earlier tool call with id <call_id> is \
+available as the variable var_<call_id>. Print what you need.
+- return_answer: finish and give the final answer (plain text).
 
-Hints:
-{hints}
+RULES:
+1. Always use tool calls; return the final answer only through one return_answer call.
+2. A large result is shown as a preview; the full result is in var_<call_id>.
+3. Data may be spread over several databases whose keys are written differently, and some \
+facts exist only inside free text.
 """
 
 
@@ -96,12 +105,54 @@ class TrialOutcome:
         self.cost_usd += rec.cost_usd
 
 
-def system_prompt(manifest: dict) -> str:
-    """The system prompt for a dataset: its databases (engine, description) and hints."""
-    dbs = "\n".join(
-        f"- {name} ({d['engine']}): {d['description']}" for name, d in manifest["databases"].items()
+def system_prompt(manifest: dict | None = None) -> str:
+    """The system prompt of LLM agents (:data:`SYSTEM_PROMPT`): tool instructions only, the same
+    for every dataset; ``manifest`` is accepted for callers that pass it and not used."""
+    return SYSTEM_PROMPT
+
+
+def hint_text(manifest: dict) -> str:
+    """The dataset's hint text as an agent sees it with hints on: DAB's
+    ``db_description_withhint.txt`` for imported DAB datasets, the spec's ``hints`` for built
+    ones, under a ``HINTS:`` heading unless the text starts with one. ``""`` when the dataset
+    has no hints."""
+    text = str(manifest.get("hints") or "").strip()
+    if not text or text.upper().startswith("HINTS"):
+        return text
+    return "HINTS:\n" + text
+
+
+def database_description(manifest: dict) -> str:
+    """The DATABASE DESCRIPTION an agent sees: the manifest's ``schema_description`` (DAB's
+    ``db_description.txt``; for built datasets :func:`tasks.build.describe_schema` over the
+    spec's database, table and column descriptions), else one line per database."""
+    text = str(manifest.get("schema_description") or "").strip()
+    if text:
+        return text
+    return "\n".join(
+        f"- {name} ({d['engine']}): {d.get('description', '')}".rstrip()
+        for name, d in manifest["databases"].items()
     )
-    return SYSTEM_PROMPT.format(databases=dbs, hints=manifest.get("hints", "").strip() or "-")
+
+
+def user_prompt(manifest: dict, question: str, hints: bool = False) -> str:
+    """The first user message, built as DAB's ``prompt_builder.init_messages`` builds it::
+
+        QUERY:
+        <question>
+
+        DATABASE DESCRIPTION:
+        <database description>
+
+    With ``hints`` (DAB's ``--use_hints``) the hint text (:func:`hint_text`) follows after a
+    blank line, as DAB appends ``db_description_withhint.txt``. Without hints it is absent:
+    DAB's default, and ours."""
+    description = database_description(manifest)
+    if hints:
+        extra = hint_text(manifest)
+        if extra:
+            description += "\n\n" + extra
+    return f"QUERY:\n{question.strip()}\n\nDATABASE DESCRIPTION:\n{description}"
 
 
 def run_oracle(toolbox: ToolBox, reference: list[dict]) -> TrialOutcome:

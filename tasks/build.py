@@ -4,7 +4,12 @@ Everything here is deterministic: the same spec and sources give byte-identical 
 Artifacts of one built dataset live under ``<root>/datasets/<name>/<version>/``:
 
 - ``canonical/<table>.parquet`` — unperturbed tables (ground truth is computed from these);
-- ``placed/<database>/<table>.parquet`` — perturbed tables as placed into each database;
+- ``placed/<database>/<table>.parquet`` — perturbed tables as placed into each database (a
+  shard placement writes all its tables into one file, ``<family>.parquet``, ordered by the
+  shard column; the database's ``shards.<family>`` entry holds its ``uri``, shard ``column``,
+  ``columns`` and number of ``tables``, and each table entry ``uri``, ``rows`` and ``shard:
+  {family, column, value, offset}``: the table is that slice of the file without the shard
+  column);
 - ``ground_truth.json`` and ``manifest.json`` (what the trials stage reads).
 """
 
@@ -22,9 +27,9 @@ import duckdb
 import pyarrow as pa
 from prefect import task
 
-from schemas.spec import DatasetSpec, FormatOp, FuzzOp, SourceSpec, SplitOp
+from schemas.spec import ComposeOp, DatasetSpec, FormatOp, FuzzOp, SourceSpec, SplitOp
 from tasks import storage
-from tasks.spec import SpecError, check_sources, load_spec
+from tasks.spec import SpecError, check_sources, load_spec, template_fields
 
 ARROW_TYPES: dict[str, pa.DataType] = {
     "int64": pa.int64(),
@@ -191,12 +196,39 @@ def compute_ground_truth(
     return truth
 
 
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+         "fourteen fifteen sixteen seventeen eighteen nineteen").split()
+_TENS = "- - twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def number_words(n: int) -> str:
+    """An integer in English words: ``149`` → ``"one hundred forty-nine"``, ``-3`` →
+    ``"minus three"``, ``2013`` → ``"two thousand thirteen"`` (up to the billions)."""
+    n = int(n)
+    if n < 0:
+        return "minus " + number_words(-n)
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + ("" if n % 10 == 0 else "-" + _ONES[n % 10])
+    for size, word in ((10**9, "billion"), (10**6, "million"), (1000, "thousand"),
+                       (100, "hundred")):
+        if n >= size:
+            head, rest = divmod(n, size)
+            return number_words(head) + " " + word + ("" if rest == 0 else " " + number_words(rest))
+    raise AssertionError(n)  # pragma: no cover
+
+
 class _Formatter(string.Formatter):
-    """``str.format`` that renders NULL as ``unknown`` and ignores format specs on NULL."""
+    """``str.format`` that renders NULL as ``unknown`` and ignores format specs on NULL, plus the
+    format specs ``words`` / ``Words`` (an integer in English words, see :func:`number_words`)."""
 
     def format_field(self, value, format_spec):
         if value is None:
             return "unknown"
+        if format_spec in ("words", "Words"):
+            text = number_words(value)
+            return text[:1].upper() + text[1:] if format_spec == "Words" else text
         return super().format_field(value, format_spec)
 
 
@@ -234,23 +266,67 @@ def fuzz_value(value: str | None, op: FuzzOp, rng: random.Random) -> str | None:
     return v
 
 
-def perturb_placement(spec: DatasetSpec, index: int, canonical: dict[str, pa.Table]) -> pa.Table:
-    """Apply placement ``index``'s row filter, column selection and transforms.
+def _compose(op: ComposeOp, row: dict, rng: random.Random, fields: dict[str, list[str]]) -> str:
+    """One row's text of a :class:`schemas.spec.ComposeOp` (draws from ``rng`` in a fixed
+    order: one choice per clause, then one shuffle)."""
+    parts: list[tuple[int, str]] = []
+    for i, clause in enumerate(op.clauses):
+        tmpl = rng.choice(clause)
+        if all(row[f] is not None for f in fields[tmpl]):
+            parts.append((i, _FMT.format(tmpl, **row)))
+    head = [t for i, t in parts if i < op.keep_first]
+    rest = [t for i, t in parts if i >= op.keep_first]
+    if op.shuffle:
+        rng.shuffle(rest)
+    return op.sep.join(head + rest)
 
-    Seeded and deterministic: random choices (text templates, fuzzy keys) come from
-    ``random.Random`` seeded with ``"<spec.seed>:<database>:<name>"``. Returns the placed
-    pyarrow Table. A placement without transforms stays columnar (large tables are cheap).
-    """
+
+def _base_table(spec: DatasetSpec, index: int, canonical: dict[str, pa.Table],
+                spec_file: str | Path) -> pa.Table:
+    """Placement ``index``'s rows before the transforms: its columns and ``derive`` columns,
+    ``where`` filter and order (a shard placement: ordered by its shard column first, NULLs
+    left out). Raises SpecError naming the ``derive`` entry or ``where`` that fails."""
     pl = spec.placements[index]
     con = duckdb.connect()
     con.register("t", canonical[pl.source])
-    cols = ", ".join(f'"{c}"' for c in pl.columns)
-    sql = f"SELECT {cols} FROM t"
-    if pl.where:
-        sql += f" WHERE {pl.where}"
-    if pl.order_by:
-        sql += " ORDER BY " + ", ".join(f'"{c}"' for c in pl.order_by)
-    base = con.sql(sql).to_arrow_table()
+    select = [f'"{c}"' for c in pl.columns]
+    select += [f'({expr}) AS "{name}"' for name, expr in pl.derive.items()]
+    where = [f"({pl.where})"] if pl.where else []
+    order = list(pl.order_by)
+    if pl.shard is not None:
+        where.append(f'"{pl.shard.by}" IS NOT NULL')
+        order = [pl.shard.by] + [c for c in order if c != pl.shard.by]
+    sql = f"SELECT {', '.join(select)} FROM t"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    if order:
+        sql += " ORDER BY " + ", ".join(f'"{c}"' for c in order)
+    try:
+        return con.sql(sql).to_arrow_table()
+    except duckdb.Error as exc:
+        for name, expr in pl.derive.items():
+            try:
+                con.sql(f"SELECT ({expr}) FROM t LIMIT 0")
+            except duckdb.Error as bad:
+                raise SpecError(spec_file, f"placements[{index}].derive.{name}",
+                                str(bad).splitlines()[0]) from exc
+        raise SpecError(spec_file, f"placements[{index}].where",
+                        str(exc).splitlines()[0]) from exc
+
+
+def perturb_placement(
+    spec: DatasetSpec, index: int, canonical: dict[str, pa.Table], spec_file: str | Path = "<spec>"
+) -> pa.Table:
+    """Apply placement ``index``'s row filter, column selection, derived columns and transforms.
+
+    Seeded and deterministic: random choices (text templates, composed clauses, fuzzy keys)
+    come from ``random.Random`` seeded with ``"<spec.seed>:<database>:<name>"``. Returns the
+    placed pyarrow Table (for a shard placement: all shards in one table, ordered by the shard
+    column, which is kept; see :func:`shard_tables`). A placement without transforms stays
+    columnar (large tables are cheap). Raises SpecError for a failing ``derive`` or ``where``.
+    """
+    pl = spec.placements[index]
+    base = _base_table(spec, index, canonical, spec_file)
     if not pl.transforms:
         return base.rename_columns([pl.rename.get(c, c) for c in base.column_names])
     types = {f.name: f.type for f in base.schema}
@@ -268,6 +344,11 @@ def perturb_placement(spec: DatasetSpec, index: int, canonical: dict[str, pa.Tab
             target = op.into or op.column
             for r in rows:
                 r[target] = fuzz_value(r[op.column], op, rng)
+        elif isinstance(op, ComposeOp):
+            target = op.column
+            fields = {t: template_fields(t) for clause in op.clauses for t in clause}
+            for r in rows:
+                r[target] = _compose(op, r, rng, fields)
         else:
             target = op.column
             for r in rows:
@@ -285,25 +366,91 @@ def perturb_placement(spec: DatasetSpec, index: int, canonical: dict[str, pa.Tab
     return pa.table(data, schema=schema)
 
 
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def shard_tables(
+    spec: DatasetSpec, index: int, placed: pa.Table, spec_file: str | Path = "<spec>"
+) -> list[tuple[str, str, int, int]]:
+    """The tables of shard placement ``index``: ``(table name, shard value, offset, rows)`` per
+    distinct value of its shard column, in the order of ``placed`` (the output of
+    :func:`perturb_placement`, ordered by that column), so each table is the zero-copy slice
+    ``placed.slice(offset, rows)`` without the shard column. Raises SpecError naming
+    ``placements[i].shard.table`` when two values give the same table name or a name has
+    characters other than letters, digits and ``_``."""
+    pl = spec.placements[index]
+    assert pl.shard is not None
+    by = pl.shard.by
+    template = pl.shard.table or "{" + by + "}"
+    values = placed.column(by).to_pylist()
+    out: list[tuple[str, str, int, int]] = []
+    seen: dict[str, str] = {}
+    start = 0
+    for i in range(1, len(values) + 1):
+        if i < len(values) and values[i] == values[start]:
+            continue
+        value = values[start]
+        name = _FMT.format(template, **{by: value})
+        name = {"lower": name.lower(), "upper": name.upper(), "keep": name}[pl.shard.case]
+        if not _TABLE_NAME.match(name) or name in seen:
+            why = (f"values {seen[name]!r} and {value!r} both give table {name!r}" if name in seen
+                   else f"table name {name!r} (from {value!r}) is not letters, digits and _")
+            raise SpecError(spec_file, f"placements[{index}].shard.table",
+                            f"{why}; fix: change `table` or `case`, or filter with `where`")
+        seen[name] = str(value)
+        out.append((name, str(value), start, i - start))
+        start = i
+    return out
+
+
 def describe_schema(spec: DatasetSpec, databases: dict[str, dict]) -> str:
     """A DAB-style schema description (``db_description.txt``): each database with its engine
-    and description, each placed table with its description and columns (type and note).
+    and description, each placed table with its description and columns (type and note); the
+    tables of a shard placement as one entry (how many, example names, sizes, their columns),
+    as DAB describes its stockmarket's one-table-per-ticker database.
 
     ``databases`` is the manifest's ``databases`` mapping (placed column types included)."""
     notes = {(p.database, p.name): p for p in spec.placements}
     lines = [f"The dataset `{spec.name}` has {len(databases)} databases.", ""]
     for i, (db, d) in enumerate(databases.items(), start=1):
         kind = "collections" if d["engine"] == "mongodb" else "tables"
+        unit = "documents" if kind == "collections" else "rows"
         lines.append(f"{i}. {db} ({d['engine']}): {d['description']}".rstrip())
+        families: dict[str, list[tuple[str, dict]]] = {}
         for name, t in d["tables"].items():
-            pl = notes[(db, name)]
-            head = f"   - {name} ({t['rows']} {'documents' if kind == 'collections' else 'rows'})"
+            families.setdefault(t.get("shard", {}).get("family", name), []).append((name, t))
+        for family, members in families.items():
+            pl = notes[(db, family)]
+            name, t = members[0]
+            if pl.shard is None:
+                head = f"   - {name} ({t['rows']} {unit})"
+            else:
+                sizes = [m["rows"] for _, m in members]
+                examples = ", ".join(f"`{n}`" for n, _ in members[:3])
+                head = (f"   - {len(members):,} {kind} ({examples}, ...; {min(sizes):,} to "
+                        f"{max(sizes):,} {unit} each, {sum(sizes):,} in all), all with the "
+                        "same columns")
             lines.append(head + (f": {pl.description}" if pl.description else ""))
-            for col, ty in t["columns"].items():
+            columns = d["shards"][family]["columns"] if pl.shard is not None else t["columns"]
+            for col, ty in columns.items():
                 note = pl.column_notes.get(col, "")
                 lines.append(f"     - {col} ({ty})" + (f": {note}" if note else ""))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _check_shard_sources(spec: DatasetSpec, databases: dict[str, dict], spec_file) -> None:
+    """``requires.sources`` naming a table of a sharded database must name a placed table
+    (shard table names come from the data, so :func:`tasks.spec.load_spec` cannot check them).
+    Raises SpecError naming the field."""
+    for i, q in enumerate(spec.queries):
+        for j, source in enumerate(q.requires.sources):
+            db, _, table = source.partition(".")
+            if db in databases and table not in databases[db]["tables"]:
+                raise SpecError(
+                    spec_file, f"queries[{i}].requires.sources[{j}]",
+                    f"unknown source {source!r}: database {db!r} has no table {table!r}",
+                )
 
 
 @task(name="build-dataset-artifacts", persist_result=False)
@@ -331,15 +478,33 @@ def build_dataset_artifacts(
         for db, d in spec.databases.items()
     }
     for i, pl in enumerate(spec.placements):
-        tbl = perturb_placement(spec, i, canonical)
+        tbl = perturb_placement(spec, i, canonical, spec_file)
         uri = storage.write_parquet(
             storage.join(prefix, "placed", pl.database, f"{pl.name}.parquet"), tbl
         )
-        databases[pl.database]["tables"][pl.name] = {
-            "uri": uri,
-            "rows": tbl.num_rows,
-            "columns": {f.name: str(f.type) for f in tbl.schema},
+        tables = databases[pl.database]["tables"]
+        if pl.shard is None:
+            tables[pl.name] = {
+                "uri": uri,
+                "rows": tbl.num_rows,
+                "columns": {f.name: str(f.type) for f in tbl.schema},
+            }
+            continue
+        shards = shard_tables(spec, i, tbl, spec_file)
+        databases[pl.database].setdefault("shards", {})[pl.name] = {
+            "uri": uri, "column": pl.shard.by, "tables": len(shards),
+            "columns": {f.name: str(f.type) for f in tbl.schema if f.name != pl.shard.by},
         }
+        for name, value, offset, rows in shards:
+            if name in tables:
+                raise SpecError(spec_file, f"placements[{i}].shard.table",
+                                f"shard table {name!r} is already placed in {pl.database!r}")
+            tables[name] = {
+                "uri": uri, "rows": rows,
+                "shard": {"family": pl.name, "column": pl.shard.by, "value": value,
+                          "offset": offset},
+            }
+    _check_shard_sources(spec, databases, spec_file)
     storage.write_json(storage.join(prefix, "ground_truth.json"), truth)
     manifest = {
         "name": spec.name,

@@ -53,8 +53,21 @@ def _physical_name(manifest: dict, db: str) -> str:
 
 
 def _placed_tables(manifest: dict, db: str) -> dict[str, pa.Table]:
+    """Table name → placed table of database ``db``. Each Parquet file is read once: the tables
+    of a shard placement (entries with ``shard``, see :mod:`tasks.build`) are zero-copy slices
+    of their family's file, without the shard column."""
     tables = manifest["databases"][db]["tables"]
-    return {name: storage.read_parquet(t["uri"]) for name, t in tables.items()}
+    files: dict[str, pa.Table] = {}
+    out = {}
+    for name, t in tables.items():
+        if t["uri"] not in files:
+            files[t["uri"]] = storage.read_parquet(t["uri"])
+        tbl = files[t["uri"]]
+        shard = t.get("shard")
+        if shard is not None:
+            tbl = tbl.slice(shard["offset"], t["rows"]).drop_columns([shard["column"]])
+        out[name] = tbl
+    return out
 
 
 def _mongo_docs(table: pa.Table) -> list[dict[str, Any]]:

@@ -7,17 +7,29 @@ Methods (the ``method`` column):
 - ``exec_match``: execution match on the pair's database (``db``): both queries run read-only,
   results compared with test-suite semantics (:mod:`tasks.result_match`): bag or set, row order
   only when both queries sort, columns permutable. ``equivalent`` means *the results match on
-  this database*, which is how execution accuracy scores pairs; a mismatch is a verified
-  counterexample (the database itself).
+  this database*, which is how execution accuracy scores pairs (when every compared result is
+  empty it is still the verdict, with a warning in ``details`` and the report); a mismatch is
+  a verified counterexample (the database itself); exactly one query failing on the database
+  is ``error_on_instance`` (an error is not a result).
 - ``finder``: the automatic counterexample finder (:mod:`tasks.counterexample`); verdicts
-  ``not_equivalent`` (verified minimal counterexample) or ``no_counterexample_within_budget``.
+  ``not_equivalent`` (verified minimal counterexample), ``no_counterexample_within_budget`` or
+  ``error_on_instance``; ``details`` holds the size of the instance that separated the pair,
+  the readings of the SQL (schema dialect, ``||``, GROUP BY literals, engine fallback) and any
+  type-incorrect comparison.
 - ``judge:<technique>:<notion>:<model>``: an LLM judge (:mod:`tasks.judges`), technique one of
   ``counter_example``, ``miniature_mull``, ``explain_compare``, notion ``semantic`` or
-  ``relaxed``; a counterexample the model proposes is executed and recorded as verified or not.
+  ``relaxed``; a counterexample the model proposes is executed and recorded as verified or not
+  (a database on which only one query raises is not verified).
+
+Labels: ``label`` is the pair's label for the method's notion; ``label_semantic`` /
+``label_relaxed`` carry both, so that pairs labelled under the other notion only (published sets
+with relaxed labels) still count in the agreement-with-labels table.
 
 Layout under the artifact root: ``runs/<run_id>/equivalence/pairs.jsonl`` (the validated input),
 ``batches/<key>.parquet`` (one per mapped batch; a finished batch is skipped on re-run),
-``equivalence.parquet`` (all rows), ``tables/*.parquet`` and ``equivalence.md``.
+``equivalence.parquet`` (all rows), ``tables/*.parquet`` (accuracy, agreement with execution
+match, agreement with the labels, counterexamples, finder instance sizes, time) and
+``equivalence.md``.
 """
 
 from __future__ import annotations
@@ -33,7 +45,6 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
-import sqlglot
 from prefect import task
 from pydantic import ValidationError
 from sqlglot.errors import SqlglotError
@@ -55,7 +66,6 @@ from tasks.instances import (
     SchemaError,
     database_engine,
     load_schema,
-    order_matters,
     verify_counterexample,
 )
 from tasks.result_match import results_match
@@ -142,7 +152,7 @@ def pair_schema(pair: QueryPair, db_root: str | None = None) -> RelSchema:
         if "://" in ref:
             raise SchemaError("a schema is needed for a PostgreSQL database (give 'schema')")
         db_path = ref
-    return load_schema(pair.schema_, pair.dialect, db_path)
+    return load_schema(pair.schema_, pair.schema_dialect, db_path, query_dialect=pair.dialect)
 
 
 def schema_text(pair: QueryPair, db_root: str | None = None) -> str:
@@ -195,6 +205,7 @@ def _empty_row(pair: QueryPair, method: Method) -> dict[str, Any]:
     return {
         "pair_id": pair.id, "method": method.name, "technique": method.technique,
         "notion": method.notion, "model": method.model, "verdict": "error", "label": label,
+        "label_semantic": pair.label_for("semantic"), "label_relaxed": pair.label_for("relaxed"),
         "correct": None, "hardness": pair.hardness, "counterexample": None,
         "counterexample_rows": None, "verified": None, "verify_error": None, "explanation": None,
         "response": None, "details": None, "instances_tried": None, "prompt_tokens": 0,
@@ -221,11 +232,17 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
     Returns ``{"verdict", "verified", "explanation", "details", "error"}``: ``equivalent``
     when the results match under ``match`` (row order only when both queries have a
     top-level ORDER BY unless ``match.order`` says otherwise), ``not_equivalent`` when they
-    differ or exactly one query fails (``verified`` True: the database separates them),
-    ``error`` when both fail or the database cannot be opened, ``skipped`` without ``db``.
-    Queries are transpiled from the pair's dialect to the database's engine when they differ.
+    differ (``verified`` True: the database separates them), ``error_on_instance`` when
+    exactly one query fails on the database (an error is not a result, so the database is no
+    counterexample), ``error`` when a query does not parse or both fail or the database cannot
+    be opened, ``skipped`` without ``db``. Queries are read and normalised by
+    :func:`tasks.sql_dialects.read_query` and written for the database's engine; the readings
+    are in ``details["readings"]``. When every compared result is empty the verdict is kept,
+    but it says nothing about the queries: ``details["all_empty"]`` is True, a warning is
+    logged and put in ``details["warnings"]`` and the explanation.
     """
     from tasks.databases import QueryError
+    from tasks.sql_dialects import engine_sql, read_query
 
     match = match or MatchOptions()
     if not pair.db:
@@ -234,38 +251,53 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
         ref = resolve_db(pair.db, db_root)
     except FileNotFoundError as exc:
         return {"verdict": "error", "error": str(exc)}
+    readings: list[str] = []
+    texts = []
+    for n, sql in enumerate((pair.sql1, pair.sql2), start=1):
+        try:
+            q = read_query(sql, pair.dialect)
+            readings.extend(f"sql{n}: {r}" for r in q.readings)
+            texts.append(q)
+        except ValueError as exc:
+            return {"verdict": "error", "error": f"sql{n} {exc}"}
     database, engine = _open_database(ref, timeout_s)
     outcomes: list[tuple[list[tuple] | None, str | None]] = []
     try:
-        for sql in (pair.sql1, pair.sql2):
+        for q in texts:
             try:
-                text = sql if pair.dialect == engine else sqlglot.transpile(sql, read=pair.dialect, write=engine)[0]
-                res = database.query(text, max_rows=10_000_000)
+                res = database.query(engine_sql(q, pair.dialect, engine), max_rows=10_000_000)
                 outcomes.append(([tuple(r[c] for c in res.columns) for r in res.rows], None))
-            except (QueryError, SqlglotError) as exc:
+            except (QueryError, SqlglotError, ValueError) as exc:
                 outcomes.append((None, str(exc).splitlines()[0][:300]))
     finally:
         database.close()
     (rows1, err1), (rows2, err2) = outcomes
-    try:
-        ordered = order_matters(pair.sql1, pair.sql2, pair.dialect, match.order)
-    except SqlglotError:
-        ordered = False
-    details = {"db": pair.db, "engine": engine, "ordered": ordered,
-               "rows1": None if rows1 is None else len(rows1),
-               "rows2": None if rows2 is None else len(rows2)}
+    ordered = match.order == "always" or (
+        match.order == "auto" and all(q.tree.args.get("order") is not None for q in texts))
+    details: dict[str, Any] = {
+        "db": pair.db, "engine": engine, "ordered": ordered,
+        "rows1": None if rows1 is None else len(rows1),
+        "rows2": None if rows2 is None else len(rows2), "readings": readings}
     if err1 and err2:
         return {"verdict": "error", "error": f"both queries fail: sql1: {err1}; sql2: {err2}",
                 "details": details}
     if err1 or err2:
-        which = "sql1" if err1 else "sql2"
-        return {"verdict": "not_equivalent", "verified": True, "details": details,
-                "explanation": f"{which} fails on {pair.db}: {err1 or err2}"}
+        which, other = ("sql1", "sql2") if err1 else ("sql2", "sql1")
+        message = f"{which} fails on {pair.db} ({other} runs): {err1 or err2}"
+        return {"verdict": "error_on_instance", "details": details, "error": message,
+                "explanation": message + " — an error is not a result, so the database is no "
+                               "counterexample"}
     same = results_match(rows1, rows2, ordered=ordered, bag=match.bag,
                          permute_columns=match.permute_columns)
     if same:
-        return {"verdict": "equivalent", "details": details,
-                "explanation": f"same result on {pair.db} ({len(rows1)} rows)"}
+        explanation = f"same result on {pair.db} ({len(rows1)} rows)"
+        if not rows1 and not rows2:
+            warning = (f"every compared result is empty on {pair.db}: the database does not "
+                       "exercise these queries, so the match says nothing about them")
+            log.warning("execution match %s: %s", pair.id, warning)
+            details.update(all_empty=True, warnings=[warning])
+            explanation += f"; WARNING: {warning}"
+        return {"verdict": "equivalent", "details": details, "explanation": explanation}
     return {"verdict": "not_equivalent", "verified": True, "details": details,
             "explanation": f"results differ on {pair.db}: {len(rows1)} vs {len(rows2)} rows"}
 
@@ -308,13 +340,7 @@ def _finder_row(row: dict, pair: QueryPair, options: EquivalenceOptions) -> None
         verdict=res.verdict, counterexample=res.counterexample, counterexample_rows=res.rows,
         verified=res.verified, verify_error=res.verify_error, explanation=res.summary(),
         instances_tried=res.instances_tried, seconds=res.seconds, error=res.error,
-        details=json.dumps({
-            "engine": res.engine, "found_at": res.found_at,
-            "rows_before_shrink": res.rows_before_shrink, "search_s": res.search_s,
-            "shrink_s": res.shrink_s, "result1": res.result1, "result2": res.result2,
-            "instance": res.instance, "notes": res.notes,
-            "budget": options.budget.model_dump(),
-        }, default=str),
+        details=json.dumps({**res.details(), "budget": options.budget.model_dump()}, default=str),
     )
 
 
@@ -350,7 +376,8 @@ def _judge_row(row: dict, pair: QueryPair, method: Method, options: EquivalenceO
         )
         row.update(verified=check.separates, verify_error=check.error,
                    counterexample_rows=check.rows)
-        details.update(result1=check.result1, result2=check.result2, engine=check.engine)
+        details.update(result1=check.result1, result2=check.result2, engine=check.engine,
+                       error_on_instance=check.error_on_instance)
     row["details"] = json.dumps(details, default=str)
 
 
@@ -390,7 +417,9 @@ def plan_equivalence_batches(pair_ids: list[str], methods: list[str], batch_size
     parsed = [parse_method(m) for m in methods]
     if not parsed:
         raise ValueError("no methods given")
-    opts = (options or EquivalenceOptions()).model_dump_json()
+    # the artifact schema version is part of the key: batches written by an older version are
+    # never combined with new ones
+    opts = (options or EquivalenceOptions()).model_dump_json() + f"|v{eqs.SCHEMA_VERSION}"
     batches = []
     for m in parsed:
         for start in range(0, len(pair_ids), batch_size):
@@ -528,6 +557,45 @@ def agreement_table(df: pl.DataFrame) -> pl.DataFrame:
     return out.select(eqs.EQUIVALENCE_AGREEMENT.names).sort("method")
 
 
+def label_agreement_table(df: pl.DataFrame) -> pl.DataFrame:
+    """Agreement of each method's decisions with the labels of each notion (see
+    :data:`schemas.equivalence.EQUIVALENCE_LABEL_AGREEMENT`): one row per (method, label
+    notion) with at least one decided, labelled pair. Undecided verdicts are left out (the
+    accuracy table counts them as wrong). Empty when no decided pair has any label."""
+    empty = pl.DataFrame(schema=pl.from_arrow(eqs.EQUIVALENCE_LABEL_AGREEMENT.empty_table()).schema)
+    decided = df.filter(pl.col("verdict").is_in(list(DECIDED)))
+    parts = []
+    for notion in NOTIONS:
+        col = f"label_{notion}"
+        if col not in decided.columns:
+            continue
+        sub = decided.filter(pl.col(col).is_not_null()).with_columns(
+            pl.col(col).alias("lab"), (pl.col("verdict") == "equivalent").alias("m_eq"))
+        if sub.is_empty():
+            continue
+        parts.append(sub.group_by("method", "notion").agg(
+            pl.len().cast(pl.Int64).alias("n"),
+            (pl.col("lab") == pl.col("m_eq")).sum().cast(pl.Int64).alias("agree"),
+            (pl.col("lab") & pl.col("m_eq")).sum().cast(pl.Int64).alias("label_eq_method_eq"),
+            (pl.col("lab") & ~pl.col("m_eq")).sum().cast(pl.Int64).alias("label_eq_method_neq"),
+            (~pl.col("lab") & pl.col("m_eq")).sum().cast(pl.Int64).alias("label_neq_method_eq"),
+            (~pl.col("lab") & ~pl.col("m_eq")).sum().cast(pl.Int64).alias("label_neq_method_neq"),
+        ).with_columns(pl.lit(notion).alias("label_notion"),
+                       (pl.col("agree") / pl.col("n")).alias("agreement")))
+    if not parts:
+        return empty
+    return pl.concat(parts).select(eqs.EQUIVALENCE_LABEL_AGREEMENT.names).sort("method", "label_notion")
+
+
+def empty_result_pairs(df: pl.DataFrame) -> list[str]:
+    """Pairs whose execution match compared only empty results (``details.all_empty``)."""
+    ex = df.filter(pl.col("method") == "exec_match", pl.col("details").is_not_null())
+    if ex.is_empty():
+        return []
+    flag = ex["details"].str.json_path_match("$.all_empty")
+    return sorted(ex.filter(flag == "true")["pair_id"].to_list())
+
+
 def counterexample_table(df: pl.DataFrame) -> pl.DataFrame:
     """Per method, on the non-equivalent set (pairs whose semantic label is *not equivalent*;
     every pair when no pair is labelled): flagged, with a counterexample, verified (skipped
@@ -553,6 +621,24 @@ def counterexample_table(df: pl.DataFrame) -> pl.DataFrame:
         (pl.col("verified") / pl.col("n_pairs")).alias("found_rate"),
     )
     return out.select(eqs.EQUIVALENCE_COUNTEREXAMPLES.names).sort("method")
+
+
+def finder_sizes_table(df: pl.DataFrame) -> pl.DataFrame:
+    """Per pair the finder separated: instance size, how it was made, counterexample rows
+    (:data:`schemas.equivalence.EQUIVALENCE_FINDER_SIZES`), read from the rows' ``details``."""
+    found = df.filter(pl.col("method") == "finder", pl.col("verdict") == "not_equivalent",
+                      pl.col("details").is_not_null())
+    if found.is_empty():
+        return pl.DataFrame(schema=pl.from_arrow(eqs.EQUIVALENCE_FINDER_SIZES.empty_table()).schema)
+    d = pl.col("details")
+    out = found.select(
+        "pair_id", "method",
+        d.str.json_path_match("$.rows_before_shrink").cast(pl.Int64).alias("found_rows"),
+        d.str.json_path_match("$.found_by").alias("found_by"),
+        pl.col("counterexample_rows").cast(pl.Int64).alias("rows"),
+        d.str.json_path_match("$.found_at").cast(pl.Int64).alias("found_at"),
+    )
+    return out.select(eqs.EQUIVALENCE_FINDER_SIZES.names).sort("pair_id")
 
 
 def time_table(df: pl.DataFrame) -> pl.DataFrame:
@@ -585,10 +671,11 @@ def _accuracy_wide(acc: pl.DataFrame) -> pl.DataFrame:
 
 @task(name="equivalence-tables", persist_result=False)
 def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
-    """The four tables of a run, as Parquet under ``tables/`` and as ``equivalence.md``.
+    """The tables of a run, as Parquet under ``tables/`` and as ``equivalence.md``.
 
-    Returns ``{"markdown", "accuracy", "agreement", "counterexamples", "time", "text"}``
-    (URIs, and the Markdown text). Reads only ``equivalence.parquet``."""
+    Returns ``{"markdown", "accuracy", "agreement", "label_agreement", "counterexamples",
+    "finder_sizes", "time", "text"}`` (URIs, and the Markdown text). Reads only
+    ``equivalence.parquet``."""
     from tasks.report import markdown_table
 
     prefix = stage_prefix(artifacts_root, run_id)
@@ -596,7 +683,9 @@ def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
     tables = {
         "accuracy": (accuracy_table(df), eqs.EQUIVALENCE_ACCURACY),
         "agreement": (agreement_table(df), eqs.EQUIVALENCE_AGREEMENT),
+        "label_agreement": (label_agreement_table(df), eqs.EQUIVALENCE_LABEL_AGREEMENT),
         "counterexamples": (counterexample_table(df), eqs.EQUIVALENCE_COUNTEREXAMPLES),
+        "finder_sizes": (finder_sizes_table(df), eqs.EQUIVALENCE_FINDER_SIZES),
         "time": (time_table(df), eqs.EQUIVALENCE_TIME),
     }
     out: dict[str, Any] = {}
@@ -605,21 +694,56 @@ def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
                                           frame.to_arrow(), schema)
     verdicts = (df.group_by("method", "verdict").agg(pl.len().alias("pairs"))
                 .sort("method", "verdict"))
+    empty = empty_result_pairs(df)
+    warning = ""
+    if empty:
+        shown = ", ".join(f"`{p}`" for p in empty[:10]) + (" …" if len(empty) > 10 else "")
+        warning = (f"\n\n**Warning:** execution match compared only empty results on "
+                   f"{len(empty)} pair(s) ({shown}): *equivalent* there says nothing about the "
+                   "queries.")
+    accuracy = tables["accuracy"][0]
+    relaxed_only = df.filter(pl.col("label_semantic").is_null(), pl.col("label_relaxed").is_not_null())
+    if not accuracy.is_empty():
+        accuracy_text = markdown_table(_accuracy_wide(accuracy))
+    elif not relaxed_only.is_empty():
+        accuracy_text = (f"_no pair carries a label for the notion its methods decide; "
+                         f"{relaxed_only['pair_id'].n_unique()} pair(s) carry relaxed labels only: "
+                         "see the agreement with the labels below_")
+    else:
+        accuracy_text = "_no labelled pairs_"
+    sizes = tables["finder_sizes"][0]
+    sizes_text = "_the finder separated no pair_"
+    if not sizes.is_empty():
+        kind = pl.col("found_by").str.extract(r"^(\w+)", 1).fill_null("-")
+        sizes_text = markdown_table(
+            sizes.with_columns(kind.alias("made_by")).group_by("made_by").agg(
+                pl.len().alias("pairs"), pl.col("found_rows").median().alias("median_rows"),
+                pl.col("found_rows").max().alias("max_rows"),
+                pl.col("rows").median().alias("median_counterexample_rows")).sort("made_by"))
+        if sizes.height <= 50:
+            sizes_text += "\n\n" + markdown_table(sizes.drop("method"))
     sections = [
         f"# SQL equivalence, run `{run_id}`",
         f"{df['pair_id'].n_unique()} pairs × {df['method'].n_unique()} methods = {df.height} rows.",
-        "## Verdicts\n\n" + markdown_table(verdicts),
-        "## Accuracy by hardness\n\nUndecided verdicts (error, unparsed, no counterexample "
-        "within budget) count as wrong; the finder never answers *equivalent*, so its accuracy "
-        "on equivalent pairs is 0 by construction (see the counterexample table).\n\n"
-        + (markdown_table(_accuracy_wide(tables["accuracy"][0])) if not tables["accuracy"][0].is_empty()
-           else "_no labelled pairs_"),
+        "## Verdicts\n\n" + markdown_table(verdicts) + warning,
+        "## Accuracy by hardness\n\nUndecided verdicts (error, error on instance, unparsed, no "
+        "counterexample within budget) count as wrong; the finder never answers *equivalent*, "
+        "so its accuracy on equivalent pairs is 0 by construction (see the counterexample "
+        "table).\n\n" + accuracy_text,
         "## Agreement with execution match\n\n"
         + (markdown_table(tables["agreement"][0]) if not tables["agreement"][0].is_empty()
            else "_no execution-match decisions to compare with_"),
+        "## Agreement with the labels\n\nEach method's decisions against the labels of each "
+        "notion (also the other notion's, e.g. a semantic method against relaxed-only "
+        "labels); undecided verdicts are left out.\n\n"
+        + (markdown_table(tables["label_agreement"][0]) if not tables["label_agreement"][0].is_empty()
+           else "_no decided, labelled pairs_"),
         "## Counterexamples on the non-equivalent set\n\n"
         + (markdown_table(tables["counterexamples"][0]) if not tables["counterexamples"][0].is_empty()
            else "_no non-equivalent pairs_"),
+        "## Finder: instance size that separated each pair\n\nRows over all tables of the "
+        "instance that first separated the pair (before shrinking) and how it was made.\n\n"
+        + sizes_text,
         "## Time per pair (seconds) and cost\n\n" + markdown_table(tables["time"][0]),
     ]
     text = "\n\n".join(sections) + "\n"

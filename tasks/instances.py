@@ -13,6 +13,7 @@ order: ``None`` for NULL, ``int``/``float``/``str``/``bool``; dates and timestam
 
 from __future__ import annotations
 
+import random
 import re
 import sqlite3
 import threading
@@ -28,6 +29,8 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from tasks.result_match import results_match
+from tasks.sql_dialects import ReadQuery, read_query, sqlglot_dialect
+from tasks.sql_dialects import engine_sql as _engine_sql
 
 Instance = dict[str, list[tuple]]
 
@@ -73,7 +76,7 @@ def type_category(dtype: exp.DataType) -> str:
         return "date"
     if dtype.is_type(*exp.DataType.TEMPORAL_TYPES):
         return "timestamp"
-    if dtype.is_type(*exp.DataType.TEXT_TYPES) or dtype.this in (T.CHAR, T.NCHAR, T.UNKNOWN):
+    if dtype.is_type(*exp.DataType.TEXT_TYPES) or dtype.this in (T.CHAR, T.NCHAR, T.UNKNOWN, T.ENUM):
         return "text"
     return "other"
 
@@ -99,14 +102,16 @@ class ForeignKey:
 
 @dataclass
 class Table:
-    """A table with its keys: ``primary_key`` and ``unique`` column-name tuples, ``foreign_keys``.
-    Column names keep their declared spelling; look-ups are case-insensitive."""
+    """A table with its keys: ``primary_key`` and ``unique`` column-name tuples, ``foreign_keys``,
+    ``checks`` (CHECK constraint expressions, as parsed). Column names keep their declared
+    spelling; look-ups are case-insensitive."""
 
     name: str
     columns: list[Column]
     primary_key: tuple[str, ...] = ()
     unique: list[tuple[str, ...]] = field(default_factory=list)
     foreign_keys: list[ForeignKey] = field(default_factory=list)
+    checks: list[exp.Expression] = field(default_factory=list)
 
     def index(self, column: str) -> int:
         """Position of ``column`` (case-insensitive); KeyError naming the table otherwise."""
@@ -127,7 +132,7 @@ class Table:
 
 
 def _ident(name: str, dialect: str | None) -> str:
-    return exp.to_identifier(name).sql(dialect=dialect)
+    return exp.to_identifier(name).sql(dialect=sqlglot_dialect(dialect))
 
 
 @dataclass
@@ -145,76 +150,52 @@ class RelSchema:
     # -- construction ------------------------------------------------------------------------
 
     @classmethod
-    def from_ddl(cls, ddl: str, dialect: str | None = None) -> RelSchema:
-        """Read the ``CREATE TABLE`` statements of ``ddl`` (other statements are ignored).
+    def from_ddl(cls, ddl: str, dialect: str | None = None,
+                 query_dialect: str | None = None) -> RelSchema:
+        """Read the tables of a schema script: ``CREATE TABLE`` (columns, types, NOT NULL,
+        PRIMARY KEY, UNIQUE, FOREIGN KEY, CHECK), ``CREATE UNIQUE INDEX`` (a UNIQUE key) and
+        ``ALTER TABLE`` adding columns or constraints; other statements (INSERT, DROP, SET,
+        PRAGMA, plain indexes, ...) do not change the schema and are skipped.
 
-        Parses with ``dialect``, then with mysql/duckdb/sqlite when that fails (schemas are
-        often written in another dialect than the queries, e.g. Spider's MySQL DDL). Database
-        qualifiers (``db.table``) are dropped. Raises SchemaError when nothing parses or no
-        table is defined.
+        Each statement is parsed with ``dialect`` (the DDL's own, when known), else with the
+        dialect its text points to (backticks → MySQL, ...), else with ``query_dialect`` (the
+        queries' dialect), else with the others (:func:`tasks.sql_dialects.read_ddl`); a
+        statement read in another dialect than the one given is listed in :attr:`notes`.
+        Database qualifiers (``db.table``) are dropped. Raises SchemaError naming the statement
+        when one parses in no dialect, when an ALTER TABLE does something other than add a
+        column or a constraint, or when no table is defined — a schema is never silently
+        smaller than its DDL.
         """
-        last: Exception | None = None
-        for d in dict.fromkeys([dialect, "mysql", "duckdb", "sqlite", "postgres"]):
-            try:
-                statements = [s for s in sqlglot.parse(ddl, read=d) if s is not None]
-                break
-            except SqlglotError as exc:
-                last = exc
-        else:
-            raise SchemaError(f"schema DDL does not parse: {str(last).splitlines()[0]}")
-        raw: list[tuple[Table, list[tuple[tuple[str, ...], str, tuple[str, ...]]]]] = []
-        for st in statements:
-            if not (isinstance(st, exp.Create) and (st.args.get("kind") or "").upper() == "TABLE"):
-                continue
-            target = st.this
-            if not isinstance(target, exp.Schema):
-                raise SchemaError(f"CREATE TABLE without a column list: {st.sql()[:80]}")
-            name = target.this.name
-            columns: list[Column] = []
-            pk: tuple[str, ...] = ()
-            unique: list[tuple[str, ...]] = []
-            fks: list[tuple[tuple[str, ...], str, tuple[str, ...]]] = []
-            for item in target.expressions:
-                if isinstance(item, exp.ColumnDef):
-                    kind = item.args.get("kind")
-                    dtype = kind if isinstance(kind, exp.DataType) else exp.DataType.build("TEXT")
-                    col = Column(item.name, dtype, type_category(dtype))
-                    for cons in item.constraints:
-                        ck = cons.args.get("kind")
-                        if isinstance(ck, exp.NotNullColumnConstraint) and not ck.args.get("allow_null"):
-                            col.not_null = True
-                        elif isinstance(ck, exp.PrimaryKeyColumnConstraint):
-                            pk = (item.name,)
-                        elif isinstance(ck, exp.UniqueColumnConstraint):
-                            unique.append((item.name,))
-                        elif isinstance(ck, exp.Reference):
-                            fks.append(((item.name,), *_reference(ck)))
-                    columns.append(col)
-                elif isinstance(item, exp.PrimaryKey):
-                    pk = tuple(_names(item.expressions))
-                elif isinstance(item, exp.UniqueColumnConstraint):
-                    schema_node = item.this
-                    cols = _names(schema_node.expressions) if schema_node is not None else []
-                    if cols:
-                        unique.append(tuple(cols))
-                elif isinstance(item, exp.ForeignKey):
-                    ref = item.args.get("reference")
-                    if ref is not None:
-                        fks.append((tuple(_names(item.expressions)), *_reference(ref)))
-                elif isinstance(item, exp.Constraint):
-                    for sub in item.expressions:
-                        if isinstance(sub, exp.PrimaryKey):
-                            pk = tuple(_names(sub.expressions))
-                        elif isinstance(sub, exp.ForeignKey) and sub.args.get("reference") is not None:
-                            fks.append((tuple(_names(sub.expressions)), *_reference(sub.args["reference"])))
-                        elif isinstance(sub, exp.UniqueColumnConstraint) and sub.this is not None:
-                            unique.append(tuple(_names(sub.this.expressions)))
-            if not columns:
-                raise SchemaError(f"table {name}: no columns")
-            raw.append((Table(name, columns, pk, unique), fks))
+        from tasks.sql_dialects import SQLReadError, read_ddl
+
+        try:
+            read = read_ddl(ddl, dialect, query_dialect)
+        except SQLReadError as exc:
+            raise SchemaError(str(exc)) from None
+        raw: dict[str, tuple[Table, list[_FK]]] = {}
+        notes = list(read.notes)
+        for st in read.statements:
+            tree = st.tree
+            kind = (tree.args.get("kind") or "").upper() if isinstance(tree, exp.Create) else ""
+            if kind == "TABLE":
+                table, fks = _table_from_create(tree)
+                if table.name.lower() in raw:
+                    raise SchemaError(f"table {table.name} defined twice")
+                raw[table.name.lower()] = (table, fks)
+            elif kind == "INDEX" and tree.args.get("unique"):
+                _unique_index(tree, raw, notes)
+            elif kind and kind not in ("INDEX", "SCHEMA", "DATABASE", "SEQUENCE"):
+                # a view, function, trigger, ...: not a table the finder can fill
+                name = tree.this.name if isinstance(tree.this, exp.Expression) else "?"
+                notes.append(f"schema DDL: CREATE {kind} {name} not read (a query reading it "
+                             "fails with 'no table')")
+            elif isinstance(tree, exp.Alter) and (tree.args.get("kind") or "").upper() == "TABLE":
+                _alter_table(tree, st.text, raw)
         if not raw:
             raise SchemaError("schema DDL has no CREATE TABLE statement")
-        return cls._finish(raw)
+        schema = cls._finish(list(raw.values()))
+        schema.notes[:0] = notes
+        return schema
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> RelSchema:
@@ -383,15 +364,19 @@ class RelSchema:
     def create_sql(
         self, name: str, dialect: str | None = "duckdb", *, constraints: bool = True,
         tables: Sequence[str] | None = None, category_types: bool = False,
+        checks: bool | None = None,
     ) -> str:
         """``CREATE TABLE`` for table ``name`` in ``dialect``: columns with their types (or a
         standard type for their category when ``category_types``), and, with ``constraints``,
-        NOT NULL, PRIMARY KEY, UNIQUE and the foreign keys to tables among ``tables``."""
+        NOT NULL, PRIMARY KEY, UNIQUE and the foreign keys to tables among ``tables``; CHECK
+        constraints with ``checks`` (default: with ``constraints``)."""
+        checks = constraints if checks is None else checks
+        dialect = sqlglot_dialect(dialect)
         t = self.table(name)
         tables = [x.lower() for x in (tables if tables is not None else self.tables)]
         parts = []
         for c in t.columns:
-            typ = _CATEGORY_SQL[c.category] if category_types else c.dtype.sql(dialect=dialect)
+            typ = _CATEGORY_SQL[c.category] if category_types else _engine_type(c, dialect)
             if category_types and dialect == "sqlite":
                 typ = exp.DataType.build(typ).sql(dialect="sqlite")
             text = f"{_ident(c.name, dialect)} {typ}"
@@ -410,12 +395,130 @@ class RelSchema:
                     + f") REFERENCES {_ident(parent.name, dialect)} ("
                     + ", ".join(_ident(c, dialect) for c in fk.ref_columns) + ")"
                 )
+        if checks:
+            parts.extend(f"CHECK ({c.sql(dialect=dialect)})" for c in t.checks)
         return f"CREATE TABLE {_ident(t.name, dialect)} (\n  " + ",\n  ".join(parts) + "\n)"
 
     def ddl(self, dialect: str | None = "duckdb", tables: Sequence[str] | None = None) -> str:
         """The whole schema (or ``tables`` and the tables they reference) as DDL text."""
         names = self.closure(tables) if tables is not None else self.closure(self.tables)
         return ";\n\n".join(self.create_sql(n, dialect, tables=names) for n in names) + ";\n"
+
+
+_FK = tuple[tuple[str, ...], str, tuple[str, ...]]
+
+
+def _table_from_create(st: exp.Create) -> tuple[Table, list[_FK]]:
+    """A :class:`Table` (and its raw foreign keys) from one parsed CREATE TABLE."""
+    target = st.this
+    if not isinstance(target, exp.Schema):
+        raise SchemaError(f"CREATE TABLE without a column list: {st.sql()[:80]}")
+    name = target.this.name
+    table = Table(name, [])
+    fks: list[_FK] = []
+    for item in target.expressions:
+        if isinstance(item, exp.ColumnDef):
+            _add_column(table, item, fks)
+        else:
+            _add_table_constraint(table, item, fks)
+    if not table.columns:
+        raise SchemaError(f"table {name}: no columns")
+    return table, fks
+
+
+def _add_column(table: Table, item: exp.ColumnDef, fks: list[_FK]) -> None:
+    kind = item.args.get("kind")
+    dtype = kind if isinstance(kind, exp.DataType) else exp.DataType.build("TEXT")
+    col = Column(item.name, dtype, type_category(dtype))
+    for cons in item.constraints:
+        ck = cons.args.get("kind")
+        if isinstance(ck, exp.NotNullColumnConstraint) and not ck.args.get("allow_null"):
+            col.not_null = True
+        elif isinstance(ck, exp.PrimaryKeyColumnConstraint):
+            table.primary_key = (item.name,)
+        elif isinstance(ck, exp.UniqueColumnConstraint):
+            table.unique.append((item.name,))
+        elif isinstance(ck, exp.Reference):
+            fks.append(((item.name,), *_reference(ck)))
+        elif isinstance(ck, exp.CheckColumnConstraint) and ck.this is not None:
+            table.checks.append(ck.this.copy())
+    table.columns.append(col)
+
+
+def _add_table_constraint(table: Table, item: exp.Expression, fks: list[_FK]) -> None:
+    if isinstance(item, exp.PrimaryKey):
+        table.primary_key = tuple(_names(item.expressions))
+    elif isinstance(item, exp.UniqueColumnConstraint):
+        schema_node = item.this
+        cols = _names(schema_node.expressions) if schema_node is not None else []
+        if cols:
+            table.unique.append(tuple(cols))
+    elif isinstance(item, exp.ForeignKey):
+        ref = item.args.get("reference")
+        if ref is not None:
+            fks.append((tuple(_names(item.expressions)), *_reference(ref)))
+    elif isinstance(item, exp.CheckColumnConstraint) and item.this is not None:
+        table.checks.append(item.this.copy())
+    elif isinstance(item, exp.Constraint):
+        for sub in item.expressions:
+            _add_table_constraint(table, sub, fks)
+
+
+def _unique_index(st: exp.Create, raw: dict, notes: list[str]) -> None:
+    index = st.this
+    params = index.args.get("params") if isinstance(index, exp.Index) else None
+    target = index.args.get("table") if isinstance(index, exp.Index) else None
+    if params is None or target is None:
+        raise SchemaError(f"CREATE UNIQUE INDEX not understood: {st.sql()[:100]}")
+    if target.name.lower() not in raw:
+        raise SchemaError(f"CREATE UNIQUE INDEX on unknown table {target.name}")
+    if params.args.get("where") is not None:
+        notes.append(f"schema DDL: partial unique index {index.name} on {target.name} not "
+                     "enforced (its rows are not all distinct)")
+        return
+    cols = []
+    for c in params.args.get("columns") or []:
+        inner = c.this if isinstance(c, exp.Ordered) else c
+        if not isinstance(inner, exp.Column):
+            notes.append(f"schema DDL: unique index {index.name} on an expression not enforced")
+            return
+        cols.append(inner.name)
+    if cols:
+        raw[target.name.lower()][0].unique.append(tuple(cols))
+
+
+def _alter_table(st: exp.Alter, text: str, raw: dict) -> None:
+    name = st.this.name
+    if name.lower() not in raw:
+        raise SchemaError(f"ALTER TABLE of unknown table {name}: {text[:100]}")
+    table, fks = raw[name.lower()]
+    for action in st.args.get("actions") or []:
+        if isinstance(action, exp.ColumnDef):
+            _add_column(table, action, fks)
+        elif isinstance(action, exp.AddConstraint):
+            for item in action.expressions:
+                _add_table_constraint(table, item, fks)
+        elif isinstance(action, exp.AlterColumn) and action.args.get("allow_null") is False:
+            table.column(action.name).not_null = True
+        else:
+            raise SchemaError(f"ALTER TABLE {name}: only ADD COLUMN / ADD CONSTRAINT / SET NOT "
+                              f"NULL are read, not {type(action).__name__}: {text[:100]}")
+
+
+def _engine_type(col: Column, dialect: str | None) -> str:
+    """The column's declared type for ``dialect``, without the display widths no engine but
+    MySQL reads (``INT(11)``, ``TINYINT(1)``, ``DOUBLE(8,2)``)."""
+    dtype = col.dtype
+    if col.category in ("int", "float") and dtype.expressions:
+        dtype = exp.DataType(this=dtype.this)
+    return dtype.sql(dialect=dialect)
+
+
+def enum_values(col: Column) -> list[str]:
+    """The values of an ENUM column (empty for other types)."""
+    if col.dtype.this != exp.DataType.Type.ENUM:
+        return []
+    return [e.this for e in col.dtype.expressions if isinstance(e, exp.Literal)]
 
 
 def _names(nodes: Iterable[exp.Expression]) -> list[str]:
@@ -430,11 +533,13 @@ def _reference(ref: exp.Reference) -> tuple[str, tuple[str, ...]]:
 
 
 def load_schema(schema: str | Mapping[str, Any] | None, dialect: str | None = None,
-                db_path: str | Path | None = None) -> RelSchema:
-    """A :class:`RelSchema` from DDL text, the mapping form, or (when ``schema`` is None) the
-    SQLite/DuckDB file ``db_path``. Raises SchemaError when there is nothing to read."""
+                db_path: str | Path | None = None, query_dialect: str | None = None) -> RelSchema:
+    """A :class:`RelSchema` from DDL text (``dialect``: the DDL's own, ``query_dialect``: the
+    queries', a weaker hint; see :meth:`RelSchema.from_ddl`), the mapping form, or (when
+    ``schema`` is None) the SQLite/DuckDB file ``db_path``. Raises SchemaError when there is
+    nothing to read."""
     if isinstance(schema, str):
-        return RelSchema.from_ddl(schema, dialect)
+        return RelSchema.from_ddl(schema, dialect, query_dialect)
     if isinstance(schema, Mapping):
         return RelSchema.from_mapping(schema)
     if db_path is not None:
@@ -463,15 +568,10 @@ def database_engine(path: str | Path) -> str:
 
 
 def parse_query(sql: str, dialect: str | None) -> exp.Expression:
-    """Parse one query with sqlglot; ValueError with a short message when it does not parse or
-    is not a single SELECT/WITH/set-operation statement."""
-    try:
-        trees = [t for t in sqlglot.parse(sql, read=dialect) if t is not None]
-    except SqlglotError as exc:
-        raise ValueError(f"does not parse ({dialect}): {str(exc).splitlines()[0]}") from None
-    if len(trees) != 1 or not isinstance(trees[0], exp.Query):
-        raise ValueError("must be a single SELECT query")
-    return trees[0]
+    """Parse and normalise one query (:func:`tasks.sql_dialects.read_query`); ValueError with a
+    short message when it does not parse or is not a single SELECT/WITH/set-operation
+    statement."""
+    return read_query(sql, dialect).tree
 
 
 def referenced_tables(tree: exp.Expression) -> list[str]:
@@ -487,12 +587,10 @@ def referenced_tables(tree: exp.Expression) -> list[str]:
     return out
 
 
-def engine_sql(sql: str, dialect: str | None, engine: str) -> str:
-    """``sql`` written for ``engine`` (sqlglot transpile; unchanged when the dialect is the
-    engine's own)."""
-    if (dialect or "duckdb") == engine:
-        return sql
-    return sqlglot.transpile(sql, read=dialect, write=engine)[0]
+def engine_sql(sql: str | ReadQuery, dialect: str | None, engine: str) -> str:
+    """``sql`` written for ``engine`` (:func:`tasks.sql_dialects.engine_sql`: unchanged when
+    the dialect is the engine's own and normalising changed nothing)."""
+    return _engine_sql(sql, dialect, engine)
 
 
 def order_matters(sql1: str, sql2: str, dialect: str | None, order: str, both: bool = True) -> bool:
@@ -500,10 +598,69 @@ def order_matters(sql1: str, sql2: str, dialect: str | None, order: str, both: b
     either, with ``both=False``) have a top-level ORDER BY."""
     if order != "auto":
         return order == "always"
-    from tasks.result_match import has_top_level_order_by
-
-    flags = [has_top_level_order_by(s, dialect) for s in (sql1, sql2)]
+    flags = [read_query(s, dialect).tree.args.get("order") is not None for s in (sql1, sql2)]
     return all(flags) if both else any(flags)
+
+
+#: Aggregates whose value depends on the order rows arrive in.
+_ORDER_DEPENDENT = (exp.ArrayAgg, exp.GroupConcat, exp.AnyValue, exp.First, exp.Last,
+                    exp.FirstValue, exp.LastValue, exp.NthValue, exp.ArgMax, exp.ArgMin)
+_ORDER_DEPENDENT_NAMES = {"STRING_AGG", "LISTAGG", "LIST", "ARBITRARY", "ANY_VALUE", "FIRST", "LAST"}
+
+
+def arbitrary_choices(tree: exp.Expression, engine: str = "duckdb") -> bool:
+    """Whether a query's result may depend on an arbitrary choice the engine makes among rows:
+    LIMIT / OFFSET / FETCH (ties at the boundary), window functions, DISTINCT ON,
+    order-dependent aggregates (STRING_AGG, ARRAY_AGG, ANY_VALUE, FIRST, ...) and, on SQLite, a
+    bare column next to an aggregate. Such queries are compared under many row orders
+    (:func:`row_orders`)."""
+    if next(tree.find_all(exp.Limit, exp.Offset, exp.Fetch, exp.Window, *_ORDER_DEPENDENT), None):
+        return True
+    for d in tree.find_all(exp.Distinct):
+        if d.args.get("on") is not None:
+            return True
+    for f in tree.find_all(exp.Anonymous):
+        if str(f.this).upper() in _ORDER_DEPENDENT_NAMES:
+            return True
+    if engine == "sqlite":
+        for select in tree.find_all(exp.Select):
+            items = select.expressions
+            if not any(isinstance(n, exp.AggFunc) for e in items for n in e.walk()):
+                continue
+            group = select.args.get("group")
+            grouped = {c.sql() for c in group.find_all(exp.Column)} if group is not None else set()
+            for e in items:
+                for c in e.find_all(exp.Column):
+                    if c.find_ancestor(exp.AggFunc) is None and c.sql() not in grouped:
+                        return True
+    return False
+
+
+def row_orders(lengths: Sequence[int], many: bool, seed: int = 0) -> list[list[list[int]]]:
+    """Orders to insert rows in: each order holds one permutation (a list of positions) per
+    row list of the given ``lengths``. Always the identity and the reversal; with ``many``
+    also rotations (every row first once, up to 12 of them), their reversals and four seeded
+    shuffles, so that every row of a group of ties gets to be chosen by an arbitrary choice
+    (the identity stays first; duplicates are removed)."""
+    ident = [list(range(n)) for n in lengths]
+    orders = [ident, [list(reversed(p)) for p in ident]]
+    longest = max(lengths, default=0)
+    if many and longest > 2:
+        steps = sorted({round(i * longest / min(longest, 12)) for i in range(1, min(longest, 12))})
+        for r in steps:
+            rot = [[(i + r) % n for i in range(n)] if n else [] for n in lengths]
+            orders.append(rot)
+            orders.append([list(reversed(p)) for p in rot])
+        rng = random.Random(seed)
+        for _ in range(4):
+            orders.append([rng.sample(range(n), n) for n in lengths])
+    out, seen = [], set()
+    for o in orders:
+        key = tuple(tuple(p) for p in o)
+        if key not in seen:
+            seen.add(key)
+            out.append(o)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -531,11 +688,21 @@ class Outcome:
 def same_outcome(a: Outcome, b: Outcome, *, ordered: bool, bag: bool = True,
                  permute_columns: bool = True) -> bool:
     """Two outcomes are the same result: both errors, or rows equal under test-suite
-    semantics (:func:`tasks.result_match.results_match`)."""
+    semantics (:func:`tasks.result_match.results_match`). One error and one result are not the
+    same, but neither is a difference between results: callers treat that case apart
+    (:func:`one_sided_error`)."""
     if a.error is not None or b.error is not None:
         return a.error is not None and b.error is not None
     return results_match(a.rows or [], b.rows or [], ordered=ordered, bag=bag,
                          permute_columns=permute_columns)
+
+
+def one_sided_error(a: Outcome, b: Outcome) -> str | None:
+    """``"sql1 fails (sql2 runs): <error>"`` when exactly one of two outcomes is an error, else
+    None."""
+    if (a.error is None) == (b.error is None):
+        return None
+    return f"sql1 fails (sql2 runs): {a.error}" if a.error is not None else f"sql2 fails (sql1 runs): {b.error}"
 
 
 def _short(msg: object) -> str:
@@ -565,12 +732,16 @@ class Sandbox:
     With ``constraints`` the tables carry their keys (NOT NULL, PK, UNIQUE, FK; SQLite with
     ``PRAGMA foreign_keys=ON``), so inserting an instance that breaks one raises; the finder's
     search sandbox omits them for speed (its generator keeps them), the verification sandbox
-    keeps them. A query running over ``query_timeout_s`` is interrupted and returns an error
-    outcome. Use as a context manager or call :meth:`close`.
+    keeps them. ``checks`` (default: ``constraints``) declares the CHECK constraints (the
+    finder's search sandbox keeps them, so an instance breaking one does not load); when the
+    engine cannot create one, the table is created without and :attr:`notes` says so. A query
+    running over ``query_timeout_s`` is interrupted and returns an error outcome. Use as a
+    context manager or call :meth:`close`.
     """
 
     def __init__(self, schema: RelSchema, tables: Sequence[str], engine: str = "duckdb",
-                 *, constraints: bool = False, query_timeout_s: float = 5.0) -> None:
+                 *, constraints: bool = False, checks: bool | None = None,
+                 query_timeout_s: float = 5.0) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine {engine!r}: use one of {ENGINES}")
         self.schema = schema
@@ -590,17 +761,28 @@ class Sandbox:
             self.con = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
             if constraints:
                 self.con.execute("PRAGMA foreign_keys = ON")
+        checks = constraints if checks is None else checks
+        self.notes: list[str] = []
         for name in self.tables:
-            for category_types in (False, True):
+            attempts = [(False, checks), (True, checks)]
+            first_error = ""
+            if checks and schema.tables[name].checks:
+                attempts.append((True, False))
+            for n, (category_types, with_checks) in enumerate(attempts):
                 ddl = schema.create_sql(name, engine, constraints=constraints, tables=self.tables,
-                                        category_types=category_types)
+                                        category_types=category_types, checks=with_checks)
                 try:
                     self._exec(ddl)
+                    if checks and not with_checks:
+                        self.notes.append(f"CHECK constraints of table {name} not enforced: "
+                                          f"{engine} cannot create them ({first_error})")
                     break
                 except (duckdb.Error, sqlite3.Error) as exc:
-                    if category_types:
+                    if n == 0:
+                        first_error = _short(exc)
+                    if n == len(attempts) - 1:
                         self.close()
-                        raise SchemaError(f"cannot create table {name} on {engine}: {_short(exc)}") from None
+                        raise SchemaError(f"cannot create table {name} on {engine}: {first_error}") from None
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -663,6 +845,12 @@ class Sandbox:
         """Run one statement (DDL/DML) in the engine's dialect; engine errors propagate."""
         self._exec(sql)
 
+    def clear(self) -> None:
+        """Delete every row of the sandbox's tables (children first)."""
+        for t in reversed(self.tables):
+            self._exec(f"DELETE FROM {self._names[t]}")
+        self._loaded.clear()
+
     def run(self, sql: str) -> Outcome:
         """Run one query (in the engine's dialect) and fetch every row; errors and timeouts
         become an :class:`Outcome` with ``error``."""
@@ -699,6 +887,7 @@ def render_instance(schema: RelSchema, instance: Mapping[str, Sequence[tuple]],
     """The instance as a SQL script in ``dialect``: CREATE TABLE (with keys) for ``tables``
     (default: the instance's tables and the tables they reference), then one multi-row INSERT
     per non-empty table, parents first. Literals are written by sqlglot."""
+    dialect = sqlglot_dialect(dialect)
     names = schema.closure(tables if tables is not None else list(instance))
     out = [schema.create_sql(n, dialect, tables=names) + ";" for n in names]
     for n in names:
@@ -717,11 +906,14 @@ def render_instance(schema: RelSchema, instance: Mapping[str, Sequence[tuple]],
 class Verification:
     """Result of executing a database and both queries on it: ``separates`` is True when the
     two results differ (on both row orders of the inserts, see :func:`verify_counterexample`),
-    ``error`` says why the database could not be built (then ``separates`` is False);
+    ``error`` says why the database could not be built or why it separates nothing (then
+    ``separates`` is False); ``error_on_instance`` is set when exactly one query raises on the
+    database (a runtime error is not a result, so such a database is no counterexample);
     ``result1``/``result2`` preview what each query returned; ``rows`` inserted."""
 
     separates: bool
     error: str | None = None
+    error_on_instance: str | None = None
     result1: str | None = None
     result2: str | None = None
     rows: int = 0
@@ -730,7 +922,7 @@ class Verification:
 
 def _split_script(script: str, dialect: str | None) -> list[exp.Expression]:
     try:
-        return [s for s in sqlglot.parse(script, read=dialect) if s is not None]
+        return [s for s in sqlglot.parse(script, read=sqlglot_dialect(dialect)) if s is not None]
     except SqlglotError as exc:
         raise ValueError(f"counterexample script does not parse: {str(exc).splitlines()[0]}") from None
 
@@ -740,11 +932,17 @@ def _insert_rows(stmt: exp.Insert) -> int:
     return len(values.expressions) if isinstance(values, exp.Values) else 1
 
 
-def _reverse_insert(stmt: exp.Insert) -> exp.Insert:
-    stmt = stmt.copy()
+def _insert_values(stmt: exp.Insert) -> list[exp.Expression]:
     values = stmt.expression
-    if isinstance(values, exp.Values):
-        values.set("expressions", list(reversed(values.expressions)))
+    return list(values.expressions) if isinstance(values, exp.Values) else []
+
+
+def _permute_insert(stmt: exp.Insert, perm: list[int]) -> exp.Insert:
+    rows = _insert_values(stmt)
+    if len(rows) < 2:
+        return stmt
+    stmt = stmt.copy()
+    stmt.expression.set("expressions", [rows[i].copy() for i in perm])
     return stmt
 
 
@@ -760,18 +958,25 @@ def verify_counterexample(
     database that breaks a PRIMARY KEY / UNIQUE / NOT NULL / FOREIGN KEY is rejected). Each
     statement is transpiled from ``dialect`` to the engine (``sqlite`` for the sqlite dialect,
     else DuckDB). The database separates the queries when their results differ under the match
-    options (``ordered`` default: both queries have a top-level ORDER BY) **both** with the
-    inserts as written and with every INSERT's rows reversed, so a difference that depends only
-    on an arbitrary choice among ties (``LIMIT`` without a total order) is not accepted.
+    options (``ordered`` default: both queries have a top-level ORDER BY) under every row
+    order tried — the inserts as written and with every INSERT's rows reversed, and, when a
+    query may choose arbitrarily among rows (:func:`arbitrary_choices`: ``LIMIT`` without a
+    total order, ...), rotations and shuffles (:func:`row_orders`) — so that a difference
+    that depends only on an arbitrary choice among ties is not accepted: no result sql1 gave
+    under some order may equal one sql2 gave under some order.
 
     Returns a :class:`Verification`; never raises for a bad script (the reason is in
     ``error``).
     """
     engine = engine or ("sqlite" if dialect == "sqlite" else "duckdb")
+    try:
+        dialect = sqlglot_dialect(dialect)
+    except ValueError as exc:
+        return Verification(False, error=str(exc), engine=engine)
     if ordered is None:
         try:
             ordered = order_matters(sql1, sql2, dialect, "auto")
-        except SqlglotError:
+        except (SqlglotError, ValueError):
             ordered = False
     try:
         statements = _split_script(script, dialect)
@@ -802,29 +1007,42 @@ def verify_counterexample(
         return Verification(False, error=str(exc).strip('"'), engine=engine)
     try:
         q1, q2 = engine_sql(sql1, dialect, engine), engine_sql(sql2, dialect, engine)
-    except SqlglotError as exc:
+    except (SqlglotError, ValueError) as exc:
         return Verification(False, error=f"cannot transpile the queries: {exc}", engine=engine)
     n_rows = sum(_insert_rows(i) for i in inserts)
-    outcomes = []
-    for reverse in (False, True):
-        try:
-            box = Sandbox(schema, tables, engine, constraints=True, query_timeout_s=query_timeout_s)
-        except SchemaError as exc:
-            return Verification(False, error=str(exc), engine=engine)
-        with box:
-            for ins in inserts:
-                stmt = _reverse_insert(ins) if reverse else ins
+    many = any(arbitrary_choices(read_query(q, dialect).tree, engine) for q in (sql1, sql2))
+    orders = row_orders([len(_insert_values(i)) for i in inserts], many)
+    opts = {"ordered": ordered, "bag": bag, "permute_columns": permute_columns}
+    try:
+        box = Sandbox(schema, tables, engine, constraints=True, query_timeout_s=query_timeout_s)
+    except SchemaError as exc:
+        return Verification(False, error=str(exc), engine=engine)
+    seen1: list[Outcome] = []
+    seen2: list[Outcome] = []
+    with box:
+        for k, order in enumerate(orders):
+            if k:
+                box.clear()
+            for ins, perm in zip(inserts, order):
                 try:
-                    box.execute(stmt.sql(dialect=engine))
+                    box.execute(_permute_insert(ins, perm).sql(dialect=engine))
                 except (duckdb.Error, sqlite3.Error) as exc:
                     return Verification(False, error=f"the database breaks the schema or does not load: {_short(exc)}",
                                         rows=n_rows, engine=engine)
-            outcomes.append((box.run(q1), box.run(q2)))
-    (a1, a2), (b1, b2) = outcomes
-    opts = {"ordered": ordered, "bag": bag, "permute_columns": permute_columns}
-    if a1.error is not None and a2.error is not None:
-        return Verification(False, error=f"both queries fail: {a1.error}", result1=a1.preview(),
-                            result2=a2.preview(), rows=n_rows, engine=engine)
-    separates = not any(same_outcome(x, y, **opts) for x in (a1, b1) for y in (a2, b2))
-    return Verification(separates, result1=a1.preview(), result2=a2.preview(), rows=n_rows,
+            o1, o2 = box.run(q1), box.run(q2)
+            a1, a2 = (seen1 or [o1])[0], (seen2 or [o2])[0]
+            if o1.error is not None and o2.error is not None:
+                return Verification(False, error=f"both queries fail: {o1.error}", result1=a1.preview(),
+                                    result2=a2.preview(), rows=n_rows, engine=engine)
+            one_sided = one_sided_error(o1, o2)
+            if one_sided:
+                return Verification(False, error=f"{one_sided}: an error is not a result, so this "
+                                    "database is no counterexample", error_on_instance=one_sided,
+                                    result1=o1.preview(), result2=o2.preview(), rows=n_rows, engine=engine)
+            seen1.append(o1)
+            seen2.append(o2)
+            if any(same_outcome(x, y, **opts) for x in seen1 for y in seen2):
+                return Verification(False, result1=a1.preview(), result2=a2.preview(), rows=n_rows,
+                                    engine=engine)
+    return Verification(True, result1=seen1[0].preview(), result2=seen2[0].preview(), rows=n_rows,
                         engine=engine)

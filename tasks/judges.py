@@ -47,7 +47,9 @@ NOTION_TEXT = {
         "duplicates. Row order counts only when both queries sort their output with ORDER BY; "
         "column names and aliases do not count. One database on which the results differ is "
         "enough to make them NOT EQUIVALENT, even if that database is unusual (empty tables, "
-        "NULL values, duplicate values, ties)."
+        "NULL values, duplicate values, ties). A database on which one query raises an error "
+        "(a failed type conversion, a scalar subquery returning two rows) does not count: an "
+        "error is not a result."
     ),
     "relaxed": (
         "Two queries are RELAXED EQUIVALENT when they express the same logic, so that a person "

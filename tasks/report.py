@@ -140,6 +140,16 @@ def _write(artifacts_root: str, run_id: str, name: str, df: pl.DataFrame, schema
     )
 
 
+def hint_conditions_of(trials: pl.DataFrame) -> dict[str, str]:
+    """Agent (as named in the trial rows) → its hint condition: ``on``, ``off`` or ``n/a``
+    (agents that read no prompt: oracle, replay; also trials written before the condition was
+    recorded)."""
+    if "hints" not in trials.columns:
+        return {a: "n/a" for a in sorted(trials["agent"].unique().to_list())}
+    pairs = trials.select("agent", pl.col("hints").fill_null("n/a")).unique().sort("agent")
+    return {a: h for a, h in pairs.iter_rows()}
+
+
 @task(name="report-tables", persist_result=False)
 def compute_report_tables(
     run_id: str,
@@ -223,6 +233,7 @@ def compute_report_tables(
         },
         "manifests": uris_m,
         "notes": notes,
+        "hints": hint_conditions_of(trials),
         "unchecked_operations": unchecked_operations(requirements),
         "has_llm_calls": llm_calls is not None,
         "confidence": confidence,
@@ -348,6 +359,14 @@ def build_document(
         f"trials. Report generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from the "
         f"run's artifacts alone (`{run_prefix(artifacts_root, run_id)}`)."
     )
+    hints = tables.get("hints") or {}
+    if any(h != "n/a" for h in hints.values()):
+        shown = "; ".join(f"`{a}`: {h}" for a, h in hints.items())
+        intro += (
+            f"\n\nHint condition per agent (off = question and database description only, "
+            f"DAB's default; on = the dataset's hints too, DAB's `--use_hints`; n/a = the "
+            f"agent reads no prompt): {shown}."
+        )
     if tables["notes"]:
         intro += "\n\n" + "\n".join(f"- {n}" for n in tables["notes"])
 

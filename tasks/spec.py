@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from schemas.spec import (
     OPERATIONS,
+    ComposeOp,
     DatasetSpec,
     FormatOp,
     FuzzOp,
@@ -74,7 +75,7 @@ def load_spec(path: str | Path) -> DatasetSpec:
     return spec
 
 
-_TRANSFORM_TAGS = {"format", "text", "split", "fuzz"}
+_TRANSFORM_TAGS = {"format", "text", "compose", "split", "fuzz"}
 
 #: What to write when a required field is missing (by the field's last name).
 _REQUIRED_FIX = {
@@ -118,7 +119,7 @@ def _problem(error: dict, field: str) -> str:
                     "duckdb")
         return f"{value!r} is not allowed: {msg}"
     if kind == "union_tag_invalid":
-        return f"{msg}; fix: `op` is one of format, text, split, fuzz"
+        return f"{msg}; fix: `op` is one of format, text, compose, split, fuzz"
     return msg
 
 
@@ -157,7 +158,14 @@ def _cross_check(spec: DatasetSpec, path: Path) -> None:
                     f"unknown column {col!r} of table {pl.source!r}; fix: use one of "
                     f"{list(declared)} or add it to tables.{pl.source}.columns",
                 )
-        cols = list(pl.columns)
+        for name in pl.derive:
+            if name in pl.columns:
+                raise SpecError(
+                    path, f"{where}.derive.{name}",
+                    f"derived column {name!r} is also in {where}.columns; fix: give it another "
+                    "name",
+                )
+        cols = list(pl.columns) + list(pl.derive)
         for j, op in enumerate(pl.transforms):
             tw = f"{where}.transforms[{j}]"
             refs: list[tuple[str, str]] = []
@@ -169,6 +177,24 @@ def _cross_check(spec: DatasetSpec, path: Path) -> None:
                     for k, t in enumerate(op.templates)
                     for c in template_fields(t)
                 ]
+            elif isinstance(op, ComposeOp):
+                refs = [
+                    (f"{tw}.clauses[{k}][{m}]", c)
+                    for k, clause in enumerate(op.clauses)
+                    for m, t in enumerate(clause)
+                    for c in template_fields(t)
+                ]
+                for k, clause in enumerate(op.clauses):
+                    if not clause:
+                        raise SpecError(
+                            path, f"{tw}.clauses[{k}]",
+                            "a clause needs at least one phrasing; fix: add one or remove it",
+                        )
+                if op.keep_first > len(op.clauses):
+                    raise SpecError(
+                        path, f"{tw}.keep_first",
+                        f"{op.keep_first} clauses kept first but only {len(op.clauses)} given",
+                    )
             elif isinstance(op, (SplitOp, FuzzOp)):
                 refs = [(f"{tw}.column", op.column)]
             refs += [(f"{tw}.drop[{k}]", c) for k, c in enumerate(getattr(op, "drop", []))]
@@ -194,11 +220,26 @@ def _cross_check(spec: DatasetSpec, path: Path) -> None:
                 cols.append(target)
             cols = [c for c in cols if c not in getattr(op, "drop", [])]
         for k, col in enumerate(pl.order_by):
-            if col not in declared:
+            if col not in declared and col not in pl.derive:
                 raise SpecError(
                     path, f"{where}.order_by[{k}]",
                     f"unknown column {col!r}; fix: use one of {list(declared)}",
                 )
+        if pl.shard is not None:
+            if pl.shard.by not in cols:
+                raise SpecError(
+                    path, f"{where}.shard.by",
+                    f"unknown column {pl.shard.by!r}; fix: shard by one of the placed columns "
+                    f"{cols}",
+                )
+            others = [c for c in template_fields(pl.shard.table or "") if c != pl.shard.by]
+            if others:
+                raise SpecError(
+                    path, f"{where}.shard.table",
+                    f"names fields {others}; fix: a shard's table name may only use "
+                    f"{{{pl.shard.by}}}",
+                )
+            cols = [c for c in cols if c != pl.shard.by]
         for old in pl.rename:
             if old not in cols:
                 raise SpecError(
@@ -219,8 +260,12 @@ def _cross_check(spec: DatasetSpec, path: Path) -> None:
                 path, f"queries[{i}].id", f"duplicate query id {q.id!r}; fix: rename one"
             )
         ids.add(q.id)
-        placed = {f"{pl.database}.{pl.name}" for pl in spec.placements}
+        placed = {f"{pl.database}.{pl.name}" for pl in spec.placements if pl.shard is None}
+        sharded = {pl.database for pl in spec.placements if pl.shard is not None}
         for j, source in enumerate(q.requires.sources):
+            # a shard's table names come from the data: checked when the dataset is built
+            if source.partition(".")[0] in sharded and source.partition(".")[2]:
+                continue
             if source not in placed:
                 raise SpecError(
                     path, f"queries[{i}].requires.sources[{j}]",

@@ -32,7 +32,7 @@ from schemas import artifacts
 from schemas.models import AgentOptions
 from schemas.settings import Settings
 from tasks import storage
-from tasks.agent import TrialOutcome, run_oracle, run_react, system_prompt
+from tasks.agent import TrialOutcome, run_oracle, run_react, system_prompt, user_prompt
 from tasks.engines import open_databases
 from tasks.llm import (
     AgentConfigError,
@@ -48,11 +48,14 @@ from tasks.validate import is_correct
 
 __all__ = [
     "AgentConfigError",
+    "HINT_CONDITIONS",
+    "agent_label",
     "agent_options",
     "batch_uri",
     "check_agents",
     "combine_trials",
     "describe_agents",
+    "hint_conditions",
     "parse_agent",
     "plan_batches",
     "run_batch",
@@ -98,13 +101,52 @@ def agent_options(options: dict | AgentOptions | None) -> AgentOptions:
         raise AgentConfigError(f"agent option {loc}: {first['msg']}") from None
 
 
+#: Hint conditions of a run: ``off`` (DAB's default: the agent sees the question and the
+#: database description) and ``on`` (DAB's ``--use_hints``: the dataset's hint text follows).
+HINT_CONDITIONS = ("off", "on")
+
+#: Agent kinds that never read a prompt (hints cannot change them): planned once per run, with
+#: no hint condition.
+PROMPTLESS_KINDS = frozenset({"oracle", "replay"})
+
+
+def hint_conditions(hints: list[str] | tuple[str, ...] | str | None) -> list[str]:
+    """The run's hint conditions, validated and de-duplicated in order (``None`` → ``["off"]``).
+    Raises AgentConfigError for anything but ``on`` / ``off``."""
+    if hints is None:
+        return ["off"]
+    values = [hints] if isinstance(hints, str) else list(hints)
+    bad = [h for h in values if h not in HINT_CONDITIONS]
+    if bad or not values:
+        raise AgentConfigError(f"hints {bad or values!r}: use 'on' or 'off' (repeat to run both)")
+    return list(dict.fromkeys(values))
+
+
+def agent_label(agent: str, hints: str | None) -> str:
+    """The agent as trial rows and report tables name it: ``agent`` itself with hints off (or
+    for an agent that reads no prompt), ``"<agent>+hints"`` with hints on, so one run that
+    compares both conditions gets one pass@k row per condition."""
+    return f"{agent}+hints" if hints == "on" else agent
+
+
+def _planned_hints(agent: str, hints: list[str]) -> list[str | None]:
+    """The hint conditions an agent is run under: every condition for agents that read a
+    prompt, ``[None]`` (once, not applicable) for the oracle and replay agents."""
+    return [None] if parse_agent(agent)[0] in PROMPTLESS_KINDS else list(hints)
+
+
 def check_agents(
     agents: list[str],
     manifest_uris: list[str] | None = None,
     options: dict | None = None,
     env: dict | None = None,
+    hints: list[str] | None = None,
 ) -> list[dict]:
     """Check that every agent can run before any trial does; return their descriptions.
+
+    Each description has ``hints``: the hint conditions the agent runs under (``["off"]`` by
+    default; ``[]`` for the oracle and replay agents, which read no prompt) and ``labels``:
+    the agent names its trial rows carry (:func:`agent_label`).
 
     ``openai:<model>``: resolved through the models table (key present, endpoint valid);
     ``local:<model>``: its server started (it stays up for the run) and, for tool protocol
@@ -114,12 +156,15 @@ def check_agents(
     Raises AgentConfigError (or ReplayError) with a message naming the problem.
     """
     opts = agent_options(options)
+    conditions = hint_conditions(hints)
     manifests = [storage.read_json(u) for u in manifest_uris or []]
     config = None
     out = []
     for agent in agents:
         kind, arg = parse_agent(agent)
-        desc: dict = {"agent": agent, "kind": kind}
+        planned = _planned_hints(agent, conditions)
+        desc: dict = {"agent": agent, "kind": kind, "hints": [h for h in planned if h],
+                      "labels": [agent_label(agent, h) for h in planned]}
         if kind in ("openai", "local"):
             config = config or load_models_config(env=env)
             resolved = resolve_model(agent if kind == "local" else arg, config, env)
@@ -166,9 +211,15 @@ def plan_batches(
     n_trials: int,
     batch_size: int = 25,
     options: dict | None = None,
+    hints: list[str] | None = None,
     agent_plans: dict[str, dict] | None = None,
 ) -> list[dict]:
-    """Expand agents × datasets × queries × trials into batches of at most ``batch_size``.
+    """Expand agents × hint conditions × datasets × queries × trials into batches of at most
+    ``batch_size``.
+
+    ``hints``: the run's hint conditions (:func:`hint_conditions`; default ``["off"]``). An
+    agent that reads a prompt is planned once per condition (its trials are labelled
+    :func:`agent_label`); the oracle and replay agents once, with condition ``None``.
 
     ``agent_plans`` (:class:`schemas.runs.AgentPlan` dicts by agent) narrow one agent to some
     datasets (by name) and/or give it its own trials per query instead of ``n_trials``.
@@ -178,40 +229,48 @@ def plan_batches(
     for that dataset + 1 (a missing run is a ``no_answer`` trial, an incorrect answer, not a
     runtime failure); datasets the file does not answer are not planned for that agent.
 
-    Returns JSON-able dicts ``{"key", "agent", "manifest_uri", "items": [[query_id, trial]],
-    "options": {...}}`` (``options``: the :class:`AgentOptions` that differ from the defaults).
-    Keys are stable for the same inputs (so re-runs find finished batches) and change with the
-    options or a replay file's content. Raises AgentConfigError for an unknown agent or bad
-    options, ValueError for ``n_trials`` < 1 or ``batch_size`` < 1.
+    Returns JSON-able dicts ``{"key", "agent", "hints", "manifest_uri", "items": [[query_id,
+    trial]], "options": {...}}`` (``hints``: ``"on"``, ``"off"`` or None; ``options``: the
+    :class:`AgentOptions` that differ from the defaults). Keys are stable for the same inputs
+    (so re-runs find finished batches) and change with the options, the hint condition (when
+    on) or a replay file's content. Raises AgentConfigError for an unknown agent, bad options
+    or a bad hint condition, ValueError for ``n_trials`` < 1 or ``batch_size`` < 1.
     """
     if n_trials < 1 or batch_size < 1:
         raise ValueError(f"n_trials and batch_size must be >= 1, got {n_trials}, {batch_size}")
     opts = agent_options(options).model_dump(exclude_defaults=True)
+    conditions = hint_conditions(hints)
     fingerprints = {agent: _fingerprint(agent) for agent in agents}
+    manifests = {uri: storage.read_json(uri) for uri in manifest_uris}
     batches = []
     for agent in agents:
         plan = (agent_plans or {}).get(agent) or {}
-        for uri in manifest_uris:
-            manifest = storage.read_json(uri)
-            if plan.get("datasets") is not None and manifest["name"] not in plan["datasets"]:
-                continue
-            runs = (_replay_runs(agent, manifest) if agent.startswith("replay:")
-                    else plan.get("n_trials") or n_trials)
-            items = [[q["id"], t] for q in manifest["queries"] for t in range(runs)]
-            for start in range(0, len(items), batch_size):
-                chunk = items[start : start + batch_size]
-                material: list = [agent, manifest["version"], chunk]
-                if opts:
-                    material.append(opts)
-                if fingerprints[agent]:
-                    material.append(fingerprints[agent])
-                digest = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
-                slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", agent)[:60]
-                key = f"{slug}-{manifest['name']}-{start // batch_size:04d}-{digest[:10]}"
-                batches.append(
-                    {"key": key, "agent": agent, "manifest_uri": uri, "items": chunk,
-                     "options": opts}
-                )
+        for hint in _planned_hints(agent, conditions):
+            label = agent_label(agent, hint)
+            for uri, manifest in manifests.items():
+                if plan.get("datasets") is not None and manifest["name"] not in plan["datasets"]:
+                    continue
+                runs = (_replay_runs(agent, manifest) if agent.startswith("replay:")
+                        else plan.get("n_trials") or n_trials)
+                items = [[q["id"], t] for q in manifest["queries"] for t in range(runs)]
+                for start in range(0, len(items), batch_size):
+                    chunk = items[start : start + batch_size]
+                    material: list = [agent, manifest["version"], chunk]
+                    if opts:
+                        material.append(opts)
+                    if fingerprints[agent]:
+                        material.append(fingerprints[agent])
+                    if hint == "on":
+                        material.append({"hints": hint})
+                    digest = hashlib.sha256(
+                        json.dumps(material, sort_keys=True).encode()
+                    ).hexdigest()
+                    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60]
+                    key = f"{slug}-{manifest['name']}-{start // batch_size:04d}-{digest[:10]}"
+                    batches.append(
+                        {"key": key, "agent": agent, "hints": hint, "manifest_uri": uri,
+                         "items": chunk, "options": opts}
+                    )
     return batches
 
 
@@ -243,8 +302,13 @@ class _Agent:
     """What a batch needs to run one agent: a runner, the model name for trial rows and a
     close() for resources (the HTTP client)."""
 
-    def __init__(self, agent: str, manifest: dict, options: AgentOptions, artifacts_root: str):
+    def __init__(
+        self, agent: str, manifest: dict, options: AgentOptions, artifacts_root: str,
+        hints: bool = False,
+    ):
         self.kind, arg = parse_agent(agent)
+        self.manifest = manifest
+        self.hints = hints
         self.model: str | None = arg if self.kind in ("openai", "local") else None
         self.chat: ChatModel | None = None
         self.error: str | None = None
@@ -269,7 +333,8 @@ class _Agent:
         if self.kind == "replay":
             return run_replay(self.replay or {}, query["id"], trial)
         assert self.chat is not None
-        return run_react(self.chat, toolbox, query["question"], self.system, trial, self.options)
+        prompt = user_prompt(self.manifest, query["question"], self.hints)
+        return run_react(self.chat, toolbox, prompt, self.system, trial, self.options)
 
     def close(self) -> None:
         if self.chat is not None:
@@ -277,11 +342,12 @@ class _Agent:
 
 
 def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, query: dict,
-          trial: int, outcome: TrialOutcome) -> dict:
+          trial: int, outcome: TrialOutcome, hints: str | None = None) -> dict:
     trial_row = {
         "run_id": run_id,
         "trial_key": key,
         "agent": agent,
+        "hints": hints,
         "model": model,
         "dataset": manifest["name"],
         "query_id": query["id"],
@@ -375,7 +441,9 @@ def run_batch(
     options = agent_options(batch.get("options"))
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
-    runner = _Agent(batch["agent"], manifest, options, artifacts_root)
+    hints = batch.get("hints")
+    label = agent_label(batch["agent"], hints)
+    runner = _Agent(batch["agent"], manifest, options, artifacts_root, hints == "on")
     parts: list[dict] = []
     n_run = 0
     try:
@@ -385,7 +453,7 @@ def run_batch(
                 parts.append(storage.read_json(part_uri))
                 continue
             query = queries[query_id]
-            key = trial_key(batch["agent"], manifest["name"], query_id, trial)
+            key = trial_key(label, manifest["name"], query_id, trial)
             workdir = work_root(settings) / run_id / batch["key"] / f"{query_id}-{trial}"
             if workdir.exists():  # left by a killed run
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -398,7 +466,9 @@ def run_batch(
                 outcome = runner.run(query, trial, toolbox)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
-            rows = _rows(run_id, key, batch["agent"], runner.model, manifest, query, trial, outcome)
+            rows = _rows(
+                run_id, key, label, runner.model, manifest, query, trial, outcome, hints
+            )
             storage.write_bytes(part_uri, json.dumps(rows, default=str).encode())
             parts.append(rows)
             n_run += 1
@@ -443,12 +513,12 @@ def run_trial_batch(run_id: str, artifacts_root: str, batch: dict) -> str:
 @task(name="check-agents", persist_result=False)
 def describe_agents(
     run_id: str, artifacts_root: str, agents: list[str], manifest_uris: list[str],
-    options: dict | None = None,
+    options: dict | None = None, hints: list[str] | None = None,
 ) -> str:
-    """:func:`check_agents` and write the descriptions to ``runs/<run_id>/trials/agents.json``
+    """:func:`check_agents` (with the run's hint conditions) and write the descriptions to ``runs/<run_id>/trials/agents.json``
     (endpoints, prices, ``priced``, options; never a key). Returns its URI; raises
     AgentConfigError before any trial runs when an agent cannot."""
-    described = check_agents(agents, manifest_uris, options)
+    described = check_agents(agents, manifest_uris, options, hints=hints)
     uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
     return storage.write_json(uri, described)
 

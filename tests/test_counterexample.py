@@ -159,7 +159,7 @@ def test_auto_engine_falls_back_to_sqlite_for_sqlite_only_queries():
     # a bare column next to an aggregate: SQLite accepts it, DuckDB's binder does not
     res = find_counterexample("SELECT g, v, max(v) FROM t GROUP BY g",
                               "SELECT g, v, min(v) FROM t GROUP BY g", schema, budget=BUDGET)
-    assert res.engine == "sqlite" and any("ran on sqlite" in n for n in res.notes)
+    assert res.engine == "sqlite" and any("engine fallback: ran on sqlite" in n for n in res.readings)
     assert res.verdict == "not_equivalent" and res.verified
 
 
@@ -264,3 +264,214 @@ def test_spider_schema_and_queries(tmp_path):
         schema, dialect="sqlite", budget=BUDGET)
     assert res.verdict == "not_equivalent" and res.engine == "sqlite"
     assert res.instance["singer"][0][2] in ("France", "france")
+
+
+# -- issue 18: DDL of any dialect, one-sided errors, rewrite-engine SQL, deeper instances ------
+
+BACKTICK = ("CREATE TABLE `emp` (`empno` int primary key not null, `deptno` int not null); "
+            "CREATE TABLE ANON (c INT);")
+FAST = FinderBudget(max_instances=300, time_limit_s=120)
+CORPUS = [json.loads(x) for x in (DATA / "finder_corpus.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_backtick_ddl_is_read_as_mysql_with_the_reading_stated():
+    schema = RelSchema.from_ddl(BACKTICK, None, "duckdb")
+    assert sorted(schema.tables) == ["anon", "emp"] and schema.table("emp").column("deptno").not_null
+    assert any("read as mysql, not duckdb" in n and "backtick" in n for n in schema.notes)
+    res = find_counterexample("SELECT empno FROM emp", "SELECT empno FROM emp WHERE deptno=deptno",
+                              schema, dialect="duckdb", budget=FAST)
+    assert res.verdict == "no_counterexample_within_budget", res.summary()
+    assert any("read as mysql" in r for r in res.readings)
+    nullable = RelSchema.from_ddl(BACKTICK.replace("`deptno` int not null", "`deptno` int"), None, "duckdb")
+    res = find_counterexample("SELECT empno FROM emp", "SELECT empno FROM emp WHERE deptno=deptno",
+                              nullable, dialect="duckdb", budget=FAST)
+    assert res.verdict == "not_equivalent" and res.instance == {"emp": [[res.instance["emp"][0][0], None]]}
+
+
+@pytest.mark.parametrize("ddl, message", [
+    ("CREATE TABLE t (a INT); FROBNICATE t;", r"statement 2 .*FROBNICATE t"),
+    ("CREATE TABLE t (a INT); CREATE TABLE u (a INT b c d);", r"statement 2 .*CREATE TABLE u"),
+    ("CREATE TABLE t (a INT); ALTER TABLE t DROP COLUMN a;", r"ALTER TABLE t: only ADD"),
+    ("CREATE TABLE t (a INT); CREATE TABLE u AS SELECT * FROM t;", r"without a column list"),
+    ("CREATE UNIQUE INDEX ux ON nowhere (a); CREATE TABLE t (a INT);", r"unknown table nowhere"),
+])
+def test_a_statement_that_does_not_parse_is_an_error_naming_it(ddl, message):
+    with pytest.raises(SchemaError, match=message):
+        RelSchema.from_ddl(ddl, "duckdb")
+
+
+def test_mysql_ddl_details_are_read_not_dropped():
+    ddl = """
+    SET NAMES utf8mb4;
+    DROP TABLE IF EXISTS `dept`;
+    CREATE TABLE `dept` (
+      `id` int(11) NOT NULL AUTO_INCREMENT,
+      `name` varchar(50) NOT NULL COMMENT 'the name',
+      `kind` enum('a','b') DEFAULT NULL,
+      `budget` int CHECK (budget >= 0),
+      PRIMARY KEY (`id`), UNIQUE KEY `uk_name` (`name`), KEY `ix_kind` (`kind`),
+      INDEX ix_budget (`budget`)
+    ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+    LOCK TABLES `dept` WRITE;
+    INSERT INTO `dept` VALUES (1,'x','a',3);
+    UNLOCK TABLES;
+    CREATE TABLE emp (id INT, dept_id INT, email TEXT);
+    ALTER TABLE emp ADD PRIMARY KEY (id);
+    ALTER TABLE emp ADD CONSTRAINT fk FOREIGN KEY (dept_id) REFERENCES dept(id);
+    CREATE UNIQUE INDEX ux ON emp (email);
+    """
+    # SQLite's parser would read "INDEX ix_budget (...)" as a column named INDEX: not accepted
+    schema = RelSchema.from_ddl(ddl, None, "sqlite")
+    dept, emp = schema.table("dept"), schema.table("emp")
+    assert [c.name for c in dept.columns] == ["id", "name", "kind", "budget"]
+    assert dept.primary_key == ("id",) and dept.unique == [("name",)]
+    assert [c.sql() for c in dept.checks] == ["budget >= 0"]
+    assert emp.primary_key == ("id",) and emp.unique == [("email",)]
+    assert [(f.columns, f.ref_table) for f in emp.foreign_keys] == [(("dept_id",), "dept")]
+    assert any("2 statement(s) kept as commands and ignored (LOCK, UNLOCK)" in n for n in schema.notes)
+    # CHECK and ENUM are enforced by the sandbox; the generator keeps to the ENUM's values
+    with Sandbox(schema, ["emp"], "duckdb", constraints=True) as box:
+        for bad in ({"dept": [(1, "x", "c", 1)]}, {"dept": [(1, "x", "a", -1)]}):
+            with pytest.raises(duckdb.Error):
+                box.load(bad)
+        box.load({"dept": [(1, "x", "b", 0)]})
+    res = find_counterexample("SELECT kind FROM dept WHERE budget > 5", "SELECT kind FROM dept WHERE budget >= 5",
+                              schema, dialect="mysql", budget=FAST)
+    assert res.verdict == "not_equivalent" and res.instance["dept"][0][3] == 5
+
+
+def test_one_sided_runtime_error_is_error_on_instance_never_a_counterexample():
+    schema = RelSchema.from_ddl("CREATE TABLE DEPT (DEPTNO INT PRIMARY KEY, DNAME INT)")
+    sql1, sql2 = "SELECT DEPTNO FROM DEPT WHERE DNAME = 'SECURITY'", "SELECT DEPTNO FROM DEPT WHERE 1 = 0"
+    res = find_counterexample(sql1, sql2, schema, dialect="mysql", budget=FAST)
+    assert res.verdict == "error_on_instance", res.summary()
+    assert res.counterexample is None and res.verified is None and res.instance is None
+    assert res.error.startswith("sql1 fails (sql2 runs): Conversion Error")
+    assert res.one_sided_errors > 0 and "an error is not a result" in res.summary()
+    assert res.type_errors == [("sql1: type-incorrect comparison DNAME = 'SECURITY' "
+                                "(DEPT.DNAME is INT, 'SECURITY' is no int)")]
+    # the failing database is shrunk and shown; executed, it is no counterexample either
+    assert res.error_script.count("INSERT INTO DEPT") == 1
+    check = verify_counterexample(sql1, sql2, res.error_script, dialect="mysql", schema=schema)
+    assert not check.separates and check.error_on_instance.startswith("sql1 fails")
+
+
+def test_search_goes_on_past_one_sided_errors_to_a_real_counterexample():
+    case = next(c for c in CORPUS if c["pair"]["id"] == "err_then_real_difference")
+    p = case["pair"]
+    res = find_counterexample(p["sql1"], p["sql2"], _schema(p), dialect=p["dialect"], budget=FAST)
+    assert res.verdict == "not_equivalent" and res.verified
+    # the counterexample is one on which both queries run
+    assert not res.result1.startswith("ERROR") and not res.result2.startswith("ERROR")
+
+
+EMP = CORPUS[2]["pair"]["schema"]  # MySQL DDL of DEPT / EMP
+
+
+@pytest.mark.parametrize("dialect, sql1, sql2, verdict, reading", [
+    ("calcite", "SELECT $f0 FROM (SELECT SAL + 1 AS $f0 FROM EMP) AS t", "SELECT SAL + 1 FROM EMP",
+     "no_counterexample_within_budget", "read as identifiers: $f0"),
+    ("duckdb", "SELECT $f0 FROM (SELECT SAL + 1 AS $f0 FROM EMP) AS t", "SELECT SAL FROM EMP",
+     "not_equivalent", "read as identifiers: $f0"),
+    ("calcite", "SELECT EXPR$0 FROM (SELECT COUNT(*) AS EXPR$0 FROM EMP) AS t", "SELECT COUNT(ENAME) FROM EMP",
+     "not_equivalent", "read as identifiers: EXPR$0"),
+    ("calcite", "SELECT e.EMPNO FROM EMP AS e JOIN (VALUES (10), (10)) AS t (EXPR$0) ON e.DEPTNO = t.EXPR$0",
+     "SELECT EMPNO FROM EMP WHERE DEPTNO = 10", "not_equivalent", "EXPR$0"),
+    ("calcite", "SELECT COUNT(*) AS EXPR$0 FROM EMP GROUP BY 1", "SELECT COUNT(*) FROM EMP",
+     "not_equivalent", "GROUP BY 1 read as the constant 1"),
+    ("mysql", "SELECT DEPTNO, COUNT(*) FROM EMP GROUP BY 1", "SELECT DEPTNO, COUNT(*) FROM EMP GROUP BY DEPTNO",
+     "no_counterexample_within_budget", None),
+    ("mysql", "SELECT EMPNO FROM EMP WHERE UNIX_TIMESTAMP(HIREDATE) >= 946684800",
+     "SELECT EMPNO FROM EMP WHERE HIREDATE > '2000-01-01 00:00:00'", "not_equivalent", "UNIX_TIMESTAMP"),
+    ("mysql", "SELECT ENAME || JOB FROM EMP", "SELECT CONCAT(ENAME, JOB) FROM EMP",
+     "no_counterexample_within_budget", "`||` read as string concatenation"),
+    ("mysql", "SELECT ENAME || JOB FROM EMP", "SELECT CONCAT(JOB, ENAME) FROM EMP",
+     "not_equivalent", "`||` read as string concatenation"),
+    ("mysql", "SELECT EMPNO FROM EMP WHERE SAL > 10 || DEPTNO = 1",
+     "SELECT EMPNO FROM EMP WHERE SAL > 10 OR DEPTNO = 1", "no_counterexample_within_budget",
+     "`||` read as OR (MySQL's default)"),
+])
+def test_rewrite_engine_sql_is_read_and_every_reading_is_stated(dialect, sql1, sql2, verdict, reading):
+    schema = RelSchema.from_ddl(EMP, None, dialect)
+    res = find_counterexample(sql1, sql2, schema, dialect=dialect, budget=FAST)
+    assert res.verdict == verdict, res.summary()
+    assert res.engine == "duckdb" and not any("engine fallback" in r for r in res.readings)
+    if reading:
+        assert any(reading in r for r in res.readings), res.readings
+    else:
+        assert not any(r.startswith("sql") for r in res.readings), res.readings
+
+
+def test_predicates_set_the_instance_size_and_ddmin_still_shrinks():
+    schema = RelSchema.from_ddl(EMP, None, "mysql")
+    sql1 = "SELECT DEPTNO FROM EMP GROUP BY DEPTNO HAVING COUNT(*) > 10"
+    sql2 = "SELECT DEPTNO FROM EMP GROUP BY DEPTNO HAVING COUNT(*) > 11"
+    res = find_counterexample(sql1, sql2, schema, dialect="mysql", budget=FAST)
+    assert res.verdict == "not_equivalent" and res.verified
+    assert res.found_by.startswith("guided: COUNT(*) > 10 → 11 rows in EMP")
+    assert res.rows_before_shrink >= 12 and "COUNT(*) > 10 → 11 rows" in res.size_hints
+    emp = res.instance["EMP"] if "EMP" in res.instance else res.instance["emp"]
+    assert len(emp) == 11 and len({r[-1] for r in emp}) == 1  # one department of 11
+    assert res.rows == 12  # and its DEPT row: nothing else is left after ddmin
+    # the same pair with a row budget below the threshold: noted, not separated
+    small = FinderBudget(max_instances=300, time_limit_s=120, row_budget=8)
+    res = find_counterexample(sql1, sql2, schema, dialect="mysql", budget=small)
+    assert res.verdict == "no_counterexample_within_budget"
+    assert any("exceed the row budget 8" in n for n in res.notes)
+
+
+@pytest.mark.parametrize("pid", ["having_count_distinct", "correlated_count_threshold",
+                                 "row_number_top5_vs_limit6", "ties_offset", "count_alias_outside_boundary"])
+def test_corpus_thresholds_are_separated_by_guided_instances(pid):
+    case = next(c for c in CORPUS if c["pair"]["id"] == pid)
+    p = case["pair"]
+    res = find_counterexample(p["sql1"], p["sql2"], _schema(p), dialect=p["dialect"], budget=FAST)
+    assert res.verdict == "not_equivalent" and res.verified, res.summary()
+    assert res.found_by.startswith("guided:") and res.rows_before_shrink > FAST.max_rows
+
+
+def test_an_arbitrary_choice_among_three_ties_is_not_a_counterexample():
+    schema = RelSchema.from_ddl("CREATE TABLE emp (id INT PRIMARY KEY, name TEXT, sal INT)")
+    sql1 = "SELECT name FROM emp ORDER BY sal LIMIT 1"
+    sql2 = "SELECT name FROM emp ORDER BY sal, id LIMIT 1"
+    res = find_counterexample(sql1, sql2, schema, budget=FAST)
+    assert res.verdict == "no_counterexample_within_budget", res.summary()
+    # three rows tied: as inserted and reversed, sql1 never returns the middle row, which is
+    # the one sql2 returns; the rotations let it
+    script = ("INSERT INTO emp VALUES (2, 'a', 1), (0, 'b', 1), (1, 'a', 1);")
+    assert not verify_counterexample(sql1, sql2, script, schema=schema).separates
+
+
+def test_the_corpus_covers_every_defect_class():
+    from collections import Counter
+
+    assert len(CORPUS) >= 30
+    classes = Counter(c["class"] for c in CORPUS)
+    assert set(classes) == {"backtick_ddl", "one_sided_error", "calcite_identifiers", "having_count",
+                            "null_semantics", "bag_vs_set", "order_limit_ties"}
+    assert all(n >= 4 for n in classes.values())
+    expects = Counter(c["expect"] for c in CORPUS)
+    assert expects["not_equivalent"] >= 15 and expects["no_counterexample"] >= 10
+    assert expects["error_on_instance"] >= 2
+    for c in CORPUS:
+        QueryPair.model_validate(c["pair"])
+
+
+def test_sql_reading_helpers():
+    from tasks.sql_dialects import engine_sql, read_query, split_statements
+
+    script = "CREATE TABLE `a;b` (c TEXT DEFAULT ';'); -- x; y\nINSERT INTO t VALUES ('1;2');"
+    assert split_statements(script, "mysql") == ["CREATE TABLE `a;b` (c TEXT DEFAULT ';')",
+                                                 "INSERT INTO t VALUES ('1;2')"]
+    q = read_query("SELECT * FROM (VALUES (1, 2)) AS t(EXPR$0, EXPR$1)", "calcite")
+    assert engine_sql(q, "calcite", "duckdb") == 'SELECT * FROM (VALUES (1, 2)) AS t("EXPR$0", "EXPR$1")'
+    lite = engine_sql(q, "calcite", "sqlite")
+    assert 'column1 AS "EXPR$0"' in lite
+    import sqlite3
+
+    assert sqlite3.connect(":memory:").execute(lite).fetchall() == [(1, 2)]
+    # a plain query in the engine's own dialect is passed through untouched
+    text = "select a  from t where b = 1"
+    assert engine_sql(read_query(text, "duckdb"), "duckdb", "duckdb") == text
+    # parameters stay parameters
+    assert "?" in engine_sql(read_query("SELECT a FROM t WHERE b = ?", "duckdb"), "duckdb", "sqlite")

@@ -145,8 +145,10 @@ def test_execution_match_detects_differences_and_honours_options(shop_db, tmp_pa
     cols = ("SELECT id, customer_id FROM orders", "SELECT customer_id, id FROM orders")
     assert ex(*cols)["verdict"] == "equivalent"
     assert ex(*cols, MatchOptions(permute_columns=False))["verdict"] == "not_equivalent"
-    # one query failing separates them; both failing is an error
-    assert ex("SELECT nope FROM orders", asc)["verdict"] == "not_equivalent"
+    # one query failing is no counterexample (an error is not a result); both failing is an error
+    one = ex("SELECT nope FROM orders", asc)
+    assert one["verdict"] == "error_on_instance" and not one.get("verified")
+    assert one["error"].startswith("sql1 fails on") and "nope" in one["error"]
     assert ex("SELECT nope FROM orders", "SELECT nope2 FROM orders")["verdict"] == "error"
     # queries in another dialect are transpiled to the database's engine
     out = ex("SELECT id FROM orders WHERE customer_id::TEXT = '10'",
@@ -313,7 +315,7 @@ def test_flow_over_pairs_and_methods(prefect_harness, tmp_path, shop_db, monkeyp
     # artifacts carry schema versions and never the key
     import pyarrow.parquet as pq
 
-    assert pq.read_schema(out["equivalence"]).metadata[b"schema_version"] == b"1"
+    assert pq.read_schema(out["equivalence"]).metadata[b"schema_version"] == b"2"
     for f in Path(settings.artifacts, "runs", "eq-flow").rglob("*"):
         if f.is_file():
             assert b"sk-test-SECRET" not in f.read_bytes(), f
@@ -384,3 +386,103 @@ def test_spider_database_built_by_the_text_to_sql_task(tmp_path):
     found = evaluate(pair, parse_method("finder"), options)
     assert found["verdict"] == "not_equivalent" and found["verified"] is True
     assert "CREATE TABLE singer" in found["counterexample"]
+
+
+# -- issue 18: labels, relaxed-only labels, empty results, dialects, the acceptance command ----
+
+
+def test_published_label_words_and_dialects():
+    assert _pair(label="inequivalent").label_for("semantic") is False
+    assert _pair(label="Inequivalent").label_for("semantic") is False
+    assert _pair(label={"relaxed": "inequivalent"}).label_for("relaxed") is False
+    assert _pair(dialect="Calcite").dialect == "calcite"
+    with pytest.raises(ValueError, match="unknown SQL dialect 'mysqll'"):
+        _pair(dialect="mysqll")
+    with pytest.raises(ValueError, match="unknown SQL dialect"):
+        _pair(schema_dialect="nosuch")
+
+
+def test_relaxed_only_labels_are_used_in_the_label_agreement_table(prefect_harness, tmp_path, settings):
+    from flows.equivalence import equivalence
+
+    lines = [json.loads(x) for x in (DATA / "classic_not_equivalent.jsonl").read_text().splitlines()[:2]]
+    lines += [json.loads(x) for x in (DATA / "equivalent_rewrites.jsonl").read_text().splitlines()[:1]]
+    for obj in lines:  # only relaxed labels, as some published sets give
+        obj["label"] = {"relaxed": "inequivalent" if obj["label"] == "not_equivalent" else "equivalent"}
+    pairs = tmp_path / "relaxed.jsonl"
+    pairs.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = equivalence(run_id="eq-relaxed", pairs_path=str(pairs), methods=["finder"],
+                      options={"budget": {"max_instances": 100, "time_limit_s": 60}},
+                      artifacts_root=settings.artifacts)
+    df = pl.read_parquet(out["equivalence"])
+    assert df["label"].is_null().all() and df["label_relaxed"].to_list().count(False) == 2
+    agree = pl.read_parquet(out["tables"]["label_agreement"])
+    row = agree.row(0, named=True)
+    assert (row["method"], row["notion"], row["label_notion"]) == ("finder", "semantic", "relaxed")
+    assert (row["n"], row["agree"], row["label_neq_method_neq"]) == (2, 2, 2)
+    text = out["tables"]["text"]
+    assert "_no labelled pairs_" not in text and "relaxed labels only" in text
+    assert "## Agreement with the labels" in text and "| relaxed" in text
+    sizes = pl.read_parquet(out["tables"]["finder_sizes"])
+    assert sizes.height == 2 and sizes["found_rows"].min() >= 1 and sizes["found_by"].null_count() == 0
+    assert "instance size that separated each pair" in text
+
+
+def test_execution_match_warns_when_every_result_is_empty(tmp_path, caplog):
+    path = tmp_path / "empty.sqlite"
+    con = sqlite3.connect(path)
+    con.executescript(DDL)
+    con.close()
+    pair = _pair(db=str(path), label="not_equivalent")
+    with caplog.at_level("WARNING"):
+        row = evaluate(pair, parse_method("exec_match"), EquivalenceOptions())
+    assert row["verdict"] == "equivalent" and row["correct"] is False
+    details = json.loads(row["details"])
+    assert details["all_empty"] is True and "every compared result is empty" in details["warnings"][0]
+    assert "WARNING" in row["explanation"] and "every compared result is empty" in caplog.text
+    df = pl.DataFrame([{**row, "run_id": "r"}])
+    from tasks.equivalence import empty_result_pairs
+
+    assert empty_result_pairs(df) == ["p"]
+
+
+def test_finder_rows_carry_readings_type_errors_and_error_on_instance():
+    pair = QueryPair.model_validate({
+        "id": "dname", "dialect": "mysql",
+        "schema": "CREATE TABLE `DEPT` (`DEPTNO` int NOT NULL, `DNAME` int, PRIMARY KEY (`DEPTNO`));",
+        "sql1": "SELECT DEPTNO FROM DEPT WHERE DNAME = 'SECURITY'", "sql2": "SELECT DEPTNO FROM DEPT WHERE 1 = 0",
+        "label": "not_equivalent"})
+    row = evaluate(pair, parse_method("finder"),
+                   EquivalenceOptions(budget={"max_instances": 100, "time_limit_s": 60}))
+    assert row["verdict"] == "error_on_instance" and row["correct"] is None
+    assert row["counterexample"] is None and row["verified"] is None
+    details = json.loads(row["details"])
+    assert "INSERT INTO" in details["error_script"] and details["type_errors"]
+    assert details["one_sided_errors"] > 0 and "Conversion Error" in row["error"]
+
+
+def test_cli_find_acceptance_commands(capsys):
+    argv = ["equivalence", "find", "--schema",
+            ("CREATE TABLE `emp` (`empno` int primary key not null, `deptno` int not null); "
+             "CREATE TABLE ANON (c INT);"),
+            "--sql1", "SELECT empno FROM emp", "--sql2", "SELECT empno FROM emp WHERE deptno=deptno",
+            "--dialect", "duckdb", "--max-instances", "200"]
+    assert _cli(argv) == 0
+    out = capsys.readouterr().out
+    assert "verdict: no_counterexample_within_budget" in out and "no table" not in out
+    assert "reading: schema DDL: statement(s) 1, 2 read as mysql, not duckdb" in out
+    argv = ["equivalence", "find", "--schema", "CREATE TABLE DEPT (DEPTNO INT PRIMARY KEY, DNAME INT)",
+            "--sql1", "SELECT DEPTNO FROM DEPT WHERE DNAME = 'SECURITY'",
+            "--sql2", "SELECT DEPTNO FROM DEPT WHERE 1 = 0", "--max-instances", "100"]
+    assert _cli(argv) == 0
+    out = capsys.readouterr().out
+    assert "verdict: error_on_instance" in out and "counterexample (minimal)" not in out
+    assert "type error: sql1: type-incorrect comparison" in out
+    assert "a minimal database on which one query fails (not a counterexample)" in out
+    assert _cli(["equivalence", "find", "--schema", "CREATE TABLE t (a INT); FROBNICATE t;",
+                 "--sql1", "SELECT a FROM t", "--sql2", "SELECT a FROM t"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: schema statement 2 does not parse") and "FROBNICATE t" in err
+    assert _cli(["equivalence", "find", "--schema", "CREATE TABLE t (a INT)", "--sql1", "SELECT a FROM t",
+                 "--sql2", "SELECT a FROM t", "--dialect", "mysqll"]) == 2
+    assert "unknown SQL dialect 'mysqll'" in capsys.readouterr().err

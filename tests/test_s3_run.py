@@ -41,7 +41,7 @@ def test_default_run_on_s3_then_report_from_s3_alone(
     with moto_s3(BUCKET) as aws:
         assert main(["run", "--run-id", "s3-run"]) == 0
         out = capsys.readouterr().out
-        for dataset in ("movies", "stocks", "flights", "superstore"):
+        for dataset in ("movies", "stocks", "flights", "superstore", "aircraft", "military"):
             assert f"| oracle | {dataset}" in out
         assert f"report:    {root}/runs/s3-run/report/report.md" in out
         assert f"trials:    {root}/runs/s3-run/trials/trials.parquet" in out
@@ -52,7 +52,7 @@ def test_default_run_on_s3_then_report_from_s3_alone(
                      "stages/report.json", "trials/trials.parquet", "trials/tool_calls.parquet",
                      "report/pass_at_k.parquet", "report/report.md", "report/report.html"):
             assert f"{root}/runs/s3-run/{name}" in run, name
-        assert sum(k.endswith("manifest.json") for k in keys) == 4
+        assert sum(k.endswith("manifest.json") for k in keys) == 6
         assert not any(Path(k).name.startswith(".") for k in keys)  # no temporary objects
         for uri in run:  # credentials never reach an artifact
             data = storage.read_bytes(uri)
@@ -64,7 +64,8 @@ def test_default_run_on_s3_then_report_from_s3_alone(
         assert not (workdir / "artifacts").exists()
         assert not list(workdir.rglob("*.parquet"))
         # the largest artifact (flights, 5.6 MB) went up in parts: a multipart ETag "<md5>-<n>"
-        flights = next(k for k in keys if k.endswith("canonical/flights.parquet"))
+        flights = next(k for k in keys if k.endswith("/canonical/flights.parquet")
+                       and "/datasets/flights/" in k)
         bucket, key = storage._split(flights)
         assert storage._s3().head_object(Bucket=bucket, Key=key)["ETag"].strip('"').endswith("-2")
 

@@ -61,8 +61,8 @@ def test_datasets_list_shows_the_catalogue(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["name", "source", "engines", "queries", "status"]
     names = [line.split()[0] for line in lines[1:]]
-    assert names[:8] == ["movies", "stocks", "flights", "superstore", "news", "pancancer",
-                         "github", "music"]
+    assert names[:10] == ["movies", "stocks", "flights", "superstore", "aircraft", "military",
+                          "news", "pancancer", "github", "music"]
     flights = next(line for line in lines if line.startswith("flights"))
     assert "duckdb, postgres, sqlite" in flights and flights.rstrip().endswith("ready")
 
@@ -79,11 +79,12 @@ def test_default_datasets_skip_shared_ones_without_the_directory(monkeypatch, tm
 
     said: list[str] = []
     monkeypatch.setenv("QUERYLAB_SHARED_DATA", str(tmp_path / "nowhere"))
-    assert default_datasets(said.append) == ["movies", "stocks", "flights", "superstore"]
+    assert default_datasets(said.append) == ["movies", "stocks", "flights", "superstore",
+                                             "aircraft", "military"]
     assert "skipping datasets ['news', 'pancancer', 'github', 'music']" in said[0]
     assert str(tmp_path / "nowhere") in said[0]
     monkeypatch.setenv("QUERYLAB_SHARED_DATA", str(tmp_path))
-    assert default_datasets(said.append)[4:] == ["news", "pancancer", "github", "music"]
+    assert default_datasets(said.append)[6:] == ["news", "pancancer", "github", "music"]
 
 
 def test_datasets_build_runs_the_flow(prefect_harness, settings, capsys):

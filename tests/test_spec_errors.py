@@ -139,7 +139,7 @@ def test_unknown_field_and_unknown_transform(tmp_path):
         r["placements"][1]["transforms"][0]["op"] = "mask"
 
     _, err = error_for(tmp_path, bad_op)
-    assert err.field == "placements[1].transforms[0]" and "format, text, split, fuzz" in err.problem
+    assert err.field == "placements[1].transforms[0]" and "format, text, compose, split, fuzz" in err.problem
 
 
 def test_fuzz_options_checked(tmp_path):
@@ -162,3 +162,40 @@ def test_reference_on_unknown_database(tmp_path):
     _, err = error_for(tmp_path, lambda r: r["queries"][0]["reference"][0]["args"].update(db="fields"))
     assert err.field == "queries[0].reference[0].args.db"
     assert "fix: use one of ['field', 'lab']" in err.problem
+
+
+# -- derive, compose and shard (issue 15.7) -------------------------------------------------------
+
+
+def test_derive_compose_and_shard_are_checked(tmp_path):
+    _, err = error_for(tmp_path, lambda r: r["placements"][0].update(derive={"sex": "upper(sex)"}))
+    assert err.field == "placements[0].derive.sex" and "also in" in err.problem
+
+    def compose_unknown(r):
+        r["placements"][0]["transforms"].append(
+            {"op": "compose", "column": "note2", "clauses": [["{island}"], ["{beak}"]]})
+
+    _, err = error_for(tmp_path, compose_unknown)
+    assert err.field == "placements[0].transforms[1].clauses[1][0]" and "'beak'" in err.problem
+
+    _, err = error_for(tmp_path, lambda r: r["placements"][0].update(shard={"by": "colour"}))
+    assert err.field == "placements[0].shard.by" and "unknown column 'colour'" in err.problem
+    _, err = error_for(tmp_path, lambda r: r["placements"][0].update(
+        shard={"by": "island", "table": "{island}_{sex}"}))
+    assert err.field == "placements[0].shard.table" and "['sex']" in err.problem
+
+
+def test_derive_and_shard_build_errors_name_the_field(tmp_path, settings):
+    raw = base()
+    raw["placements"][0]["derive"] = {"beak": "no_such_function(island)"}
+    with pytest.raises(SpecError) as err:
+        build_dataset_artifacts.fn(str(write(tmp_path, raw)), str(tmp_path / "a"), str(
+            Path(__file__).resolve().parents[1] / "data"))
+    assert err.value.field == "placements[0].derive.beak"
+    raw = base()
+    raw["placements"][0]["shard"] = {"by": "sex"}  # values 'female'/'male', and NULL left out
+    raw["queries"][0]["requires"]["sources"] = ["field.males", "lab.measurements"]
+    with pytest.raises(SpecError) as err:
+        build_dataset_artifacts.fn(str(write(tmp_path, raw)), str(tmp_path / "b"), str(
+            Path(__file__).resolve().parents[1] / "data"))
+    assert err.value.field == "queries[0].requires.sources[0]" and "'males'" in err.value.problem

