@@ -21,8 +21,8 @@ def benchmark(
     batch_size: int = 25,
     artifacts_root: str | None = None,
     agent_options: dict | None = None,
-    agent_plans: dict[str, dict] | None = None,
     hints: list[str] | None = None,
+    agent_plans: dict[str, dict] | None = None,
 ) -> dict:
     """Build ``datasets`` (default: :func:`flows.datasets.default_datasets` — the PyPI datasets,
     plus the shared-data ones when ``QUERYLAB_SHARED_DATA`` / ``../shared/data`` exists, with a

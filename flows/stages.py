@@ -67,7 +67,7 @@ def trials_stage(run_id: str, root: str) -> dict[str, str]:
         out = run_trials(
             run_id, manifests, config.agents, config.n_trials, config.batch_size, root,
             config.agent_options, config.hints,
-            {a: p.model_dump() for a, p in config.agent_plans.items()},
+            agent_plans={a: p.model_dump() for a, p in config.agent_plans.items()},
         )
         stage.outputs = dict(out)
     return out

@@ -20,8 +20,8 @@ def run_trials(
     batch_size: int = 25,
     artifacts_root: str | None = None,
     agent_options: dict | None = None,
-    agent_plans: dict[str, dict] | None = None,
     hints: list[str] | None = None,
+    agent_plans: dict[str, dict] | None = None,
 ) -> dict[str, str]:
     """Check the agents (fails before any trial when one cannot run), run every trial
     (finished batches and checkpointed trials are skipped) and combine the batches.

@@ -209,7 +209,7 @@ def _manifests(tmp_path) -> list[str]:
 def test_agent_plans_narrow_datasets_and_trials(tmp_path):
     uris = _manifests(tmp_path)
     plans = {"local:m": {"datasets": ["beta"], "n_trials": 1}}
-    batches = plan_batches(uris, ["oracle", "local:m"], 3, 25, None, plans)
+    batches = plan_batches(uris, ["oracle", "local:m"], 3, 25, agent_plans=plans)
     items = {(b["agent"], b["manifest_uri"].rsplit("/", 1)[-1]): b["items"] for b in batches}
     assert items == {
         ("oracle", "alpha.json"): [["a1", 0], ["a1", 1], ["a1", 2], ["a2", 0], ["a2", 1],
