@@ -167,6 +167,7 @@ class LocalServer:
             "threads": self.threads,
             "api_key": self.api_key,
             "alias": self.name,
+            "log": str(self._log_path),
         }
         started = time.monotonic()
         with os.fdopen(fd, "wb") as log_file:
@@ -399,6 +400,8 @@ def _serve() -> int:  # noqa: RET503 - ends in os._exit
     try:
         while sys.stdin.buffer.read(4096):  # returns b"" when the parent closes it or dies
             pass
+        with contextlib.suppress(OSError, KeyError):
+            os.unlink(cfg["log"])  # the parent may be gone (killed): leave nothing behind
     finally:
         os._exit(0)  # skip the C++ destructors' slow teardown: the process is done
 

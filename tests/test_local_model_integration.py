@@ -299,6 +299,10 @@ def test_server_exits_when_its_parent_is_killed(tmp_path):
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child)
+    # nor its log file
+    import tempfile
+
+    assert not list(Path(tempfile.gettempdir()).glob(f"querylab-llama-{parent.pid}-*.log"))
 
 
 def test_bad_weights_fail_with_the_server_log_and_leave_no_process(tmp_path):
