@@ -226,6 +226,10 @@ def synthetic_run(n_trials: int, n_calls: int, seed: int = 7):
             .then(pl.lit("APIError: 500"))
             .alias("error"),
             pl.when(pl.col("terminate_reason") != "api_error").then(pl.lit("42")).alias("answer"),
+            # the score step's verdicts: api_error trials are errored (out of every denominator)
+            pl.when(pl.col("terminate_reason") == "api_error").then(pl.lit("errored"))
+            .when(pl.col("is_correct")).then(pl.lit("correct"))
+            .otherwise(pl.lit("incorrect")).alias("verdict"),
         )
     )
     call_trial = np.sort(rng.integers(0, n_trials, n_calls))

@@ -8,7 +8,10 @@ Each stage records its attempt in ``runs/<run_id>/stages/<stage>.json`` and is i
 
 - ``datasets``: build and load the run's datasets (content-versioned, so a rebuild is a no-op);
   records the manifests.
-- ``trials``: the agent trials (finished batches and checkpointed trials skipped).
+- ``trials``: the agent trials (finished batches and checkpointed trials skipped;
+  ``retry_errors=True`` re-runs exactly the errored ones).
+- ``score``: the verdicts and the trace audit (:mod:`tasks.scoring`), from the stored answers;
+  re-running it is ``querylab rescore`` and makes no model call.
 - ``report``: the report, from the artifacts alone.
 - ``generation``, ``equivalence``, ``lifecycle``: the stand-alone suites
   (:mod:`flows.text2sql`, :mod:`flows.equivalence`, :mod:`flows.lifecycle`); their parameters
@@ -17,15 +20,23 @@ Each stage records its attempt in ``runs/<run_id>/stages/<stage>.json`` and is i
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, tags
 
 from schemas.settings import Settings
 from tasks import runs
+from tasks.prefect_task import label_flow_run, run_tags
 from tasks.progress import StageProgress
 
 
 def _root(artifacts_root: str | None) -> str:
     return artifacts_root or Settings.from_env().artifacts
+
+
+def _run_tags(root: str, run_id: str) -> list[str]:
+    """Tags of a stage flow run of ``run_id`` (agents and datasets from its run record)."""
+    record = runs.find_run(root, run_id)
+    b = record.benchmark if record is not None else None
+    return run_tags(run_id, b.agents if b else None, b.datasets if b else None)
 
 
 def datasets_stage(run_id: str, root: str) -> list[str]:
@@ -41,23 +52,27 @@ def datasets_stage(run_id: str, root: str) -> list[str]:
         manifests = []
         with StageProgress("datasets", run_id, len(config.datasets), unit="datasets") as bar:
             for name in config.datasets:
-                manifests.append(flows[name](artifacts_root=root))
+                build = flows[name].with_options(flow_run_name=f"build-{name}-{run_id}")
+                manifests.append(build(artifacts_root=root))
                 bar.advance()
         runs.record_manifests(root, run_id, manifests)
         stage.outputs = {"manifests": manifests}
     return manifests
 
 
-@flow(name="stage-datasets")
+@flow(name="stage-datasets", flow_run_name="datasets-{run_id}")
 def stage_datasets(run_id: str, artifacts_root: str | None = None) -> list[str]:
     """Build and load every dataset of the run's configuration (one subflow per dataset) and
     record their manifests in ``run.json``. Returns the manifest URIs (dataset order).
     Raises RunError when the run has no benchmark configuration, ValueError for a dataset
     that no longer exists."""
-    return datasets_stage(run_id, _root(artifacts_root))
+    root = _root(artifacts_root)
+    label_flow_run(_run_tags(root, run_id))
+    with tags(*_run_tags(root, run_id)):
+        return datasets_stage(run_id, root)
 
 
-def trials_stage(run_id: str, root: str) -> dict[str, str]:
+def trials_stage(run_id: str, root: str, retry_errors: bool = False) -> dict[str, str]:
     """Body of :func:`stage_trials` (runs inside any flow: the benchmark runs it inline)."""
     from flows.trials import run_trials
 
@@ -66,19 +81,50 @@ def trials_stage(run_id: str, root: str) -> dict[str, str]:
     with runs.stage_run(root, run_id, "trials") as stage:
         out = run_trials(
             run_id, manifests, config.agents, config.n_trials, config.batch_size, root,
-            config.agent_options, config.hints,
+            config.agent_options, config.hints, retry_errors=retry_errors,
+            query_ids=config.query_ids, limit=config.limit,
             agent_plans={a: p.model_dump() for a, p in config.agent_plans.items()},
         )
         stage.outputs = dict(out)
     return out
 
 
-@flow(name="stage-trials")
-def stage_trials(run_id: str, artifacts_root: str | None = None) -> dict[str, str]:
+@flow(name="stage-trials", flow_run_name="trials-{run_id}")
+def stage_trials(
+    run_id: str, artifacts_root: str | None = None, retry_errors: bool = False
+) -> dict[str, str]:
     """Run the run's agent trials (:func:`flows.trials.run_trials`) with its recorded agents,
-    trials, batch size, options and dataset manifests. Only unfinished batches run. Returns
-    the URIs of ``trials``, ``tool_calls``, ``llm_calls`` and ``agents``."""
-    return trials_stage(run_id, _root(artifacts_root))
+    trials, batch size, options, query selection and dataset manifests. Only unfinished
+    batches run; ``retry_errors``: also the errored trials of finished batches (and nothing
+    else). Returns the URIs of ``trials``, ``tool_calls``, ``llm_calls``, ``messages`` and
+    ``agents``. Run the score and report stages afterwards (``rerun_errored`` does all
+    three)."""
+    root = _root(artifacts_root)
+    label_flow_run(_run_tags(root, run_id))
+    with tags(*_run_tags(root, run_id)):
+        return trials_stage(run_id, root, retry_errors)
+
+
+def score_stage(run_id: str, root: str) -> dict:
+    """Body of :func:`stage_score` (runs inside any flow: the benchmark runs it inline)."""
+    from tasks.scoring import score_run
+
+    runs.valid_run_id(run_id)
+    with runs.stage_run(root, run_id, "score") as stage:
+        out = score_run(run_id, root)
+        stage.outputs = {k: v for k, v in out.items() if k != "manifests"}
+    return out
+
+
+@flow(name="stage-score", flow_run_name="score-{run_id}")
+def stage_score(run_id: str, artifacts_root: str | None = None) -> dict:
+    """Score the run's stored answers with the datasets' validators as they are now and audit
+    every transcript (:func:`tasks.scoring.score_run`): ``score/scores.parquet``,
+    ``score/audit.parquet``, ``score/summary.json``. No model call. Returns the URIs and the
+    summary (trials, correct, incorrect, errored, error_share, flagged, scorer_version)."""
+    root = _root(artifacts_root)
+    label_flow_run(_run_tags(root, run_id))
+    return score_stage(run_id, root)
 
 
 def report_stage(run_id: str, root: str) -> dict:
@@ -92,14 +138,38 @@ def report_stage(run_id: str, root: str) -> dict:
     return out
 
 
-@flow(name="stage-report")
+@flow(name="stage-report", flow_run_name="report-{run_id}")
 def stage_report(run_id: str, artifacts_root: str | None = None) -> dict:
     """The run's report from its artifacts alone (:func:`flows.report.report`); returns the
     report flow's dict."""
-    return report_stage(run_id, _root(artifacts_root))
+    root = _root(artifacts_root)
+    label_flow_run(_run_tags(root, run_id))
+    with tags(*_run_tags(root, run_id)):
+        return report_stage(run_id, root)
 
 
-@flow(name="stage-generation")
+@flow(name="rerun-errored", flow_run_name="rerun-errored-{run_id}")
+def rerun_errored(
+    run_id: str, artifacts_root: str | None = None, max_error_share: float | None = None
+) -> dict:
+    """Re-run exactly the run's errored trials (finished trials and cached model responses
+    untouched), then score and report it again. Fails with
+    :class:`tasks.runs.TrialsErrored` when errored trials remain above ``max_error_share``
+    (default: the run's recorded one). Returns ``{"trials", "score", "report"}``."""
+    root = _root(artifacts_root)
+    label_flow_run(_run_tags(root, run_id))
+    with tags(*_run_tags(root, run_id)):
+        trials = trials_stage(run_id, root, retry_errors=True)
+        score = score_stage(run_id, root)
+        rep = report_stage(run_id, root)
+    out = {"trials": trials, "score": score, "report": rep}
+    share = runs.benchmark_config(root, run_id).max_error_share if max_error_share is None \
+        else max_error_share
+    runs.check_error_share(root, run_id, share, out)
+    return out
+
+
+@flow(name="stage-generation", flow_run_name="generation-{run_id}")
 def stage_generation(
     run_id: str,
     artifacts_root: str | None = None,
@@ -125,7 +195,7 @@ def stage_generation(
     return out
 
 
-@flow(name="stage-equivalence")
+@flow(name="stage-equivalence", flow_run_name="equivalence-{run_id}")
 def stage_equivalence(
     run_id: str,
     artifacts_root: str | None = None,
@@ -150,7 +220,7 @@ def stage_equivalence(
     return out
 
 
-@flow(name="stage-lifecycle")
+@flow(name="stage-lifecycle", flow_run_name="lifecycle-{run_id}")
 def stage_lifecycle(
     run_id: str,
     artifacts_root: str | None = None,
@@ -181,6 +251,7 @@ def stage_lifecycle(
 STAGE_FLOWS = {
     "datasets": stage_datasets,
     "trials": stage_trials,
+    "score": stage_score,
     "generation": stage_generation,
     "equivalence": stage_equivalence,
     "lifecycle": stage_lifecycle,
@@ -188,9 +259,10 @@ STAGE_FLOWS = {
 }
 
 
-def run_stage(stage: str, run_id: str, artifacts_root: str | None = None):
+def run_stage(stage: str, run_id: str, artifacts_root: str | None = None, **params):
     """Run one stage flow of ``run_id`` from its run record; returns the flow's result.
-    RunError for an unknown stage or run."""
+    ``params``: extra flow parameters (``retry_errors`` for the trials stage). RunError for an
+    unknown stage or run."""
     runs.check_stage(stage)
     runs.valid_run_id(run_id)
-    return STAGE_FLOWS[stage](run_id=run_id, artifacts_root=artifacts_root)
+    return STAGE_FLOWS[stage](run_id=run_id, artifacts_root=artifacts_root, **params)

@@ -11,7 +11,7 @@ from tasks.runs import gather
 from tasks.trials import combine_trials, describe_agents, plan_batches, run_trial_batch
 
 
-@flow(name="trials")
+@flow(name="trials", flow_run_name="trials-batches-{run_id}")
 def run_trials(
     run_id: str,
     manifest_uris: list[str],
@@ -21,6 +21,9 @@ def run_trials(
     artifacts_root: str | None = None,
     agent_options: dict | None = None,
     hints: list[str] | None = None,
+    retry_errors: bool = False,
+    query_ids: list[str] | None = None,
+    limit: int | None = None,
     agent_plans: dict[str, dict] | None = None,
 ) -> dict[str, str]:
     """Check the agents (fails before any trial when one cannot run), run every trial
@@ -28,25 +31,30 @@ def run_trials(
 
     Every batch runs to its end even when another fails; then the flow fails with
     :class:`tasks.runs.StageFailed` naming the failed batches (re-running skips the finished
-    ones). Progress (trials done, counted from checkpoints) goes to a Prefect progress artifact
-    and the CLI's bar. ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits,
-    retries, sampling, cache, sandbox limits); ``hints``: hint conditions (default ``["off"]``,
-    see :func:`tasks.trials.plan_batches`); ``agent_plans``: per-agent datasets and trials
-    (:class:`schemas.runs.AgentPlan` dicts). Returns the URIs of ``trials``, ``tool_calls``,
-    ``llm_calls`` and ``agents`` (agents.json).
+    ones). ``hints``: hint conditions (default ``["off"]``, see
+    :func:`tasks.trials.plan_batches`). ``retry_errors``: finished batches re-run their errored
+    trials (``api_error`` / ``error``) and keep every other row. ``query_ids`` / ``limit``
+    select a subset of each dataset's queries (:func:`tasks.trials.select_queries`);
+    ``agent_plans``: per-agent datasets and trials (:class:`schemas.runs.AgentPlan` dicts).
+    Progress (trials done, counted from checkpoints) goes to a Prefect progress artifact and
+    the CLI's bar. ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits,
+    retries, sampling, cache, sandbox limits). A ``local:<model>`` server is shared by the
+    batches and stopped at the end (:func:`tasks.local_model.serving`). Returns the URIs of
+    ``trials``, ``tool_calls``, ``llm_calls``, ``messages`` and ``agents`` (agents.json). Trial
+    rows carry no verdict: the score stage (:mod:`tasks.scoring`) judges them.
     """
     root = artifacts_root or Settings.from_env().artifacts
-    with local_model.serving():  # local:<model> servers: shared by the batches, then stopped
-        agents_uri = describe_agents(
-            run_id, root, agents, manifest_uris, agent_options, hints
-        )
-        batches = plan_batches(
-            manifest_uris, agents, n_trials, batch_size, agent_options, hints, agent_plans
-        )
+    with local_model.serving():
+        agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options, hints)
+        batches = plan_batches(manifest_uris, agents, n_trials, batch_size, agent_options,
+                               hints, query_ids=query_ids, limit=limit,
+                               agent_plans=agent_plans)
         keys = [b["key"] for b in batches]
         total = sum(len(b["items"]) for b in batches)
         with StageProgress("trials", run_id, total, unit="trials") as progress:
             progress.poll(lambda: count_finished_trials(root, run_id, batches))
-            futures = run_trial_batch.map(unmapped(run_id), unmapped(root), batches)
+            futures = run_trial_batch.map(
+                unmapped(run_id), unmapped(root), batches, unmapped(retry_errors)
+            )
             gather(futures, keys, run_id, "trials")
     return {**combine_trials(run_id, root, keys), "agents": agents_uri}

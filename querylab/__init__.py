@@ -11,7 +11,7 @@ def shared_data_path(relative: str) -> str | None:
     """``relative`` under the shared data directory (``$QUERYLAB_SHARED_DATA``, else
     ``../shared/data`` beside the repository) when it exists, else None: the default of CLI
     options naming Spider, BIRD, TPC-DS or Chinook files."""
-    from flows.datasets import shared_data_dir
+    from tasks.catalogue import shared_data_dir
 
     path = shared_data_dir() / relative
     return str(path) if path.exists() else None

@@ -1,11 +1,19 @@
-"""querylab command line: run (end-to-end benchmark), build (datasets), report (from artifacts)."""
+"""querylab command line: run (end-to-end benchmark), build (datasets), report (from artifacts).
+
+Commands that only read artifacts (``report``, ``status``, ``view``, ``runs``, ``models``,
+``datasets list``, ``rescore``, ``--help``) never start a Prefect server and do not import
+Prefect. A user error prints one line (``querylab <command>: <first cause>``) and exits 2;
+``--debug`` adds the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
+import traceback
 
 from querylab import UsageError, run_id_or_new
 
@@ -17,18 +25,90 @@ def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
-def _check_datasets(names: list[str] | None) -> None:
-    from flows.datasets import dataset_flows
+class _NoTraceback(logging.Filter):
+    """Drops the traceback of a log record (keeps its one-line message)."""
 
-    known = dataset_flows()
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
+def quiet_tracebacks() -> None:
+    """Strip tracebacks from Prefect's log output (flow and task failures are reported once,
+    as one line, by the command itself); ``--debug`` leaves them in. Call after Prefect is
+    imported (its logging is configured then)."""
+    f = _NoTraceback()
+    loggers = [logging.getLogger()] + [
+        logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+        if name.startswith("prefect")
+    ]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if not any(isinstance(x, _NoTraceback) for x in handler.filters):
+                handler.addFilter(f)
+
+
+def check_datasets(names: list[str] | None) -> list[str]:
+    """The named datasets (all by default are resolved later); UsageError for an unknown name.
+    Needs no Prefect."""
+    from tasks.catalogue import dataset_names
+
+    known = dataset_names()
     unknown = [n for n in names or [] if n not in known]
     if unknown:
         raise UsageError(f"unknown dataset(s) {unknown}; have {sorted(known)}")
+    return list(names or [])
 
 
-def _agent_plans(args: argparse.Namespace, agents: list[str]) -> dict[str, dict]:
+def check_specs(names: list[str], query_ids: list[str] | None = None) -> None:
+    """Load the spec of each dataset (SpecError, one line, before anything starts) and check
+    that every ``--query`` id names a query of one of them (UsageError)."""
+    from tasks.catalogue import SHARED_DATASETS, shared_data_dir
+    from tasks.spec import check_sources, load_spec, spec_path
+
+    ids: set[str] = set()
+    for name in names:
+        path = spec_path(name)
+        spec = load_spec(path)
+        check_sources(path, spec, shared_data_dir() if name in SHARED_DATASETS else None)
+        ids |= {q.id for q in spec.queries} | {f"{name}/{q.id}" for q in spec.queries}
+    unknown = [q for q in query_ids or [] if q not in ids]
+    if unknown:
+        raise UsageError(f"unknown query id(s) {unknown} in datasets {names} (use <id> or "
+                         "<dataset>/<id>; `querylab datasets list` shows the datasets)")
+
+
+def check_agents_now(agents: list[str], options: dict | None, command: str) -> list[dict]:
+    """:func:`tasks.trials.check_agents` before anything starts, printing its warnings (an
+    endpoint overriding the models table's, a model without prices) as one line each."""
+    from tasks.trials import check_agents
+
+    described = check_agents(agents, options=options)
+    for d in described:
+        for warning in d.get("warnings", []):
+            print(f"querylab {command}: warning: {warning}", file=sys.stderr)
+    return described
+
+
+def run_preflight(agents: list[str], options: dict | None, command: str) -> None:
+    """Check every LLM agent with one minimal real request (:func:`tasks.trials.preflight_agents`)
+    before anything is built; UsageError with one line per failing agent (agent, endpoint,
+    problem). Warnings (a rate limit at the check) are printed."""
+    from tasks.trials import preflight_agents
+
+    results = preflight_agents(agents, options)
+    for r in results:
+        if r.ok and r.warning:
+            print(f"querylab {command}: warning: {r.warning}", file=sys.stderr)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise UsageError("preflight failed: " + "; ".join(r.line() for r in failed))
+
+
+def _agent_plans(args: argparse.Namespace, agents: list[str], names: list[str]) -> dict:
     """``--agent-datasets AGENT=D1,D2`` and ``--agent-trials AGENT=N`` as
-    :class:`schemas.runs.AgentPlan` dicts by agent (UsageError for a bad value)."""
+    :class:`schemas.runs.AgentPlan` dicts by agent (UsageError for a bad value or a dataset
+    that is not among the run's ``names``)."""
     plans: dict[str, dict] = {}
     for flag, field, values in (("--agent-datasets", "datasets", args.agent_datasets),
                                 ("--agent-trials", "n_trials", args.agent_trials)):
@@ -39,9 +119,12 @@ def _agent_plans(args: argparse.Namespace, agents: list[str]) -> dict[str, dict]
             if agent not in agents:
                 raise UsageError(f"{flag} {text!r}: {agent} is not one of the agents {agents}")
             if field == "datasets":
-                names = [d.strip() for d in value.split(",") if d.strip()]
-                _check_datasets(names)
-                plans.setdefault(agent, {})[field] = names
+                chosen = check_datasets([d.strip() for d in value.split(",") if d.strip()])
+                outside = [d for d in chosen if d not in names]
+                if outside:
+                    raise UsageError(f"{flag} {text!r}: {outside} not among the run's datasets "
+                                     f"{names}")
+                plans.setdefault(agent, {})[field] = chosen
             else:
                 try:
                     n = int(value)
@@ -83,68 +166,118 @@ def _print_timings(root: str, run_id: str, trials: dict, total_s: float) -> None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """``querylab run``: validate the options, run the benchmark flow, print the report."""
-    from flows.benchmark import benchmark
+    """``querylab run``: validate the options and check the agents (before Prefect starts),
+    run the benchmark flow, print the report. Exit 0; 1 when the oracle failed a query, a
+    stage failed or more trials errored than ``--max-error-share`` allows; 2 for bad input."""
     from querylab import cmd_agents
-    from querylab.cmd_report import print_report, with_run_details
     from schemas.settings import Settings
-    from tasks.progress import console_progress
+    from tasks.catalogue import default_datasets
     from tasks.llm import local_entry
-    from tasks.runs import StageFailed, valid_run_id
+    from tasks.runs import valid_run_id
     from tasks.trials import parse_agent
 
+    started = time.monotonic()
     settings = Settings.from_env()
     root = args.artifacts or settings.artifacts
     run_id = valid_run_id(run_id_or_new(args.run_id))
     agents = args.agent or ["oracle"]
     for agent in agents:
         kind, name = parse_agent(agent)
-        if kind == "local":  # installed? (before anything is built; the server starts later)
+        if kind == "local":  # installed? (one line before anything starts)
             local_entry(name)
-    _check_datasets(args.dataset)
+    names = check_datasets(args.dataset) or default_datasets(
+        lambda m: print(f"querylab run: {m}", file=sys.stderr))
     if args.trials < 1 or args.batch_size < 1:
         raise UsageError("--trials and --batch-size must be at least 1")
-    plans = _agent_plans(args, agents)
+    if args.limit is not None and args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    if not 0.0 <= args.max_error_share <= 1.0:
+        raise UsageError("--max-error-share must be between 0 and 1")
+    plans = _agent_plans(args, agents, names)
+    check_specs(names, args.query)
+    options = cmd_agents.agent_options_from_args(args)
+    check_agents_now(agents, options, "run")
+    run_preflight(agents, options, "run")
+
     hints = list(dict.fromkeys(args.hints or ["off"]))
     print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
           f"hints {'/'.join(hints)}, artifacts in {root}")
-    started = time.monotonic()
+    return _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started)
+
+
+def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started) -> int:
+    _prefect_defaults()
+    from flows.benchmark import benchmark
+    from querylab.cmd_report import print_report, with_run_details
+    from tasks.progress import console_progress
+    from tasks.runs import StageFailed, TrialsErrored
+
+    if not getattr(args, "debug", False):
+        quiet_tracebacks()
+    status = 0
     try:
         with console_progress(args.progress):
             out = benchmark(
-                run_id=run_id,
-                datasets=args.dataset or None,
-                agents=agents,
-                n_trials=args.trials,
-                batch_size=args.batch_size,
-                artifacts_root=root,
-                agent_options=cmd_agents.agent_options_from_args(args),
-                agent_plans=plans,
-                hints=hints,
+                run_id=run_id, datasets=names, agents=agents, n_trials=args.trials,
+                batch_size=args.batch_size, artifacts_root=root, agent_options=options,
+                hints=hints, query_ids=args.query or None, limit=args.limit,
+                max_error_share=args.max_error_share, preflight=False, agent_plans=plans,
             )
     except StageFailed as exc:
-        print(f"querylab run: {exc}\n(re-run the failed stage: querylab rerun --run-id {run_id})",
-              file=sys.stderr)
+        print(f"querylab run: {exc}", file=sys.stderr)
         return 1
-    status = print_report(with_run_details(out["report"], root, run_id))
-    for name in ("trials", "tool_calls", "llm_calls", "agents"):
+    except TrialsErrored as exc:
+        if exc.result is None:
+            print(f"querylab run: {exc}", file=sys.stderr)
+            return 1
+        out, status = exc.result, 1
+        error_line = str(exc)
+    else:
+        error_line = None
+    status = max(status, print_report(with_run_details(out["report"], root, run_id)))
+    for name in ("trials", "tool_calls", "llm_calls", "messages", "agents"):
         if name in out["trials"]:
             print(f"{name + ':':<10} {out['trials'][name]}")
+    print(f"{'scores:':<10} {out['score']['scores']}")
     for uri in out["manifests"]:
         print(f"dataset:   {uri}")
+    if error_line:
+        print(f"querylab run: {error_line}", file=sys.stderr)
     _print_timings(root, run_id, out["trials"], time.monotonic() - started)
     return status
 
 
 def cmd_build(args: argparse.Namespace) -> int:
     """``querylab build``: build and load datasets; prints each manifest URI."""
+    check_datasets(args.dataset)
+    _prefect_defaults()
     from flows.datasets import dataset_flows, default_datasets
 
-    _check_datasets(args.dataset)
+    if not getattr(args, "debug", False):
+        quiet_tracebacks()
     flows = dataset_flows()
     for name in args.dataset or default_datasets():
         print(flows[name](artifacts_root=args.artifacts, source_dir=args.source_dir))
     return 0
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that are the user's input (one line, exit 2)."""
+    from schemas.artifacts import ArtifactSchemaError
+    from tasks.llm import AgentConfigError
+    from tasks.runs import RunError
+    from tasks.scoring import ScoringError
+    from tasks.spec import SpecError
+    from tasks.storage import StorageError
+
+    return (UsageError, AgentConfigError, SpecError, StorageError, ArtifactSchemaError, RunError,
+            ScoringError)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,25 +292,33 @@ def main(argv: list[str] | None = None) -> int:
         cmd_text2sql,
     )
 
-    _prefect_defaults()
-    p = argparse.ArgumentParser(prog="querylab", description=__doc__)
+    p = argparse.ArgumentParser(prog="querylab", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--debug", action="store_true",
+                   help="show tracebacks (and Prefect's) instead of one-line errors")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", help="build datasets, run agent trials, print pass@k")
+    r = sub.add_parser("run", help="build datasets, run agent trials, score, print pass@k")
     r.add_argument(
         "--agent", action="append",
-        help="oracle (default), openai:<model> or local:<model> (see `querylab models`), "
-        "replay:<answers.json>; repeat for several agents",
+        help="oracle (default), openai:<model>, openai:<model>@<base url> or local:<model> "
+        "(see `querylab models`), replay:<answers.json>; repeat for several agents",
     )
     r.add_argument("--agent-datasets", action="append", metavar="AGENT=D1,D2",
                    help="run AGENT on these datasets only (default: all of the run's); repeat")
     r.add_argument("--agent-trials", action="append", metavar="AGENT=N",
                    help="trials per query for AGENT (default: --trials); repeat")
     r.add_argument("--dataset", action="append", help="dataset name (default: all); repeat")
+    r.add_argument("--query", action="append", metavar="ID",
+                   help="run only this query (<id> or <dataset>/<id>); repeat")
+    r.add_argument("--limit", type=int, help="run only the first N queries of each dataset")
     r.add_argument("--trials", type=int, default=5, help="trials per query (default 5)")
     r.add_argument("--batch-size", type=int, default=25, help="trials per mapped task")
     r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
+    r.add_argument("--max-error-share", type=float, default=0.0, metavar="X",
+                   help="share of errored trials (api_error / error) the run may have and still "
+                   "exit 0 (default 0)")
     r.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,
         help="progress bar (default: when stderr is a terminal)",
@@ -197,27 +338,29 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     b.set_defaults(func=cmd_build)
 
-
     for module in (
         cmd_report, cmd_ops, cmd_agents, cmd_datasets, cmd_equivalence, cmd_text2sql,
         cmd_lifecycle,
     ):
         module.register(sub)
 
-    args = p.parse_args(argv)
-    from schemas.artifacts import ArtifactSchemaError
-    from tasks.runs import RunError
-    from tasks.spec import SpecError
-    from tasks.storage import StorageError
-    from tasks.trials import AgentConfigError
-
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # accepted anywhere on the line, not only before the command
+    args = p.parse_args([a for a in argv if a != "--debug"])
+    args.debug = debug
     try:
         return args.func(args)
-    except (
-        UsageError, AgentConfigError, SpecError, StorageError, ArtifactSchemaError, RunError
-    ) as exc:
-        print(f"querylab {args.command}: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"querylab {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - one line per error, the traceback on --debug
+        if args.debug:
+            traceback.print_exc()
+        user = isinstance(exc, _user_errors())
+        hint = "" if user or args.debug else " (run with --debug for the traceback)"
+        kind = "" if user else f"{type(exc).__name__}: "
+        print(f"querylab {args.command}: {kind}{first_line(exc)}{hint}", file=sys.stderr)
+        return 2 if user else 1
 
 
 if __name__ == "__main__":

@@ -54,15 +54,31 @@ def agent_options_from_args(args: argparse.Namespace) -> dict:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    """Print the models table, or check agents (exit 2 with the reason when one cannot run)."""
+    """Print the models table, or check agents as a run does — resolution plus the preflight
+    request of each LLM agent (exit 2 with one line per agent that cannot run)."""
     from tasks.llm import AgentConfigError, load_models_config, local_entry
-    from tasks.trials import check_agents
 
     try:
         if args.check:
-            for desc in check_agents(args.check):
+            from tasks.trials import check_agents, preflight_agents
+
+            described = check_agents(args.check)
+            checks = iter(preflight_agents(args.check))  # one per LLM agent, in order
+            bad = 0
+            for desc in described:
+                if desc["kind"] in ("openai", "local"):
+                    r = next(checks)
+                    desc["preflight"] = {"ok": r.ok, "problem": r.problem, "warning": r.warning,
+                                         "status": r.status, "tools_accepted": r.tools_accepted,
+                                         "latency_s": round(r.latency_s, 3)}
+                    bad += not r.ok
                 print(json.dumps(desc, indent=2))
-            return 0
+            for desc in described:
+                pf = desc.get("preflight")
+                if pf and not pf["ok"]:
+                    print(f"error: {desc['agent']} at {desc['base_url']}: {pf['problem']}",
+                          file=sys.stderr)
+            return 2 if bad else 0
         cfg = load_models_config()
     except AgentConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -100,6 +116,7 @@ def register(subparsers) -> None:
         "models", help="list configured models (prices, context, key) or check agents"
     )
     p.add_argument("--check", nargs="+", metavar="AGENT",
-                   help="check agents as a run would (key present, replay file valid)")
+                   help="check agents as a run would (key present, replay file valid, one real "
+                   "request to each model: endpoint reachable, key accepted, model known, tools)")
     p.add_argument("--json", action="store_true", help="print the table as JSON")
     p.set_defaults(func=cmd_models)

@@ -170,6 +170,7 @@ from tasks import storage
 from tasks.agent import run_oracle
 from tasks.build import build_dataset_artifacts
 from tasks.engines import ensure_loaded, open_databases
+from tasks.scoring import full_manifest
 from tasks.tools import ToolBox
 from tasks.validate import is_correct
 
@@ -178,19 +179,23 @@ SPEC = Path(__file__).resolve().parents[1] / "data" / "{name}.yaml"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
+    """The built dataset as the scorer sees it (public manifest + private scoring file:
+    questions with their ground truth, validator, reference solution and requirements)."""
     root = tmp_path_factory.mktemp("{name}")
     settings = Settings(artifacts=str(root / "artifacts"), home=root / "home")
-    manifest = storage.read_json(build_dataset_artifacts.fn(str(SPEC), settings.artifacts))
+    uri = build_dataset_artifacts.fn(str(SPEC), settings.artifacts)
+    manifest = storage.read_json(uri)
     for db in manifest["databases"]:
         ensure_loaded(manifest, db, settings)
-    return manifest, settings
+    return full_manifest(uri), settings
 
 
 def test_oracle_answers_every_query(built, tmp_path):
     manifest, settings = built
     databases = open_databases(manifest, settings)
     for query in manifest["queries"]:
-        outcome = run_oracle(ToolBox(databases, tmp_path / query["id"]), query["reference"])
+        outcome = run_oracle(ToolBox(databases, tmp_path / query["id"]), query["reference"],
+                             query["question"])
         assert outcome.error is None, (query["id"], outcome.error)
         assert is_correct(outcome.answer, query["ground_truth"], query["validator"]), (
             query["id"], outcome.answer, query["ground_truth"])
@@ -254,11 +259,11 @@ def scaffold_dataset(name: str, root: str | Path = REPO_ROOT, force: bool = Fals
 
 
 def _dataset_rows() -> list[dict]:
-    from flows.datasets import SHARED_DATASETS, dataset_flows, shared_data_dir
+    from tasks.catalogue import SHARED_DATASETS, dataset_names, shared_data_dir
     from tasks.spec import SpecError, check_sources, load_spec, spec_path
 
     rows = []
-    for name in dataset_flows():
+    for name in dataset_names():
         row = {"name": name, "source": "", "engines": "", "queries": "", "status": "ready"}
         try:
             path = spec_path(name)
@@ -323,18 +328,36 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_import_dab(args: argparse.Namespace) -> int:
-    """Import DAB-format datasets; unless ``--no-run``, run trials and print pass@k."""
-    from flows.datasets.dab_import import import_dab
-    from querylab import run_id_or_new
-    from querylab.cmd_report import print_report
-    from tasks.dab_import import DabImportError
+    """Import DAB-format datasets; unless ``--no-run``, run trials (``--limit`` / ``--query``:
+    a subset of the queries), score them with each query's ``validate.py`` and print pass@k.
+    Exit 1 when trials errored (more than ``--max-error-share``) or the oracle failed."""
+    from querylab import UsageError, run_id_or_new
+    from querylab.cli import check_agents_now, quiet_tracebacks, run_preflight
+    from querylab.cmd_report import print_report, with_run_details
+    from tasks.dab_import import DabImportError, find_dab_datasets
+    from tasks.runs import TrialsErrored, check_error_share
 
     run_id = None if args.no_run else run_id_or_new(args.run_id)
     agents = args.agent or ["oracle"]
+    if args.limit is not None and args.limit < 1:
+        raise UsageError("--limit must be at least 1")
+    try:
+        find_dab_datasets(args.path)
+    except DabImportError as exc:
+        print(f"querylab import-dab: {exc}", file=sys.stderr)
+        return 2
+    if run_id is not None:
+        check_agents_now(agents, None, "import-dab")
+        run_preflight(agents, None, "import-dab")
+    from flows.datasets.dab_import import import_dab
+
+    if not getattr(args, "debug", False):
+        quiet_tracebacks()
     try:
         out = import_dab(
             path=args.path, run_id=run_id, agents=agents, n_trials=args.trials,
             batch_size=args.batch_size, artifacts_root=args.artifacts,
+            query_ids=args.query or None, limit=args.limit, retry_errors=args.retry_errors,
         )
     except DabImportError as exc:
         print(f"querylab import-dab: {exc}", file=sys.stderr)
@@ -344,7 +367,19 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
     if run_id is None:
         return 0
     print(f"run:       {run_id}")
-    return print_report(out["report"])
+    from schemas.settings import Settings
+
+    root = args.artifacts or Settings.from_env().artifacts
+    status = print_report(with_run_details(out["report"], root, run_id))
+    try:
+        check_error_share(root, run_id, args.max_error_share)
+    except TrialsErrored as exc:
+        print(f"querylab import-dab: {exc}".replace(
+            f"querylab rerun --run-id {run_id} --retry-errors",
+            f"querylab import-dab {args.path} --run-id {run_id} --retry-errors"),
+            file=sys.stderr)
+        status = max(status, 1)
+    return status
 
 
 def register(subparsers) -> None:
@@ -376,7 +411,14 @@ def register(subparsers) -> None:
     imp.add_argument("--agent", action="append", help="oracle (default) or openai:<model>; repeat")
     imp.add_argument("--trials", type=int, default=1, help="trials per query (default 1)")
     imp.add_argument("--batch-size", type=int, default=25, help="trials per mapped task")
-    imp.add_argument("--run-id", help="run id (default: a new one)")
+    imp.add_argument("--query", action="append", metavar="ID",
+                     help="run only this query (query<N> or <dataset>/query<N>); repeat")
+    imp.add_argument("--limit", type=int, help="run only the first N queries of each dataset")
+    imp.add_argument("--max-error-share", type=float, default=0.0, metavar="X",
+                     help="share of errored trials allowed for exit 0 (default 0)")
+    imp.add_argument("--run-id", help="run id (default: a new one; an existing one resumes)")
+    imp.add_argument("--retry-errors", action="store_true",
+                     help="with an existing --run-id: re-run only its errored trials")
     imp.add_argument("--no-run", action="store_true", help="import and load only")
     imp.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     imp.set_defaults(func=cmd_import_dab)

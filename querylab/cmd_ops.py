@@ -1,10 +1,16 @@
-"""Operations commands: ``querylab rerun`` (re-run stages of a run from its run id alone) and
-``querylab status`` (a run's configuration and the state of each stage).
+"""Operations commands: ``querylab rerun`` (re-run stages of a run from its run id alone),
+``querylab rescore`` (re-apply the validators to the stored answers), ``querylab status`` (a
+run's configuration and the state of each stage) and ``querylab runs`` (every run).
 
 ``querylab rerun --run-id X --stage trials`` runs the same stage flow as the Prefect deployment
 ``stage-trials/trials`` with ``run_id=X``: finished items (trial batches, checkpointed trials)
 are skipped, so only what failed or never ran is executed. Without ``--stage`` it re-runs every
-stage of the run that has not completed, in DAG order.
+stage of the run that has not completed, in DAG order. ``--retry-errors`` re-runs exactly the
+trials that errored (``api_error`` / ``error``), keeping every finished trial and cached model
+response, then scores and reports again; it exits 1 while errored trials remain above
+``--max-error-share`` (default: the run's).
+
+``status``, ``runs`` and ``rescore`` never start a Prefect server.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ def register(subparsers) -> None:
         help="stage to re-run; repeat for several (run in DAG order). Default: every stage "
         "of the run that has not completed",
     )
+    r.add_argument(
+        "--retry-errors", action="store_true",
+        help="re-run only the errored trials (api_error / error), then score and report again",
+    )
+    r.add_argument("--max-error-share", type=float, default=None, metavar="X",
+                   help="share of errored trials allowed for exit 0 (default: the run's, 0)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -35,11 +47,26 @@ def register(subparsers) -> None:
     )
     r.set_defaults(func=cmd_rerun)
 
+    rs = subparsers.add_parser(
+        "rescore", help="re-apply the validators to a run's stored answers (no model call), "
+        "then rewrite its verdicts, audit and report",
+    )
+    rs.add_argument("--run-id", required=True)
+    rs.add_argument("--manifest", action="append",
+                    help="dataset manifest URI to score with (repeat; default: the run's)")
+    rs.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
+    rs.set_defaults(func=cmd_rescore)
+
     s = subparsers.add_parser("status", help="a run's configuration and the state of its stages")
     s.add_argument("--run-id", required=True)
     s.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     s.add_argument("--json", action="store_true", help="print the records as JSON")
     s.set_defaults(func=cmd_status)
+
+    ls = subparsers.add_parser("runs", help="every run: date, agents, datasets, status, pass@1")
+    ls.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
+    ls.add_argument("--json", action="store_true", help="print the list as JSON")
+    ls.set_defaults(func=cmd_runs)
 
 
 def _root(args: argparse.Namespace) -> str:
@@ -48,12 +75,17 @@ def _root(args: argparse.Namespace) -> str:
     return args.artifacts or Settings.from_env().artifacts
 
 
-def _plan(root: str, run_id: str, wanted: list[str] | None) -> list[str]:
-    """The stages to run, in DAG order; RunError when one cannot run."""
+def _plan(root: str, run_id: str, wanted: list[str] | None, retry_errors: bool = False) -> list[str]:
+    """The stages to run, in DAG order; RunError when one cannot run. ``retry_errors``: the
+    trials stage and everything after it (score, report)."""
     from tasks import runs
 
     record = runs.load_run(root, run_id)
     configured = runs.configured_stages(record)
+    if retry_errors:
+        if "trials" not in configured:
+            raise runs.RunError(f"run {run_id!r} has no trials stage to retry")
+        wanted = sorted({*(wanted or []), "trials", "score", "report"})
     if wanted:
         stages = [s for s in STAGES if s in set(wanted)]
         missing = [s for s in stages if s not in configured]
@@ -77,46 +109,153 @@ def _print_outputs(stage: str, out) -> None:
         for name, value in out.items():
             if isinstance(value, str) and ("/" in value or value.endswith((".parquet", ".json"))):
                 print(f"{name + ':':<11}{value}")
+        if stage == "score":
+            print(f"score:     {out['trials']} trials: {out['correct']} correct, "
+                  f"{out['incorrect']} incorrect, {out['errored']} errored, "
+                  f"{out['flagged']} flagged by the audit")
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
     """``querylab rerun``: run the chosen (default: unfinished) stages of a run. Exit status 0
-    when every stage completed, 1 when one failed (later stages are not run) or the report
-    names an oracle failure, 2 for a bad run id or a run without the needed record."""
-    from flows.stages import run_stage
+    when every stage completed, 1 when one failed (later stages are not run), the report names
+    an oracle failure or errored trials remain above the allowed share (``--retry-errors``),
+    2 for a bad run id or a run without the needed record."""
+    from querylab.cli import first_line, quiet_tracebacks, run_preflight
     from querylab.cmd_report import print_report, with_run_details
     from tasks import runs
-    from tasks.progress import console_progress
 
     root = _root(args)
+    retry = getattr(args, "retry_errors", False)
     try:
         runs.valid_run_id(args.run_id)
-        stages = _plan(root, args.run_id, args.stage)
+        stages = _plan(root, args.run_id, args.stage, retry)
     except runs.RunError as exc:
         print(f"querylab rerun: {exc}", file=sys.stderr)
         return 2
     if not stages:
         print(f"run {args.run_id}: every stage has completed; name one with --stage to re-run it")
         return 0
-    print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}; artifacts in {root}")
+    if "trials" in stages:
+        config = runs.benchmark_config(root, args.run_id)
+        run_preflight(config.agents, config.agent_options, "rerun")
+    print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}"
+          + (" (errored trials only)" if retry else "") + f"; artifacts in {root}")
+    from flows.stages import run_stage
+    from tasks.progress import console_progress
+
+    if not getattr(args, "debug", False):
+        quiet_tracebacks()
     status = 0
     with console_progress(args.progress):
         for stage in stages:
+            params = {"retry_errors": True} if stage == "trials" and retry else {}
             try:
-                out = run_stage(stage, args.run_id, root)
+                out = run_stage(stage, args.run_id, root, **params)
             except runs.RunError as exc:
                 print(f"querylab rerun: {exc}", file=sys.stderr)
                 return 2
             except Exception as exc:  # noqa: BLE001 - reported in one line, exit status 1
-                print(f"querylab rerun: stage {stage} of run {args.run_id} failed: {exc}",
-                      file=sys.stderr)
+                print(f"querylab rerun: stage {stage} of run {args.run_id} failed: "
+                      f"{first_line(exc)}", file=sys.stderr)
                 return 1
             print(f"{stage}: completed")
             if stage == "report":
                 status = max(status, print_report(with_run_details(out, root, args.run_id)))
             else:
                 _print_outputs(stage, out)
+    if "score" in stages:
+        record = runs.find_run(root, args.run_id)
+        allowed = args.max_error_share if getattr(args, "max_error_share", None) is not None \
+            else (record.benchmark.max_error_share if record and record.benchmark else 0.0)
+        try:
+            runs.check_error_share(root, args.run_id, allowed)
+        except runs.TrialsErrored as exc:
+            print(f"querylab rerun: {exc}", file=sys.stderr)
+            status = max(status, 1)
+    elif "trials" in stages:
+        print(f"note: the trials changed; score and report them with `querylab rerun --run-id "
+              f"{args.run_id} --stage score --stage report`")
     return status
+
+
+def cmd_rescore(args: argparse.Namespace) -> int:
+    """``querylab rescore``: re-apply the validators (as they are now) to a run's stored
+    answers, rewrite ``score/`` and the report, and say how many verdicts changed. No model
+    is called and no Prefect server started. Exit 1 when the oracle failed a query or errored
+    trials are above the run's allowed share, 2 for bad input."""
+    import polars as pl
+
+    from querylab.cmd_report import print_report, with_run_details
+    from tasks import runs, storage
+    from tasks.report import report_run
+    from tasks.scoring import SCORER_VERSION, score_run, scores_uri
+
+    root = _root(args)
+    runs.valid_run_id(args.run_id)
+    before = None
+    if storage.exists(scores_uri(root, args.run_id)):
+        before = pl.read_parquet(storage.read_bytes(scores_uri(root, args.run_id)),
+                                 columns=["trial_key", "verdict"])
+    record = runs.find_run(root, args.run_id)
+    if record is not None:
+        with runs.stage_run(root, args.run_id, "score") as stage:
+            out = score_run(args.run_id, root, args.manifest or None)
+            stage.outputs = {k: v for k, v in out.items() if k != "manifests"}
+    else:
+        out = score_run(args.run_id, root, args.manifest or None)
+    after = pl.read_parquet(storage.read_bytes(out["scores"]), columns=["trial_key", "verdict"])
+    changed = None
+    if before is not None:
+        j = after.join(before, on="trial_key", how="left", suffix="_before")
+        changed = j.filter(pl.col("verdict").ne_missing(pl.col("verdict_before")))
+    print(f"rescored run {args.run_id} (scorer {SCORER_VERSION}): {out['trials']} trials, "
+          f"{out['correct']} correct, {out['incorrect']} incorrect, {out['errored']} errored; "
+          + ("first scoring" if changed is None else f"{changed.height} verdict(s) changed"))
+    if changed is not None:
+        for row in changed.head(10).iter_rows(named=True):
+            print(f"  {row['trial_key']}: {row['verdict_before']} -> {row['verdict']}")
+    print(f"scores:    {out['scores']}")
+    if record is not None:
+        with runs.stage_run(root, args.run_id, "report") as stage:
+            rep = report_run(args.run_id, root, args.manifest or None)
+            stage.outputs = {k: v for k, v in rep.items() if isinstance(v, str | int | float | dict)}
+    else:
+        rep = report_run(args.run_id, root, args.manifest or None)
+    status = print_report(with_run_details(rep, root, args.run_id))
+    allowed = record.benchmark.max_error_share if record and record.benchmark else 0.0
+    try:
+        runs.check_error_share(root, args.run_id, allowed)
+    except runs.TrialsErrored as exc:
+        print(f"querylab rescore: {exc}", file=sys.stderr)
+        status = max(status, 1)
+    return status
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """``querylab runs``: every run under the artifact root, newest first (date, agents,
+    datasets, status, errored trials, pass@1 per agent)."""
+    from tasks import runs
+
+    listed = runs.list_runs(_root(args))
+    if args.json:
+        print(json.dumps(listed, indent=2, sort_keys=True))
+        return 0
+    if not listed:
+        print(f"no runs under {_root(args)}")
+        return 0
+    rows = []
+    for r in listed:
+        p1 = ", ".join(f"{a} {v:.3f}" if v is not None else f"{a} –"
+                       for a, v in r["pass_at_1"].items()) or "–"
+        errored = "" if r["errored"] is None else f"{r['errored']}/{r['trials']}"
+        rows.append([r["run_id"], r["created_at"].replace("T", " ").rstrip("Z"),
+                     ", ".join(r["agents"]) or "–", ", ".join(r["datasets"]) or "–",
+                     r["status"], errored, p1])
+    head = ["run", "created (UTC)", "agents", "datasets", "status", "errored", "pass@1"]
+    width = [min(max(len(str(x)) for x in col), 48) for col in zip(head, *rows)]
+    for row in [head, *rows]:
+        print("  ".join(str(c)[:48].ljust(w) for c, w in zip(row, width)).rstrip())
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -155,6 +294,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         error = (st.error or "").splitlines()[0][:100] if st.error else ""
         print(f"{stage:<12} {st.status:<10} {st.attempt:>7}  {st.started_at:<20} "
               f"{st.finished_at or '':<20} {error}")
+    summary = runs.score_summary(root, args.run_id)
+    if summary:
+        print(f"\nscored (scorer {summary.get('scorer_version')}, {summary.get('scored_at')}): "
+              f"{summary['trials']} trials, {summary['correct']} correct, "
+              f"{summary['incorrect']} incorrect, {summary['errored']} errored, "
+              f"{summary.get('flagged', 0)} flagged by the audit")
+        if summary["errored"]:
+            print(f"errored trials have no verdict: `querylab rerun --run-id {args.run_id} "
+                  "--retry-errors` retries them")
     pending = runs.pending_stages(root, args.run_id)
     if pending:
         print(f"\nnot completed: {', '.join(pending)} "

@@ -32,10 +32,13 @@ def added_later(field: pa.Field) -> pa.Field:
 #: One row per trial (agent × hint condition × dataset × query × trial index). ``agent`` is the
 #: agent's label: its name, with ``+hints`` appended for trials run with hints on; ``hints`` is
 #: the condition (``on`` / ``off``; null for agents that read no prompt: oracle, replay).
-#: ``trial_key`` is ``"<agent>|<dataset>|<query_id>|<trial>"``; latency in seconds; tokens as reported by the API
-#: (0 for offline agents); ``cached_tokens`` is the part of the prompt tokens the provider served
-#: from its prompt cache; ``cost_usd`` the sum of the trial's ``llm_calls`` costs (0 for offline
-#: agents and response-cache hits).
+#: ``trial_key`` is ``"<agent>|<dataset>|<query_id>|<trial>"``; ``dataset_version`` the version
+#: of the dataset the trial ran on; latency in seconds; tokens as reported by the API (0 for
+#: offline agents); ``cached_tokens`` is the part of the prompt tokens the provider served from
+#: its prompt cache; ``cost_usd`` the sum of the trial's ``llm_calls`` costs (0 for offline
+#: agents and response-cache hits). A trial row carries the answer and the terminate reason but
+#: **no verdict**: verdicts are written by the score step (:data:`SCORES`). Version 2:
+#: ``is_correct`` moved to ``scores``, ``dataset_version`` added.
 TRIALS = artifact_schema(
     "trials",
     [
@@ -48,7 +51,6 @@ TRIALS = artifact_schema(
         pa.field("query_id", pa.string(), nullable=False),
         pa.field("trial", pa.int32(), nullable=False),
         pa.field("answer", pa.string()),
-        pa.field("is_correct", pa.bool_(), nullable=False),
         pa.field("terminate_reason", pa.string(), nullable=False),
         pa.field("error", pa.string()),
         pa.field("n_llm_calls", pa.int32(), nullable=False),
@@ -58,7 +60,9 @@ TRIALS = artifact_schema(
         pa.field("cached_tokens", pa.int64(), nullable=False),
         pa.field("cost_usd", pa.float64(), nullable=False),
         pa.field("latency_s", pa.float64(), nullable=False),
+        pa.field("dataset_version", pa.string()),
     ],
+    version="2",
 )
 
 #: One row per model call of a trial, in call order: tokens as reported by the API, cost in USD
@@ -109,9 +113,87 @@ TOOL_CALLS = artifact_schema(
     ],
 )
 
-#: The trial-stage artifacts; report artifacts (pass@k, cost, failure modes, ...) are in
-#: :mod:`schemas.report`.
-ALL = {s.metadata[b"artifact"].decode(): s for s in (TRIALS, TOOL_CALLS, LLM_CALLS)}
+#: The transcript: one row per message of every trial, in order (``index`` 0, 1, ...).
+#: ``role`` is ``system``, ``user``, ``assistant`` or ``tool``; ``turn`` the model call the
+#: message belongs to (system and user: 0, the input of the first call; an assistant message:
+#: the call that produced it; a tool result: the call that asked for it — as
+#: ``tool_calls.turn``). ``content`` is the exact text sent to or returned by the model (for a
+#: tool result: what the model saw, cut to the tool-message limit); ``reasoning`` the reasoning
+#: text when the API returned one (``reasoning_content`` / ``reasoning``); ``tool_calls`` JSON
+#: ``[{"id", "name", "arguments"}]`` of an assistant message; ``tool_call_id`` / ``tool_name`` of a
+#: tool result; ``content_chars`` the length of ``content``; ``full_size`` the length in
+#: characters of the full tool result (``tool_calls.result_size``; null for other roles).
+#: Oracle trials record the question, each reference step as an assistant tool call and its
+#: result; replay trials the question and the recorded answer.
+MESSAGES = artifact_schema(
+    "messages",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("trial_key", pa.string(), nullable=False),
+        pa.field("index", pa.int32(), nullable=False),
+        pa.field("turn", pa.int32(), nullable=False),
+        pa.field("role", pa.string(), nullable=False),
+        pa.field("content", pa.string()),
+        pa.field("reasoning", pa.string()),
+        pa.field("tool_calls", pa.string()),
+        pa.field("tool_call_id", pa.string()),
+        pa.field("tool_name", pa.string()),
+        pa.field("content_chars", pa.int64(), nullable=False),
+        pa.field("full_size", pa.int64()),
+    ],
+)
+
+#: One row per trial of a run, written by the score step (``runs/<run_id>/score/``):
+#: ``verdict`` is ``correct``, ``incorrect`` or ``errored`` (the trial ended ``api_error`` or
+#: ``error``: no verdict, ``is_correct`` null, left out of pass@k denominators); ``reason`` the
+#: validator's one-line reason (or why the trial errored); ``validator`` the validator kind and
+#: ``validator_digest`` 12 hex digits of its spec, ground truth and script; ``answer`` and
+#: ``terminate_reason`` as scored (a later re-run of the trial makes the score stale);
+#: ``scorer_version`` :data:`tasks.scoring.SCORER_VERSION`; ``audit_flags`` the number of trace
+#: audit findings of the trial (rows of :data:`AUDIT`).
+SCORES = artifact_schema(
+    "scores",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("trial_key", pa.string(), nullable=False),
+        pa.field("agent", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("query_id", pa.string(), nullable=False),
+        pa.field("trial", pa.int32(), nullable=False),
+        pa.field("terminate_reason", pa.string(), nullable=False),
+        pa.field("answer", pa.string()),
+        pa.field("verdict", pa.string(), nullable=False),
+        pa.field("is_correct", pa.bool_()),
+        pa.field("reason", pa.string()),
+        pa.field("validator", pa.string()),
+        pa.field("validator_digest", pa.string()),
+        pa.field("scorer_version", pa.string(), nullable=False),
+        pa.field("audit_flags", pa.int32(), nullable=False),
+    ],
+)
+
+#: Trace-audit findings (``runs/<run_id>/score/audit.parquet``), one row per finding:
+#: ``check`` is one of :data:`tasks.audit.CHECKS` (``path_outside_workdir``,
+#: ``network_attempt``, ``answer_key_access``, ``ground_truth_before_tool_output``,
+#: ``answer_not_in_tool_output``); ``message_index`` the transcript message that shows it
+#: (null when the finding is about the trial as a whole); ``evidence`` a short excerpt.
+AUDIT = artifact_schema(
+    "audit",
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("trial_key", pa.string(), nullable=False),
+        pa.field("check", pa.string(), nullable=False),
+        pa.field("message_index", pa.int32()),
+        pa.field("evidence", pa.string(), nullable=False),
+    ],
+)
+
+#: The trial-stage and score-stage artifacts; report artifacts (pass@k, cost, failure modes,
+#: ...) are in :mod:`schemas.report`.
+ALL = {
+    s.metadata[b"artifact"].decode(): s
+    for s in (TRIALS, TOOL_CALLS, LLM_CALLS, MESSAGES, SCORES, AUDIT)
+}
 
 
 def check_schema(table: pa.Table, expected: pa.Schema, source: str) -> pa.Table:

@@ -5,7 +5,9 @@ artifact name in its metadata, and readers check it with
 :func:`schemas.artifacts.check_schema`. Units: USD for cost, seconds for latency, shares in
 [0, 1]. Rows with ``dataset == "ALL (queries)"`` aggregate over every query of an agent,
 ``"ALL (datasets)"`` is the stratified mean over datasets (pass@k tables only), ``"ALL"`` is an
-agent's total (cost, failure-mode and tool-use tables).
+agent's total (cost, failure-mode and tool-use tables). Errored trials (ended ``api_error`` /
+``error``: no verdict) are left out of every pass@k, pass^k, interval and failure-mode
+denominator and counted beside it (``n_errored`` / ``errored``).
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ def _f(name: str, typ: pa.DataType, nullable: bool = True) -> pa.Field:
 
 _KEYS = [_f("agent", pa.string(), False), _f("dataset", pa.string(), False)]
 
-#: pass@k and pass^k per (agent, dataset, query_id, k): ``n`` trials, ``c`` correct; both null
-#: when n < k. pass@k = 1 - C(n-c, k)/C(n, k) (Chen et al. 2021); pass^k = C(c, k)/C(n, k).
-#: Supersedes ``schemas.artifacts.PASS_AT_K`` (same columns plus ``pass_hat_k``).
+#: pass@k and pass^k per (agent, dataset, query_id, k): ``n`` scored trials, ``n_errored``
+#: errored trials (not in n), ``c`` correct; both null when n < k. pass@k = 1 - C(n-c, k)/C(n, k)
+#: (Chen et al. 2021); pass^k = C(c, k)/C(n, k).
 PASS_AT_K = _schema(
     "pass_at_k",
     [
@@ -43,43 +45,51 @@ PASS_AT_K = _schema(
         _f("query_id", pa.string(), False),
         _f("k", pa.int32(), False),
         _f("n", pa.int32(), False),
+        _f("n_errored", pa.int32(), False),
         _f("c", pa.int32(), False),
         _f("pass_at_k", pa.float64()),
         _f("pass_hat_k", pa.float64()),
     ],
-    version="2",
+    version="3",  # 3: n counts scored trials only, n_errored beside it
 )
 
 #: Mean pass@k / pass^k per (agent, dataset, k) over the ``queries`` scored at that k, plus the
-#: two overall rows per agent and k.
+#: two overall rows per agent and k; ``n`` scored and ``n_errored`` errored trials behind it.
 PASS_AT_K_SUMMARY = _schema(
     "pass_at_k_summary",
     [
         *_KEYS,
         _f("k", pa.int32(), False),
         _f("queries", pa.int32(), False),
+        _f("n", pa.int64(), False),
+        _f("n_errored", pa.int64(), False),
         _f("pass_at_k", pa.float64()),
         _f("pass_hat_k", pa.float64()),
     ],
+    version="2",
 )
 
 #: pass@1 per (agent, dataset) with a Wilson score interval (``confidence``, default 0.95):
-#: ``trials`` behind the estimate, ``correct`` among them, ``queries`` scored.
+#: ``trials`` (scored) behind the estimate, ``errored`` beside them, ``correct`` among them,
+#: ``queries`` scored.
 PASS_AT_1_CI = _schema(
     "pass_at_1_ci",
     [
         *_KEYS,
         _f("queries", pa.int32(), False),
         _f("trials", pa.int64(), False),
+        _f("errored", pa.int64(), False),
         _f("correct", pa.int64(), False),
         _f("pass_at_1", pa.float64()),
         _f("ci_low", pa.float64()),
         _f("ci_high", pa.float64()),
         _f("confidence", pa.float64(), False),
     ],
+    version="2",
 )
 
-#: Cost and effort per (agent, dataset) and per agent (``dataset == "ALL"``).
+#: Cost and effort per (agent, dataset) and per agent (``dataset == "ALL"``) over every trial,
+#: errored ones included (``errored`` of the ``trials``; they cost money and time).
 #: ``cost_per_correct_usd`` is null without a correct trial; ``prompt_cache_share`` is
 #: cached_tokens / prompt_tokens (null without prompt tokens); ``llm_calls``,
 #: ``response_cache_hit_share`` and ``retries`` come from ``llm_calls.parquet`` and are null when
@@ -91,6 +101,7 @@ COST = _schema(
     [
         *_KEYS,
         _f("trials", pa.int64(), False),
+        _f("errored", pa.int64(), False),
         _f("correct", pa.int64(), False),
         _f("cost_usd", pa.float64()),
         _f("cost_per_trial_usd", pa.float64()),
@@ -112,7 +123,7 @@ COST = _schema(
         _f("iterations_p50", pa.float64()),
         _f("iterations_p95", pa.float64()),
     ],
-    version="2",  # 2: cost_usd is null (unknown) when calls were unpriced
+    version="3",  # 2: cost_usd is null (unknown) when calls were unpriced; 3: errored
 )
 
 #: One row per incorrect trial: the deterministic failure mode (FM1–FM5), the ``rule`` that
@@ -134,17 +145,20 @@ FAILURE_LABELS = _schema(
     ],
 )
 
-#: Failure-mode counts per (agent, dataset) and per agent (``"ALL"``): ``trials`` (all),
-#: ``incorrect``, one count column per mode and its share of the incorrect trials.
+#: Failure-mode counts per (agent, dataset) and per agent (``"ALL"``): ``trials`` (scored),
+#: ``errored`` (beside them, never labelled), ``incorrect``, one count column per mode and its
+#: share of the incorrect trials.
 FAILURE_MODE_TABLE = _schema(
     "failure_modes",
     [
         *_KEYS,
         _f("trials", pa.int64(), False),
+        _f("errored", pa.int64(), False),
         _f("incorrect", pa.int64(), False),
         *[_f(m, pa.int64(), False) for m in FAILURE_MODES],
         *[_f(f"{m}_share", pa.float64()) for m in FAILURE_MODES],
     ],
+    version="2",
 )
 
 #: Labels of the optional LLM-judge stage, one row per judged incorrect trial: the judge's

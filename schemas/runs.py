@@ -23,12 +23,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 #: Bump when a field changes meaning; readers reject other major versions.
 RUN_RECORD_VERSION = "1"
 
-#: Every stage, in the order the DAG runs them (the benchmark runs datasets → trials → report;
-#: generation, equivalence and lifecycle are stand-alone suites keyed by the same run id).
-STAGES: tuple[str, ...] = ("datasets", "trials", "generation", "equivalence", "lifecycle", "report")
+#: Every stage, in the order the DAG runs them (the benchmark runs datasets → trials → score →
+#: report; generation, equivalence and lifecycle are stand-alone suites keyed by the same run
+#: id).
+STAGES: tuple[str, ...] = (
+    "datasets", "trials", "score", "generation", "equivalence", "lifecycle", "report"
+)
 
 #: Stages the end-to-end benchmark runs.
-BENCHMARK_STAGES: tuple[str, ...] = ("datasets", "trials", "report")
+BENCHMARK_STAGES: tuple[str, ...] = ("datasets", "trials", "score", "report")
 
 #: Stand-alone stages and their required parameters (the others are optional).
 STANDALONE_REQUIRED: dict[str, tuple[str, ...]] = {
@@ -65,14 +68,17 @@ class AgentPlan(BaseModel):
 class BenchmarkConfig(BaseModel):
     """The end-to-end run's configuration (what ``querylab run`` was given, datasets resolved).
 
-    ``datasets``: dataset names in build order; ``agents``: ``oracle``, ``openai:<model>``,
-    ``local:<model>``, ``replay:<file>``; ``n_trials``: trials per (agent, query);
-    ``batch_size``: trials per mapped task; ``agent_options``:
+    ``datasets``: dataset names in build order; ``agents``: ``oracle``, ``openai:<model>``
+    (``openai:<model>@<base url>``), ``local:<model>``, ``replay:<file>``; ``n_trials``: trials per (agent,
+    query); ``batch_size``: trials per mapped task; ``agent_options``:
     :class:`schemas.models.AgentOptions` fields; ``hints``: the hint conditions (``off``:
     question and database description only, DAB's default; ``on``: the dataset's hints too,
     DAB's ``--use_hints``), each run for every agent that reads a prompt — two conditions
-    compare both in one run; ``agent_plans``: per-agent datasets and trial counts
-    (:class:`AgentPlan`) for agents of ``agents``."""
+    compare both in one run; ``query_ids`` (``<id>`` or ``<dataset>/<id>``; empty: all) and
+    ``limit`` (the first N queries of each dataset; None: all) select a subset;
+    ``max_error_share``: the share of errored trials a run may have and still succeed
+    (default 0: any errored trial fails the run); ``agent_plans``: per-agent datasets and
+    trial counts (:class:`AgentPlan`) for agents of ``agents``."""
 
     datasets: list[str] = Field(min_length=1)
     agents: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
@@ -80,6 +86,9 @@ class BenchmarkConfig(BaseModel):
     batch_size: int = Field(default=25, ge=1)
     agent_options: dict[str, Any] = Field(default_factory=dict)
     hints: list[Literal["on", "off"]] = Field(default_factory=lambda: ["off"], min_length=1)
+    query_ids: list[str] = Field(default_factory=list)
+    limit: int | None = Field(default=None, ge=1)
+    max_error_share: float = Field(default=0.0, ge=0.0, le=1.0)
     agent_plans: dict[str, AgentPlan] = Field(default_factory=dict)
 
     @field_validator("hints")

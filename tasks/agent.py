@@ -12,7 +12,13 @@ Terminate reasons (a trial's ``terminate_reason``; see :data:`TERMINATE_REASONS`
 ``replay`` / ``no_answer`` (replay agent), and the runtime failures (DAB's FM5)
 ``max_iterations``, ``max_wall_time``, ``max_tool_calls_per_turn``, ``token_budget``,
 ``context_window``, ``api_error`` (infrastructure retries exhausted or a non-retryable API
-error) and ``error`` (a configuration or harness error, or a failing reference solution).
+error) and ``error`` (a configuration or harness error). ``reference_failed``: a step of the
+oracle's reference solution failed (a dataset bug, scored incorrect). Trials ending ``api_error``
+or ``error`` are *errored* (:data:`tasks.scoring.ERRORED_REASONS`): they get no verdict.
+
+Every agent records its transcript (:class:`Transcript`, the ``messages`` artifact): the ReAct
+agent every message it sends and receives, the oracle its question, steps and results, the
+replay agent its question and recorded answer.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ TERMINATE_REASONS: dict[str, str] = {
     "token_budget": "the trial's prompt + completion token budget was used up",
     "context_window": "the conversation no longer fits the model's context window",
     "api_error": "the model API failed (retries exhausted, or a non-retryable error)",
-    "error": "configuration or harness error, or a failing reference solution",
+    "error": "configuration or harness error (the trial is errored, not scored)",
+    "reference_failed": "a step of the oracle's reference solution failed (a dataset bug)",
 }
 #: Terminate reasons that are runtime failures (DAB failure mode FM5).
 RUNTIME_FAILURES = frozenset(
@@ -68,6 +75,43 @@ facts exist only inside free text.
 """
 
 
+class Transcript:
+    """The messages of one trial in order, as rows of the ``messages`` artifact (without run
+    and trial keys; see :data:`schemas.artifacts.MESSAGES`)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def add(self, role: str, turn: int, content: str | None = None, *,
+            reasoning: str | None = None, tool_calls: list[dict] | None = None,
+            tool_call_id: str | None = None, tool_name: str | None = None,
+            full_size: int | None = None) -> None:
+        """Append one message; ``tool_calls`` as ``[{"id", "name", "arguments"}]``."""
+        self.rows.append({
+            "index": len(self.rows), "turn": turn, "role": role, "content": content,
+            "reasoning": reasoning,
+            "tool_calls": json.dumps(tool_calls, ensure_ascii=False) if tool_calls else None,
+            "tool_call_id": tool_call_id, "tool_name": tool_name,
+            "content_chars": len(content or ""), "full_size": full_size,
+        })
+
+    def tool_result(self, turn: int, out: ToolOutcome) -> None:
+        """Append a tool result exactly as the model saw it, with the full result's size."""
+        self.add("tool", turn, out.content, tool_call_id=out.call_id, tool_name=out.tool,
+                 full_size=out.result_size)
+
+
+def reasoning_text(msg) -> str | None:
+    """The reasoning text of an assistant message when the API returned one
+    (``reasoning_content``: DeepSeek, vLLM, llama.cpp; ``reasoning``: OpenRouter), else None."""
+    extra = getattr(msg, "model_extra", None) or {}
+    for name in ("reasoning_content", "reasoning"):
+        value = extra.get(name) or getattr(msg, name, None)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
 @dataclass
 class ToolCallRecord:
     """One tool call in a trajectory: the model turn that asked for it and what it did."""
@@ -81,7 +125,8 @@ class TrialOutcome:
     """The result of one trial: answer text (or None), terminate reason, error message, token
     counts (sums over the model calls; ``cached_tokens`` is the prompt-cache part of the prompt
     tokens), ``cost_usd`` (sum of the calls' costs), number of model calls, the tool-call
-    trajectory, the model-call records and wall time in seconds."""
+    trajectory, the model-call records, wall time in seconds and the transcript
+    (``messages``: :class:`Transcript` rows)."""
 
     answer: str | None
     terminate_reason: str
@@ -94,6 +139,7 @@ class TrialOutcome:
     cached_tokens: int = 0
     cost_usd: float = 0.0
     llm_calls: list[LLMCallRecord] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list)
 
     def add_call(self, rec: LLMCallRecord) -> None:
         """Count one model call (its tokens and cost) in the totals."""
@@ -155,31 +201,47 @@ def user_prompt(manifest: dict, question: str, hints: bool = False) -> str:
     return f"QUERY:\n{question.strip()}\n\nDATABASE DESCRIPTION:\n{description}"
 
 
-def run_oracle(toolbox: ToolBox, reference: list[dict]) -> TrialOutcome:
+def run_oracle(toolbox: ToolBox, reference: list[dict], question: str | None = None) -> TrialOutcome:
     """Run a reference solution (``[{"tool": ..., "args": {...}}, ...]``) through ``toolbox``.
 
     Calls are numbered ``call_1``, ``call_2``, ...; the stripped output of the last step is
-    passed to ``return_answer``. A failing step ends the trial with terminate reason ``error``.
+    passed to ``return_answer``. A failing step ends the trial with terminate reason
+    ``reference_failed`` (a dataset bug: scored incorrect, so the run names it). The
+    transcript holds ``question`` (when given), each step as an assistant tool call and its
+    result.
     """
     start = time.perf_counter()
     records: list[ToolCallRecord] = []
+    transcript = Transcript()
+    if question is not None:
+        transcript.add("user", 0, question)
     last: ToolOutcome | None = None
-    for i, step in enumerate(reference, start=1):
-        last = toolbox.call(step["tool"], json.dumps(step["args"]), f"call_{i}")
-        records.append(ToolCallRecord(turn=i - 1, outcome=last))
+
+    def step(turn: int, tool: str, args: str, call_id: str) -> ToolOutcome:
+        transcript.add("assistant", turn, None,
+                       tool_calls=[{"id": call_id, "name": tool, "arguments": args}])
+        out = toolbox.call(tool, args, call_id)
+        records.append(ToolCallRecord(turn=turn, outcome=out))
+        if tool != "return_answer":
+            transcript.tool_result(turn, out)
+        return out
+
+    for i, s in enumerate(reference, start=1):
+        last = step(i - 1, s["tool"], json.dumps(s["args"]), f"call_{i}")
         if not last.success:
             return TrialOutcome(
-                None, "error", f"reference step {i} ({step['tool']}) failed: {last.error}",
+                None, "reference_failed",
+                f"reference step {i} ({s['tool']}) failed: {last.error}",
                 tool_calls=records, latency_s=time.perf_counter() - start,
+                messages=transcript.rows,
             )
     value = last.value if last is not None else ""
     answer = value.strip() if isinstance(value, str) else json.dumps(value, default=str)
-    final = toolbox.call(
-        "return_answer", json.dumps({"answer": answer}), f"call_{len(reference) + 1}"
-    )
-    records.append(ToolCallRecord(turn=len(reference), outcome=final))
+    final = step(len(reference), "return_answer", json.dumps({"answer": answer}),
+                 f"call_{len(reference) + 1}")
     return TrialOutcome(
-        final.answer, "return_answer", tool_calls=records, latency_s=time.perf_counter() - start
+        final.answer, "return_answer", tool_calls=records, latency_s=time.perf_counter() - start,
+        messages=transcript.rows,
     )
 
 
@@ -223,7 +285,10 @@ def run_react(
         {"role": "system", "content": system},
         {"role": "user", "content": question},
     ]
-    result = TrialOutcome(None, "max_iterations")
+    transcript = Transcript()
+    transcript.add("system", 0, system)
+    transcript.add("user", 0, question)
+    result = TrialOutcome(None, "max_iterations", messages=transcript.rows)
     window = chat.resolved.context_window
     context_tokens, new_chars = 0, len(system) + len(question)
 
@@ -252,6 +317,11 @@ def run_react(
         result.add_call(rec)
         context_tokens, new_chars = rec.prompt_tokens + rec.completion_tokens, 0
         msg = resp.choices[0].message
+        parts = [_tool_call_parts(tc, turn, i) for i, tc in enumerate(msg.tool_calls or [])]
+        transcript.add(
+            "assistant", turn, msg.content, reasoning=reasoning_text(msg),
+            tool_calls=[{"id": c, "name": n, "arguments": a} for c, n, a in parts],
+        )
         if not msg.tool_calls:
             result.answer = msg.content
             stop("no_tool_call")
@@ -261,7 +331,6 @@ def run_react(
                  f"{len(msg.tool_calls)} tool calls in one turn; the limit is "
                  f"{o.max_tool_calls_per_turn}")
             break
-        parts = [_tool_call_parts(tc, turn, i) for i, tc in enumerate(msg.tool_calls)]
         messages.append(
             {
                 "role": "assistant",
@@ -283,6 +352,7 @@ def run_react(
                 final = out
                 break
             messages.append({"role": "tool", "tool_call_id": cid, "content": out.content})
+            transcript.tool_result(turn, out)
             new_chars += len(out.content)
         if final is not None:
             result.answer = final.answer

@@ -10,7 +10,13 @@ Artifacts of one built dataset live under ``<root>/datasets/<name>/<version>/``:
   ``columns`` and number of ``tables``, and each table entry ``uri``, ``rows`` and ``shard:
   {family, column, value, offset}``: the table is that slice of the file without the shard
   column);
-- ``ground_truth.json`` and ``manifest.json`` (what the trials stage reads).
+- ``manifest.json`` — the **public trial manifest**, all the trials stage and the tools read:
+  databases (placed tables), description, hints, schema description and each query's id and
+  question. No ground truth, validator, reference solution, requirement or canonical table;
+- ``scoring.json`` — the **private scoring file**, read only by scorer-side code
+  (:mod:`tasks.scoring`: validators, failure modes, the report) and the trusted oracle:
+  per query its ground truth, validator, reference solution and ``requires`` annotation, plus
+  the canonical table URIs and the spec file name (see :func:`tasks.scoring.scoring_uri`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from prefect import task
+from tasks.prefect_task import task
 
 from schemas.spec import ComposeOp, DatasetSpec, FormatOp, FuzzOp, SourceSpec, SplitOp
 from tasks import storage
@@ -459,14 +465,17 @@ def build_dataset_artifacts(
 ) -> str:
     """Extract, compute ground truth, perturb, and write a dataset's artifacts.
 
-    Returns the URI of ``manifest.json``. Idempotent: when the manifest of this exact version
-    exists (and not ``force``) nothing is rebuilt. Raises SpecError naming file and field for a
-    broken spec or a missing source file.
+    Returns the URI of ``manifest.json`` (the public trial manifest; ``scoring.json`` beside it
+    is the private scoring file, see the module docstring). Idempotent: when both files of this
+    exact version exist in the current layout (and not ``force``) nothing is rebuilt. Raises
+    SpecError naming file and field for a broken spec or a missing source file.
     """
+    from tasks.scoring import is_current_dataset, split_manifest
+
     spec, version, canonical = extract_canonical(spec_file, source_dir)
     prefix = dataset_prefix(artifacts_root, spec.name, version)
     manifest_uri = storage.join(prefix, "manifest.json")
-    if storage.exists(manifest_uri) and not force:
+    if not force and is_current_dataset(manifest_uri):
         return manifest_uri
     truth = compute_ground_truth(spec, canonical, spec_file)
     canonical_uris = {
@@ -505,7 +514,6 @@ def build_dataset_artifacts(
                           "offset": offset},
             }
     _check_shard_sources(spec, databases, spec_file)
-    storage.write_json(storage.join(prefix, "ground_truth.json"), truth)
     manifest = {
         "name": spec.name,
         "version": version,
@@ -527,4 +535,4 @@ def build_dataset_artifacts(
             for q in spec.queries
         ],
     }
-    return storage.write_json(manifest_uri, manifest)
+    return split_manifest(manifest_uri, manifest)

@@ -16,8 +16,9 @@ A DAB dataset is a directory ``query_<name>/`` holding:
 
 :func:`import_dab_dataset` reads every database into Arrow tables, writes them as the
 dataset's *placed* Parquet artifacts (``<root>/datasets/dab_<name>/<version>/placed/...``) and
-writes a ``manifest.json`` of the same shape :mod:`tasks.build` writes, so engines load it and
-trials run it unchanged. Differences, because DAB ships neither canonical tables nor reference
+writes a public ``manifest.json`` and a private ``scoring.json`` of the same shapes
+:mod:`tasks.build` writes (:func:`tasks.scoring.split_manifest`), so engines load it and trials
+run it unchanged. Differences, because DAB ships neither canonical tables nor reference
 solutions:
 
 - a query's validator is ``{"kind": "dab_script", "script": <uri of its validate.py>,
@@ -49,6 +50,7 @@ from prefect import task
 
 from schemas.settings import Settings
 from tasks import storage
+from tasks.scoring import is_current_dataset, split_manifest
 
 #: DAB ``db_type`` → querylab engine.
 DAB_ENGINES = {
@@ -471,7 +473,7 @@ def import_dab_dataset(
     name, version = dataset_name(dab), dab_version(dab)
     prefix = storage.join(artifacts_root, "datasets", name, version)
     manifest_uri = storage.join(prefix, "manifest.json")
-    if storage.exists(manifest_uri) and not force:
+    if not force and is_current_dataset(manifest_uri):
         return manifest_uri
     config = read_db_config(dab)
     tables = {db: read_database(dab, db, cfg, settings) for db, cfg in config.items()}
@@ -523,4 +525,6 @@ def import_dab_dataset(
         "canonical": {},
         "queries": entries,
     }
-    return storage.write_json(manifest_uri, manifest)
+    # public manifest (questions, databases) + private scoring file (validators, ground truth,
+    # the oracle's reference): the trial side never reads the latter
+    return split_manifest(manifest_uri, manifest)

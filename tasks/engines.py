@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
-from prefect import task
+from tasks.prefect_task import task
 
 from schemas.settings import Settings
 from tasks import storage

@@ -1,11 +1,13 @@
 """Deterministic failure-mode classifier (DAB's taxonomy FM1–FM5) over incorrect trials.
 
 DAB's authors labelled failure modes by hand; querylab labels every incorrect trial by the rules
-below, in this order (the first that fires wins). Correct trials get no label, and labelling
+below, in this order (the first that fires wins). Correct trials get no label, errored trials
+(``api_error`` / ``error``: infrastructure or harness failures, verdict ``errored``) get none
+either — they are not the agent's failures and are counted beside the table — and labelling
 never changes a denominator: every incorrect trial gets exactly one mode.
 
 FM5 runtime — the trial stopped for a runtime reason: its ``terminate_reason`` is one of
-    :data:`RUNTIME_REASONS` (``api_error``, ``error``, ``max_iterations``, ``max_wall_time``,
+    :data:`RUNTIME_REASONS` (``max_iterations``, ``max_wall_time``,
     ``max_tool_calls_per_turn``, ``token_budget``, ``context_window``, ...) or matches
     :data:`RUNTIME_REASON_PATTERN` (``error``, ``timeout``, ``limit``, ``budget``, ``max_``,
     ``exceeded``), or it has no answer and an ``error`` message. Rule ``runtime_stop`` /
@@ -49,6 +51,7 @@ from __future__ import annotations
 import polars as pl
 
 from schemas.report import ALL, FAILURE_MODES
+from tasks.metrics import with_verdicts
 from tasks.tool_use import (
     EXTRACTION_METHODS,
     ascii_regex,
@@ -206,8 +209,9 @@ def classify_failures(
 ) -> pl.DataFrame:
     """Label every incorrect trial with FM1–FM5 by the rules of this module.
 
-    ``trials``: ``TRIALS`` columns (run_id, trial_key, agent, dataset, query_id, trial,
-    answer, is_correct, terminate_reason, error). ``tool_calls``: ``TOOL_CALLS`` rows (any
+    ``trials``: scored trials — ``TRIALS`` columns (run_id, trial_key, agent, dataset,
+    query_id, trial, answer, terminate_reason, error) with ``verdict`` (or ``is_correct``);
+    only ``incorrect`` ones are labelled, errored ones never. ``tool_calls``: ``TOOL_CALLS`` rows (any
     superset; only the incorrect trials' calls are read). ``requirements``: output of
     :func:`requirements_from_manifests`; None or a missing query makes its trials FM1
     ``requirements_unknown`` unless FM5/FM1 fired first. Returns the
@@ -223,20 +227,20 @@ def classify_failures(
         "query_id",
         "trial",
         "answer",
-        "is_correct",
         "terminate_reason",
         "error",
     ]
     missing = [c for c in need if c not in trials.columns]
     if missing:
         raise ValueError(f"classify_failures needs trial columns {missing}")
+    trials = with_verdicts(trials)
     if requirements is None:
         requirements = pl.DataFrame(schema=REQUIREMENTS_SCHEMA)
     tid = trial_id_expr(trials)
     bad = (
         trials.lazy()
-        .filter(~pl.col("is_correct"))
-        .select(*(c for c in need if c != "is_correct"))
+        .filter(pl.col("verdict") == "incorrect")
+        .select(*need)
         .with_columns(tid)
         .join(
             requirements.lazy().select("dataset", "query_id").with_row_index("qid"),
@@ -367,22 +371,26 @@ def classify_failures(
 def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
     """Failure-mode counts per (agent, dataset) and per agent (``dataset == "ALL"``).
 
-    ``trials`` (agent, dataset, trial_key, is_correct) gives ``trials`` and ``incorrect``;
+    ``trials`` (agent, dataset, trial_key, ``verdict`` or ``is_correct``) gives ``trials``
+    (scored), ``errored`` (beside them) and ``incorrect``;
     ``labels`` (:func:`classify_failures` output) gives one count column per mode FM1–FM5
     and ``FM<i>_share`` = count / incorrect (null without incorrect trials). Raises
     ValueError when labels and incorrect trials disagree (a label per incorrect trial is the
     invariant that keeps denominators unchanged). Returns ``schemas.report.FAILURE_MODE_TABLE``
     columns.
     """
-    n_bad = int((~trials["is_correct"]).sum())
+    trials = with_verdicts(trials)
+    verdict = pl.col("verdict")
+    n_bad = int((trials["verdict"] == "incorrect").sum())
     if labels.height != n_bad or labels["trial_key"].n_unique() != labels.height:
         raise ValueError(
             f"{labels.height} failure labels for {n_bad} incorrect trials: every incorrect trial "
             "needs exactly one label"
         )
     base_aggs = [
-        pl.len().cast(pl.Int64).alias("trials"),
-        (~pl.col("is_correct")).sum().cast(pl.Int64).alias("incorrect"),
+        (verdict != "errored").sum().cast(pl.Int64).alias("trials"),
+        (verdict == "errored").sum().cast(pl.Int64).alias("errored"),
+        (verdict == "incorrect").sum().cast(pl.Int64).alias("incorrect"),
     ]
     mode_aggs = [(pl.col("failure_mode") == m).sum().cast(pl.Int64).alias(m) for m in FAILURE_MODES]
     frames = []
@@ -395,7 +403,7 @@ def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFra
         if label is not None:
             t = t.with_columns(pl.lit(label).alias("dataset"))
         frames.append(t)
-    cols = ["agent", "dataset", "trials", "incorrect", *FAILURE_MODES]
+    cols = ["agent", "dataset", "trials", "errored", "incorrect", *FAILURE_MODES]
     out = pl.concat([f.select(cols) for f in frames])
     denom = pl.when(pl.col("incorrect") > 0).then(pl.col("incorrect"))
     return out.with_columns(*[(pl.col(m) / denom).alias(f"{m}_share") for m in FAILURE_MODES]).sort(

@@ -6,6 +6,12 @@ infrastructure-only retries.
   (endpoint, key, prices, context window). A model in no file falls back to
   ``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY`` (or ``OPENAI_*``) with cost 0 and
   ``priced=False``.
+- The endpoint the user names is the endpoint used: ``openai:<model>@<base url>`` names it for
+  one agent, ``QUERYLAB_OPENAI_BASE_URL`` for every model; both override the models table's
+  ``base_url`` (``ResolvedModel.base_url_source`` says which, ``overridden_base_url`` what was
+  replaced, and :func:`endpoint_warning` the warning to show).
+- :func:`preflight`: one minimal real request per model before a run builds anything (key
+  accepted, endpoint reachable, model known, tool calling accepted), bounded in time.
 - :class:`ResponseCache`: content-addressed JSON files under
   ``<artifacts>/cache/llm/<aa>/<sha256>.json``; the key hashes model id, base URL, messages,
   tools, sampling parameters and the trial index. A hit makes no HTTP request and costs $0.
@@ -135,14 +141,18 @@ def load_models_config(
 
 @dataclass
 class ResolvedModel:
-    """A model ready to call: ``name`` (as in ``openai:<name>``, or ``local:<name>`` whole),
-    ``model_id`` (sent to the API), ``base_url`` (no trailing ``/``, never credentials),
-    ``api_key`` (never logged),
+    """A model ready to call: ``name`` (as in ``openai:<name>``, without an ``@<url>``; or
+    ``local:<name>`` whole), ``model_id`` (sent to the API), ``base_url`` (the endpoint
+    actually called; no trailing ``/``, never credentials), ``api_key`` (never logged),
     ``prices`` (USD per million tokens), ``context_window`` (tokens, None when unknown),
     ``sampling`` defaults, ``provider``, ``priced`` (False: not in the models table, cost
-    recorded as 0), ``tool_protocol`` (``native``, ``json_schema`` or ``auto``), ``cache_base_url``
-    (what the response-cache key uses instead of ``base_url``: a local server's port-free
-    identity; None: ``base_url``) and ``local`` (a local server's description, else None)."""
+    recorded as 0), ``base_url_source`` (``table``, ``agent`` for ``openai:<model>@<url>``,
+    ``env`` for ``QUERYLAB_OPENAI_BASE_URL`` / ``OPENAI_BASE_URL``, ``default`` for OpenAI's,
+    ``local`` for a server querylab runs), ``overridden_base_url`` (the models table's URL the
+    named endpoint replaced, else None), ``tool_protocol`` (``native``, ``json_schema`` or
+    ``auto``), ``cache_base_url`` (what the response-cache key uses instead of ``base_url``: a
+    local server's port-free identity; None: ``base_url``) and ``local`` (a local server's
+    description, else None)."""
 
     name: str
     model_id: str
@@ -153,6 +163,8 @@ class ResolvedModel:
     sampling: dict = field(default_factory=dict)
     provider: str = "openai"
     priced: bool = True
+    base_url_source: str = "table"
+    overridden_base_url: str | None = None
     tool_protocol: str = "native"
     cache_base_url: str | None = None
     local: dict | None = None
@@ -164,6 +176,8 @@ class ResolvedModel:
             "model_id": self.model_id,
             "provider": self.provider,
             "base_url": self.base_url,
+            "base_url_source": self.base_url_source,
+            "overridden_base_url": self.overridden_base_url,
             "priced": self.priced,
             "prices_usd_per_million": self.prices.model_dump(),
             "context_window": self.context_window,
@@ -171,6 +185,27 @@ class ResolvedModel:
             "tool_protocol": self.tool_protocol,
             **({"local": self.local} if self.local is not None else {}),
         }
+
+
+#: ``<model>@<http(s) URL>``: a model name with the endpoint to call (a model id may itself
+#: contain ``@``, e.g. ``claude-3-5-sonnet@20240620``; only an ``@`` followed by a URL counts).
+_MODEL_AT_URL = re.compile(r"^(?P<model>.+?)@(?P<url>https?://\S+)$")
+
+
+def split_model_url(name: str) -> tuple[str, str | None]:
+    """``"m@http://h:8000/v1"`` → ``("m", "http://h:8000/v1")``; ``"m"`` → ``("m", None)``."""
+    m = _MODEL_AT_URL.match(name)
+    return (m["model"], m["url"]) if m else (name, None)
+
+
+def endpoint_warning(resolved: ResolvedModel) -> str | None:
+    """The warning to show when a named endpoint overrides the models table's, else None."""
+    if resolved.overridden_base_url is None or resolved.overridden_base_url == resolved.base_url:
+        return None
+    via = {"agent": f"openai:{resolved.name}@<url>",
+           "env": "QUERYLAB_OPENAI_BASE_URL"}.get(resolved.base_url_source, "the named endpoint")
+    return (f"openai:{resolved.name}: {via} sends requests to {resolved.base_url}, not to the "
+            f"models table's {resolved.overridden_base_url}")
 
 
 def _first_env(env: dict[str, str], names: list[str]) -> str | None:
@@ -198,64 +233,81 @@ def settings_env(settings: "Settings") -> dict[str, str]:
 def resolve_model(
     name: str, config: ModelsConfig | None = None, env: dict[str, str] | None = None
 ) -> ResolvedModel:
-    """Resolve ``<name>`` of ``openai:<name>``, or a whole ``local:<name>``.
+    """Resolve ``<name>`` of ``openai:<name>`` (optionally ``<model>@<base url>``), or a whole
+    ``local:<name>``.
 
     ``local:<name>``: the table's entry ``<name>`` must have a ``local`` block; its server is
     started now unless this process already runs it (:func:`tasks.local_model.ensure_server`;
     AgentConfigError when xllamacpp or the weights are missing, saying how to install them, or
-    when the server does not start). In the models table: its endpoint, prices and context
-    window; the key from its
-    ``api_key_env`` variables (AgentConfigError naming them when required and unset).
-    Not in the table: ``QUERYLAB_OPENAI_BASE_URL`` (or ``OPENAI_BASE_URL``, default OpenAI) and
-    ``QUERYLAB_OPENAI_API_KEY`` (or ``OPENAI_API_KEY``), prices 0 and ``priced=False``; with
-    neither a key nor a base URL it raises AgentConfigError.
+    when the server does not start); no named endpoint applies to it.
+
+    The endpoint: the URL after ``@`` when given, else ``QUERYLAB_OPENAI_BASE_URL`` (or
+    ``OPENAI_BASE_URL``), else the models table's ``base_url``, else OpenAI's — a named
+    endpoint overrides the table (see :func:`endpoint_warning`). In the models table: its
+    prices and context window; the key from ``QUERYLAB_OPENAI_API_KEY`` / ``OPENAI_API_KEY``
+    when the endpoint was overridden and one is set, else from the entry's ``api_key_env``
+    variables (AgentConfigError naming them when required, unset and the endpoint is the
+    table's). Not in the table: ``QUERYLAB_OPENAI_API_KEY`` (or ``OPENAI_API_KEY``), prices 0
+    and ``priced=False``; with neither a key nor an endpoint it raises AgentConfigError.
     """
     env = os.environ if env is None else env
     config = load_models_config(env=env) if config is None else config
     if name.startswith("local:"):
         return _resolve_local(name.removeprefix("local:"), config)
-    entry = config.get(name)
+    model, agent_url = split_model_url(name)
+    env_url = _first_env(env, ["QUERYLAB_OPENAI_BASE_URL", "OPENAI_BASE_URL"])
+    named = agent_url or env_url
+    source = "agent" if agent_url else "env" if env_url else None
+    try:
+        named = check_base_url(named) if named else None
+    except ValueError as exc:
+        where = f"openai:{name}" if agent_url else "QUERYLAB_OPENAI_BASE_URL"
+        raise AgentConfigError(f"{where}: {exc}") from None
+    generic_key = _first_env(env, ["QUERYLAB_OPENAI_API_KEY", "OPENAI_API_KEY"])
+    entry = config.get(model)
     if entry is not None and entry.local is not None:
-        raise AgentConfigError(f"{name} is a local model (served by querylab): use local:{name}")
+        raise AgentConfigError(
+            f"{model} is a local model (served by querylab): use local:{model}")
     if entry is not None:
+        table_url = entry.base_url or OPENAI_DEFAULT_BASE_URL
         key = _first_env(env, entry.api_key_env) if entry.api_key_env else None
-        if entry.api_key_env and entry.api_key_required and not key:
+        if named:
+            key = generic_key or key
+        elif entry.api_key_env and entry.api_key_required and not key:
             raise AgentConfigError(
-                f"openai:{name} needs an API key: set {' or '.join(entry.api_key_env)}"
+                f"openai:{model} needs an API key: set {' or '.join(entry.api_key_env)}"
             )
         return ResolvedModel(
-            name=name,
+            name=model,
             model_id=entry.model_id,
-            base_url=entry.base_url or OPENAI_DEFAULT_BASE_URL,
+            base_url=named or table_url,
             api_key=key or "not-needed",
             prices=entry.prices,
             context_window=entry.context_window,
             sampling=dict(entry.sampling),
             provider=entry.provider,
             priced=True,
+            base_url_source=source or "table",
+            overridden_base_url=table_url if named and named != table_url else None,
             tool_protocol=entry.tool_protocol,
         )
-    base_url = _first_env(env, ["QUERYLAB_OPENAI_BASE_URL", "OPENAI_BASE_URL"])
-    key = _first_env(env, ["QUERYLAB_OPENAI_API_KEY", "OPENAI_API_KEY"])
-    if not key and not base_url:
+    if not generic_key and not named:
         raise AgentConfigError(
-            f"openai:{name} is not in the models table ({MODELS_FILE.name} / QUERYLAB_MODELS) "
-            "and no endpoint is configured: set QUERYLAB_OPENAI_API_KEY (or OPENAI_API_KEY), or "
-            "QUERYLAB_OPENAI_BASE_URL for a local server, or add the model to a models file"
+            f"openai:{model} is not in the models table ({MODELS_FILE.name} / QUERYLAB_MODELS) "
+            "and no endpoint is configured: set QUERYLAB_OPENAI_API_KEY (or OPENAI_API_KEY), "
+            "name the endpoint (openai:<model>@<base url> or QUERYLAB_OPENAI_BASE_URL), or add "
+            "the model to a models file"
         )
-    try:
-        url = check_base_url(base_url) if base_url else OPENAI_DEFAULT_BASE_URL
-    except ValueError as exc:
-        raise AgentConfigError(f"QUERYLAB_OPENAI_BASE_URL: {exc}") from None
     return ResolvedModel(
-        name=name,
-        model_id=name,
-        base_url=url,
-        api_key=key or "not-needed",
+        name=model,
+        model_id=model,
+        base_url=named or OPENAI_DEFAULT_BASE_URL,
+        api_key=generic_key or "not-needed",
         prices=Prices(input=0, output=0),
         context_window=None,
         provider="unlisted",
         priced=False,
+        base_url_source=source or "default",
     )
 
 
@@ -322,6 +374,165 @@ def check_tool_protocol(resolved: ResolvedModel, options: AgentOptions | None = 
         raise AgentConfigError(f"{resolved.name}: {exc}") from None
     finally:
         chat.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Preflight: one minimal real request before a run builds anything
+# --------------------------------------------------------------------------------------------
+
+#: The one tool of a preflight request (checks that the endpoint accepts ``tools``).
+PREFLIGHT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "ping",
+        "description": "Answer the check through this tool.",
+        "parameters": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                       "required": []},
+    },
+}
+#: The user message of a preflight request (scripted test servers recognise it).
+PREFLIGHT_PROMPT = "querylab preflight check: reply OK."
+#: Seconds a whole preflight of one model may take (connect + request + one retry).
+PREFLIGHT_TIMEOUT_S = 8.0
+#: The same for a model querylab serves itself (on this machine, but maybe a busy one).
+LOCAL_PREFLIGHT_TIMEOUT_S = 60.0
+
+
+@dataclass
+class PreflightResult:
+    """The outcome of :func:`preflight` for one model.
+
+    ``ok``: the model can be used. ``problem``: one line saying what is wrong (None when ok);
+    ``warning``: something to tell the user that does not stop the run (rate-limited at the
+    check); ``status``: the HTTP status of the last attempt (None
+    without a response); ``tools_accepted``: True when the endpoint accepted a request with
+    ``tools``, False when it rejected them, None when unknown (no answer); ``latency_s``:
+    seconds the check took; ``model_id`` / ``base_url``: what was called."""
+
+    agent: str
+    model_id: str
+    base_url: str
+    ok: bool
+    problem: str | None = None
+    warning: str | None = None
+    status: int | None = None
+    tools_accepted: bool | None = None
+    latency_s: float = 0.0
+
+    def line(self) -> str:
+        """``"<agent> at <base url>: <problem>"`` (or ``ok``): the one line the CLI prints."""
+        return f"{self.agent} at {self.base_url}: {self.problem or 'ok'}"
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost message of an exception chain (``[Errno 111] Connection refused``)."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:200]
+
+
+def preflight(
+    resolved: ResolvedModel,
+    options: AgentOptions | None = None,
+    timeout_s: float = PREFLIGHT_TIMEOUT_S,
+    tools: list[dict] | None = None,
+) -> PreflightResult:
+    """One minimal real Chat Completions request to ``resolved`` (never cached): the question
+    :data:`PREFLIGHT_PROMPT`, ``tools`` (default: :data:`PREFLIGHT_TOOL`; ``[]`` sends none),
+    the model's and ``options``' sampling parameters and ``max_completion_tokens`` 16.
+
+    Checks, each reported as one line in ``problem``: the endpoint is reachable (connection
+    refused, DNS, TLS, timeout), the key is accepted (401/403), the model is known (404), the
+    request — tools and sampling parameters included — is accepted (400; ``tools_accepted`` is
+    False when the error is about tools), the answer is a chat completion. A 429 passes with a
+    warning (reachable and authenticated; the run's retries handle rate limits) unless the
+    provider says the quota is used up. One retry on 5xx / connection errors while time is
+    left. Never raises for endpoint problems; the whole check ends within ``timeout_s``.
+    Engineer-facing contract: ``preflight(resolved, options=None, timeout_s=8.0, tools=None)
+    -> PreflightResult``."""
+    import httpx
+
+    agent = model_label(resolved.name)
+    result = PreflightResult(agent, resolved.model_id, resolved.base_url, ok=False)
+    sampling = {**resolved.sampling, **(options.sampling() if options else {})}
+    body: dict[str, Any] = {
+        "model": resolved.model_id,
+        "messages": [{"role": "user", "content": PREFLIGHT_PROMPT}],
+        **sampling,
+    }
+    if "max_tokens" not in body:
+        body["max_completion_tokens"] = 16
+    sent_tools = [PREFLIGHT_TOOL] if tools is None else tools
+    if sent_tools:
+        body["tools"] = sent_tools
+    start = time.monotonic()
+    deadline = start + timeout_s
+    client = openai.OpenAI(base_url=resolved.base_url, api_key=resolved.api_key, max_retries=0)
+    try:
+        for attempt in (1, 2):
+            left = deadline - time.monotonic()
+            if left <= 0.2:
+                break
+            timeout = httpx.Timeout(left, connect=min(3.0, left))
+            try:
+                resp = client.post("/chat/completions", body=body, cast_to=ChatCompletion,
+                                   options={"timeout": timeout})
+            except openai.APITimeoutError:
+                result.status, result.problem = None, f"no answer within {timeout_s:g} s (timeout)"
+                break
+            except openai.APIConnectionError as exc:
+                result.problem = f"endpoint unreachable: {_cause(exc)}"
+                if attempt == 1 and deadline - time.monotonic() > 1.5:
+                    time.sleep(0.5)
+                    continue
+                break
+            except openai.APIStatusError as exc:
+                result.status = exc.status_code
+                msg = exc.message if isinstance(exc.message, str) else str(exc)
+                msg = " ".join(msg.split())[:200]
+                code = str(getattr(exc, "code", "") or "")
+                if exc.status_code in (401, 403):
+                    result.problem = f"the API key was refused (HTTP {exc.status_code}): {msg}"
+                elif exc.status_code == 404:
+                    result.problem = (
+                        f"HTTP 404: {msg} (model {resolved.model_id!r} unknown there, or the base "
+                        f"URL is wrong: requests go to {resolved.base_url}/chat/completions)"
+                    )
+                elif exc.status_code == 429:
+                    if "quota" in code or "quota" in msg.lower():
+                        result.problem = f"quota used up (HTTP 429): {msg}"
+                    else:
+                        result.ok, result.tools_accepted = True, None
+                        result.warning = f"rate-limited at the check (HTTP 429): {msg}"
+                elif exc.status_code in (400, 422):
+                    if sent_tools and re.search(r"(?i)tool|function", msg):
+                        result.tools_accepted = False
+                        result.problem = f"tool calling not accepted (HTTP {exc.status_code}): {msg}"
+                    else:
+                        result.problem = f"request rejected (HTTP {exc.status_code}): {msg}"
+                elif exc.status_code >= 500:
+                    result.problem = f"the endpoint failed (HTTP {exc.status_code}): {msg}"
+                    if attempt == 1 and deadline - time.monotonic() > 1.5:
+                        time.sleep(0.5)
+                        continue
+                else:
+                    result.problem = f"HTTP {exc.status_code}: {msg}"
+                break
+            except (openai.OpenAIError, ValidationError, ValueError) as exc:
+                result.problem = f"not an OpenAI-compatible answer: {_cause(exc)}"
+                break
+            else:
+                if not getattr(resp, "choices", None):
+                    result.problem = "not an OpenAI-compatible answer: no choices"
+                else:
+                    result.ok, result.problem, result.status = True, None, 200
+                    result.tools_accepted = True if sent_tools else None
+                break
+    finally:
+        client.close()
+        result.latency_s = time.monotonic() - start
+    return result
 
 
 # --------------------------------------------------------------------------------------------

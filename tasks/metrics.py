@@ -7,8 +7,13 @@
 - pass@1 with a Wilson score interval.
 - cost and effort (USD, tokens, latency, iterations, cache hits) per agent and dataset.
 
-Everything here works on Polars frames with the columns of ``schemas.artifacts.TRIALS`` (and
-``LLM_CALLS``); no Python loop runs over rows.
+Everything here works on Polars frames of *scored trials*: the columns of
+``schemas.artifacts.TRIALS`` with the verdict of ``SCORES`` joined on (``verdict`` —
+``correct`` / ``incorrect`` / ``errored`` — and ``is_correct``, null for errored trials; see
+:func:`tasks.scoring.scored_trials`). A frame without ``verdict`` is read as every trial
+scored by ``is_correct``. Errored trials (infrastructure or harness failures) have no verdict:
+they are left out of every pass@k / pass^k / interval denominator and counted beside it
+(``n_errored`` / ``errored``). No Python loop runs over rows.
 """
 
 from __future__ import annotations
@@ -60,28 +65,57 @@ def _require(df: pl.DataFrame, columns: tuple[str, ...] | list[str], what: str) 
         raise ValueError(f"{what} needs columns {missing}; got {df.columns}")
 
 
-def query_counts(trials: pl.DataFrame) -> pl.DataFrame:
-    """Trials ``n`` and correct trials ``c`` per (agent, dataset, query_id), both Int32.
-
-    ``trials`` needs agent, dataset, query_id, is_correct (one row per trial); a null
-    ``is_correct`` raises ValueError (an unscored trial would silently shrink a denominator).
-    """
-    _require(trials, [*_QUERY_KEYS, "is_correct"], "query_counts")
+def with_verdicts(trials: pl.DataFrame) -> pl.DataFrame:
+    """``trials`` with a ``verdict`` column: kept when present (nulls or unknown values raise
+    ValueError), else ``correct`` / ``incorrect`` from ``is_correct`` (whose nulls raise:
+    an unscored trial would silently shrink a denominator). ``is_correct`` is made consistent
+    (null for errored trials)."""
+    if "verdict" in trials.columns:
+        bad = trials.filter(
+            pl.col("verdict").is_null() | ~pl.col("verdict").is_in(["correct", "incorrect", "errored"])
+        )
+        if bad.height:
+            raise ValueError(f"{bad.height} trials have no valid verdict: every trial must be scored")
+        return trials.with_columns(
+            pl.when(pl.col("verdict") == "errored").then(None)
+            .otherwise(pl.col("verdict") == "correct").alias("is_correct")
+        )
+    _require(trials, ["is_correct"], "with_verdicts")
     if trials["is_correct"].null_count():
         raise ValueError("is_correct has nulls: every trial must be scored")
+    return trials.with_columns(
+        pl.when(pl.col("is_correct")).then(pl.lit("correct")).otherwise(pl.lit("incorrect"))
+        .alias("verdict")
+    )
+
+
+_ERRORED = pl.col("verdict") == "errored"
+_CORRECT = pl.col("verdict") == "correct"
+
+
+def query_counts(trials: pl.DataFrame) -> pl.DataFrame:
+    """Scored trials ``n``, correct trials ``c`` and errored trials ``n_errored`` per (agent,
+    dataset, query_id), all Int32 (see :func:`with_verdicts`; ``n`` excludes the errored).
+
+    ``trials`` needs agent, dataset, query_id and ``verdict`` or ``is_correct``.
+    """
+    _require(trials, list(_QUERY_KEYS), "query_counts")
+    trials = with_verdicts(trials)
     return trials.group_by(*_QUERY_KEYS).agg(
-        pl.len().cast(pl.Int32).alias("n"),
-        pl.col("is_correct").sum().cast(pl.Int32).alias("c"),
+        (~_ERRORED).sum().cast(pl.Int32).alias("n"),
+        _CORRECT.sum().cast(pl.Int32).alias("c"),
+        _ERRORED.sum().cast(pl.Int32).alias("n_errored"),
     )
 
 
 def pass_at_k_per_query(trials: pl.DataFrame, ks=DEFAULT_KS) -> pl.DataFrame:
-    """pass@k and pass^k per (agent, dataset, query_id, k).
+    """pass@k and pass^k per (agent, dataset, query_id, k) over the scored trials.
 
-    ``trials`` needs columns agent, dataset, query_id, is_correct (one row per trial). Returns
-    agent, dataset, query_id, k, n, c, pass_at_k, pass_hat_k (both null when n < k), sorted by
-    agent, dataset, query_id, k. Every k in ``ks`` with 1 <= k <= the largest n of the run is
-    reported, so a query with fewer trials shows null rather than disappearing.
+    ``trials`` needs columns agent, dataset, query_id and ``verdict`` or ``is_correct`` (one
+    row per trial). Returns agent, dataset, query_id, k, n (scored trials), n_errored, c,
+    pass_at_k, pass_hat_k (both null when n < k), sorted by agent, dataset, query_id, k. Every
+    k in ``ks`` with 1 <= k <= the largest n of the run is reported (k = 1 always, so a query
+    whose trials all errored still shows with n = 0 and null scores).
 
     Vectorised: both estimators are the running products over i < k of
     ``(n-c-i)/(n-i)`` (pass@k = 1 - product) and ``(c-i)/(n-i)`` (pass^k = product), which
@@ -94,12 +128,13 @@ def pass_at_k_per_query(trials: pl.DataFrame, ks=DEFAULT_KS) -> pl.DataFrame:
         "query_id": pl.String,
         "k": pl.Int32,
         "n": pl.Int32,
+        "n_errored": pl.Int32,
         "c": pl.Int32,
         "pass_at_k": pl.Float64,
         "pass_hat_k": pl.Float64,
     }
-    max_n = int(counts["n"].max() or 0)
-    used = sorted({int(k) for k in ks if 1 <= int(k) <= max_n})
+    max_n = max(int(counts["n"].max() or 0), 1 if counts.height else 0)
+    used = sorted({int(k) for k in ks if 1 <= int(k) <= max_n} | ({1} if counts.height else set()))
     if not used:
         return pl.DataFrame(schema=schema)
     steps = pl.DataFrame({"i": pl.int_range(0, used[-1], eager=True, dtype=pl.Int32)})
@@ -128,6 +163,7 @@ def pass_at_k_per_query(trials: pl.DataFrame, ks=DEFAULT_KS) -> pl.DataFrame:
         *_QUERY_KEYS,
         "k",
         "n",
+        "n_errored",
         "c",
         pl.when(scored).then(1.0 - pl.col("all_fail")).alias("pass_at_k"),
         pl.when(scored).then(pl.col("all_ok")).alias("pass_hat_k"),
@@ -140,25 +176,32 @@ def pass_at_k_summary(per_query: pl.DataFrame) -> pl.DataFrame:
 
     Dataset score = mean over its queries (null queries, n < k, are left out; ``queries``
     counts those scored). Overall rows have dataset ``"ALL (queries)"`` (mean over all queries)
-    and ``"ALL (datasets)"`` (stratified: mean of the dataset scores). Returns agent, dataset,
-    k, queries, pass_at_k, pass_hat_k (pass_hat_k only when ``per_query`` has it).
+    and ``"ALL (datasets)"`` (stratified: mean of the dataset scores). ``n`` is the number of
+    scored trials and ``n_errored`` of errored trials behind the row (the same for every k).
+    Returns agent, dataset, k, queries, n, n_errored, pass_at_k, pass_hat_k (pass_hat_k only
+    when ``per_query`` has it; ``n`` / ``n_errored`` only when it has them).
     """
     metrics = [m for m in ("pass_at_k", "pass_hat_k") if m in per_query.columns]
+    counts = [c for c in ("n", "n_errored") if c in per_query.columns]
+    sums = [pl.col(c).sum().cast(pl.Int64) for c in counts]
     per_ds = per_query.group_by("agent", "dataset", "k").agg(
         pl.col("pass_at_k").count().cast(pl.Int32).alias("queries"),
+        *sums,
         *[pl.col(m).mean() for m in metrics],
     )
     over_q = per_query.group_by("agent", "k").agg(
         pl.lit(ALL_QUERIES).alias("dataset"),
         pl.col("pass_at_k").count().cast(pl.Int32).alias("queries"),
+        *sums,
         *[pl.col(m).mean() for m in metrics],
     )
     strat = per_ds.group_by("agent", "k").agg(
         pl.lit(ALL_DATASETS).alias("dataset"),
         pl.col("queries").sum().cast(pl.Int32),
+        *sums,
         *[pl.col(m).mean() for m in metrics],
     )
-    cols = ["agent", "dataset", "k", "queries", *metrics]
+    cols = ["agent", "dataset", "k", "queries", *counts, *metrics]
     return pl.concat([per_ds.select(cols), over_q.select(cols), strat.select(cols)]).sort(
         "agent", _overall_last, "dataset", "k"
     )
@@ -168,16 +211,20 @@ def pass_at_k_wide(summary: pl.DataFrame, metric: str = "pass_at_k") -> pl.DataF
     """The summary as one row per (agent, dataset) and a column per k.
 
     ``metric`` is ``"pass_at_k"`` (columns ``pass@1``, ``pass@2``, ...) or ``"pass_hat_k"``
-    (columns ``pass^1``, ...). Overall rows keep their ``ALL (...)`` dataset names.
+    (columns ``pass^1``, ...). Overall rows keep their ``ALL (...)`` dataset names. When the
+    summary has them, ``n`` (scored trials) and ``n_errored`` (errored trials, left out of n)
+    come right after the dataset.
     """
     label = {"pass_at_k": "pass@", "pass_hat_k": "pass^"}[metric]
     ks = sorted(summary["k"].unique().to_list())
+    counts = [c for c in ("n", "n_errored") if c in summary.columns]
     if not ks:
-        return pl.DataFrame(schema={"agent": pl.String, "dataset": pl.String})
+        return pl.DataFrame(schema={"agent": pl.String, "dataset": pl.String,
+                                    **{c: pl.Int64 for c in counts}})
     wide = summary.with_columns(
         (pl.lit(label) + pl.col("k").cast(pl.String)).alias("metric")
-    ).pivot(on="metric", index=["agent", "dataset"], values=metric, sort_columns=False)
-    return wide.select("agent", "dataset", *[f"{label}{k}" for k in ks]).sort(
+    ).pivot(on="metric", index=["agent", "dataset", *counts], values=metric, sort_columns=False)
+    return wide.select("agent", "dataset", *counts, *[f"{label}{k}" for k in ks]).sort(
         "agent", _overall_last, "dataset"
     )
 
@@ -228,15 +275,19 @@ def pass_at_1_ci(trials: pl.DataFrame, confidence: float = 0.95) -> pl.DataFrame
 
     pass@1 is the mean over queries of c/n (dataset rows and ``ALL (queries)``) or the mean of
     the dataset scores (``ALL (datasets)``). The interval is Wilson's for p̂ = that pass@1 and
-    n = the number of trials behind it; it treats trials as independent Bernoulli draws (it
-    ignores clustering by query) and equals the pooled-count Wilson interval whenever every
-    query has the same number of trials. Returns the columns of ``schemas.report.PASS_AT_1_CI``
-    sorted by agent, dataset.
+    n = the number of scored trials behind it; it treats trials as independent Bernoulli draws
+    (it ignores clustering by query) and equals the pooled-count Wilson interval whenever every
+    query has the same number of trials. Errored trials are left out (``errored`` counts
+    them); a query whose trials all errored is not scored (``queries`` counts those scored).
+    Returns the columns of ``schemas.report.PASS_AT_1_CI`` sorted by agent, dataset.
     """
-    counts = query_counts(trials).with_columns((pl.col("c") / pl.col("n")).alias("p"))
+    counts = query_counts(trials).with_columns(
+        (pl.col("c") / pl.when(pl.col("n") > 0).then(pl.col("n"))).alias("p")
+    )
     agg = [
-        pl.len().cast(pl.Int32).alias("queries"),
+        pl.col("p").count().cast(pl.Int32).alias("queries"),
         pl.col("n").sum().cast(pl.Int64).alias("trials"),
+        pl.col("n_errored").sum().cast(pl.Int64).alias("errored"),
         pl.col("c").sum().cast(pl.Int64).alias("correct"),
         pl.col("p").mean().alias("pass_at_1"),
     ]
@@ -247,12 +298,13 @@ def pass_at_1_ci(trials: pl.DataFrame, confidence: float = 0.95) -> pl.DataFrame
         .agg(
             pl.col("queries").sum(),
             pl.col("trials").sum(),
+            pl.col("errored").sum(),
             pl.col("correct").sum(),
             pl.col("pass_at_1").mean(),
         )
         .with_columns(pl.lit(ALL_DATASETS).alias("dataset"))
     )
-    cols = ["agent", "dataset", "queries", "trials", "correct", "pass_at_1"]
+    cols = ["agent", "dataset", "queries", "trials", "errored", "correct", "pass_at_1"]
     out = pl.concat([per_ds.select(cols), over_q.select(cols), strat.select(cols)])
     low, high = wilson_expr(pl.col("pass_at_1"), pl.col("trials"), confidence)
     return out.with_columns(
@@ -264,7 +316,8 @@ def _effort_aggs() -> list[pl.Expr]:
     lat, it = pl.col("latency_s"), pl.col("n_llm_calls").cast(pl.Float64)
     return [
         pl.len().cast(pl.Int64).alias("trials"),
-        pl.col("is_correct").sum().cast(pl.Int64).alias("correct"),
+        _ERRORED.sum().cast(pl.Int64).alias("errored"),
+        _CORRECT.sum().cast(pl.Int64).alias("correct"),
         pl.col("cost_usd").sum().alias("cost_usd"),
         pl.col("prompt_tokens").sum().cast(pl.Int64).alias("prompt_tokens"),
         pl.col("completion_tokens").sum().cast(pl.Int64).alias("completion_tokens"),
@@ -281,8 +334,10 @@ def _effort_aggs() -> list[pl.Expr]:
 def cost_table(trials: pl.DataFrame, llm_calls: pl.DataFrame | None = None) -> pl.DataFrame:
     """Cost and effort per (agent, dataset) plus one ``dataset == "ALL"`` row per agent.
 
-    ``trials`` has the ``TRIALS`` columns (agent, dataset, is_correct, cost_usd in USD, token
-    counts, latency_s in seconds, n_llm_calls). ``llm_calls`` (``LLM_CALLS`` columns, optional:
+    ``trials`` has the ``TRIALS`` columns (agent, dataset, cost_usd in USD, token counts,
+    latency_s in seconds, n_llm_calls) and ``verdict`` or ``is_correct``. Every trial counts
+    here, errored ones too (they cost money and time): ``trials`` is all of them, ``errored``
+    those that errored, ``correct`` the correct ones. ``llm_calls`` (``LLM_CALLS`` columns, optional:
     a run of offline agents or from before per-call accounting has none) adds ``llm_calls``,
     ``response_cache_hit_share`` (share of model calls answered from querylab's response cache),
     ``retries`` (HTTP attempts beyond the first) and ``unpriced_calls`` (calls with ``priced``
@@ -300,7 +355,6 @@ def cost_table(trials: pl.DataFrame, llm_calls: pl.DataFrame | None = None) -> p
             "agent",
             "dataset",
             "trial_key",
-            "is_correct",
             "cost_usd",
             "prompt_tokens",
             "completion_tokens",
@@ -310,6 +364,7 @@ def cost_table(trials: pl.DataFrame, llm_calls: pl.DataFrame | None = None) -> p
         ],
         "cost_table",
     )
+    trials = with_verdicts(trials)
     per_ds = trials.group_by("agent", "dataset").agg(_effort_aggs())
     per_agent = (
         trials.group_by("agent").agg(_effort_aggs()).with_columns(pl.lit(ALL).alias("dataset"))
@@ -363,6 +418,7 @@ def cost_table(trials: pl.DataFrame, llm_calls: pl.DataFrame | None = None) -> p
         "agent",
         "dataset",
         "trials",
+        "errored",
         "correct",
         "cost_usd",
         "cost_per_trial_usd",

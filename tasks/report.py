@@ -1,16 +1,25 @@
 """Run reports from a run's artifacts alone: tables (Parquet), plots (PNG), Markdown, one
 self-contained HTML file, and Prefect artifacts when running inside a flow.
 
-Inputs (``<root>/runs/<run_id>/trials/``): ``trials.parquet`` (required), ``tool_calls.parquet``
-(trajectories; a run without it is reported with empty trajectories and says so) and
-``llm_calls.parquet`` (optional: cache hits and retries). Dataset manifests give the queries'
-``requires`` annotations for the failure-mode classifier (see :func:`resolve_manifests`).
+Inputs (``<root>/runs/<run_id>/``): ``trials/trials.parquet`` (required: answers and
+terminate reasons), ``score/scores.parquet`` (required: the verdicts of the score step,
+:mod:`tasks.scoring`; the report never judges an answer itself), ``score/audit.parquet`` (the
+trace audit), ``trials/tool_calls.parquet`` (trajectories; a run without it is reported with
+empty trajectories and says so), ``trials/messages.parquet`` (transcripts, for the viewer) and
+``trials/llm_calls.parquet`` (optional: cache hits and retries). The datasets' scoring files
+give the queries' ``requires`` annotations for the failure-mode classifier and the questions
+and ground truths of the examples (see :func:`resolve_manifests`).
 
 Outputs (``<root>/runs/<run_id>/report/``): ``pass_at_k.parquet``, ``pass_at_k_summary.parquet``,
 ``pass_at_1_ci.parquet``, ``cost.parquet``, ``failure_labels.parquet``,
 ``failure_modes.parquet``, ``tool_use.parquet`` (schemas in :mod:`schemas.report`),
 ``failure_judge.parquet`` when the LLM judge ran, ``manifests.json`` (the manifests used),
-``plots/*.png``, ``report.md`` and ``report.html``.
+``plots/*.png``, ``report.md``, ``report.html`` and ``viewer.html`` (the transcript viewer,
+:mod:`tasks.viewer`; the report's examples link to it).
+
+Errored trials (``api_error`` / ``error``) have no verdict: every pass@k, interval and
+failure-mode table is over the scored trials and shows the errored count beside it, and the
+report says how to retry them. Nothing here imports Prefect unless a flow runs it.
 """
 
 from __future__ import annotations
@@ -20,11 +29,11 @@ import re
 from datetime import UTC, datetime
 
 import polars as pl
-from prefect import task
 
 from schemas import artifacts
 from schemas import report as rs
 from tasks import storage
+from tasks.audit import CHECKS
 from tasks.failure_modes import (
     CHECKED_OPERATIONS,
     REQUIREMENTS_SCHEMA,
@@ -41,7 +50,15 @@ from tasks.metrics import (
     pass_at_k_summary,
     pass_at_k_wide,
 )
+from tasks.prefect_task import task
 from tasks.report_html import Figure, Section, Table, markdown_table, render_html, render_markdown
+from tasks.scoring import (
+    audit_uri,
+    full_manifest,
+    load_scores,
+    scored_trials,
+    summarise,
+)
 from tasks.tool_use import tool_use_table
 
 #: Longest table (rows) put into report.md / report.html; the Parquet always has every row.
@@ -74,6 +91,30 @@ def load_trials(artifacts_root: str, run_id: str) -> pl.DataFrame:
     )
 
 
+def load_scored_trials(artifacts_root: str, run_id: str) -> pl.DataFrame:
+    """A run's trials with their verdicts (:func:`tasks.scoring.scored_trials`): ScoringError
+    when the run is not scored or its scores are stale."""
+    return scored_trials(
+        load_trials(artifacts_root, run_id), load_scores(artifacts_root, run_id), run_id
+    )
+
+
+def load_messages(artifacts_root: str, run_id: str) -> pl.DataFrame | None:
+    """A run's transcripts (schema-checked), or None when the run has no ``messages.parquet``."""
+    uri = _trials_uri(artifacts_root, run_id, "messages")
+    if not storage.exists(uri):
+        return None
+    return pl.from_arrow(storage.read_parquet(uri, artifacts.MESSAGES))
+
+
+def load_audit(artifacts_root: str, run_id: str) -> pl.DataFrame:
+    """A run's trace-audit findings (empty when the score step wrote none)."""
+    uri = audit_uri(artifacts_root, run_id)
+    if not storage.exists(uri):
+        return pl.from_arrow(artifacts.AUDIT.empty_table())
+    return pl.from_arrow(storage.read_parquet(uri, artifacts.AUDIT))
+
+
 def load_tool_calls(artifacts_root: str, run_id: str) -> pl.DataFrame | None:
     """A run's tool calls (schema-checked), or None when the run has no ``tool_calls.parquet``."""
     uri = _trials_uri(artifacts_root, run_id, "tool_calls")
@@ -99,8 +140,9 @@ def resolve_manifests(
 ) -> tuple[list[str], list[str]]:
     """The dataset manifests to read query annotations from, and notes for the report.
 
-    Order: ``manifest_uris`` when given; else the run's ``report/manifests.json`` from an
-    earlier report; else, per dataset of the run, the manifests under
+    Order: ``manifest_uris`` when given; else the manifests the trials stage recorded
+    (``trials/manifests.json``); else the run's ``report/manifests.json`` from an earlier
+    report; else, per dataset of the run, the manifests under
     ``<root>/datasets/<name>/`` whose query ids cover the run's query ids for that dataset (the
     last version in sort order when several do). A dataset without a covering manifest is
     named in the notes (its incorrect trials become FM1 ``requirements_unknown``).
@@ -109,8 +151,12 @@ def resolve_manifests(
     notes: list[str] = []
     if manifest_uris:
         return list(manifest_uris), notes
-    recorded = report_uri(artifacts_root, run_id, "manifests.json")
-    if storage.exists(recorded):
+    for recorded in (
+        storage.join(run_prefix(artifacts_root, run_id), "trials", "manifests.json"),
+        report_uri(artifacts_root, run_id, "manifests.json"),
+    ):
+        if not storage.exists(recorded):
+            continue
         uris = [u for u in storage.read_json(recorded) if storage.exists(u)]
         names = {storage.read_json(u)["name"] for u in uris}
         if set(run_queries) <= names:
@@ -160,15 +206,18 @@ def compute_report_tables(
 ) -> dict:
     """Compute every report table of a run from its artifacts and write them as Parquet.
 
-    Returns a small manifest: ``uris`` (table name → URI), ``failed`` (queries with a failed
-    trial: agent, dataset, query_id, n, c), ``counts`` (trials, agents, datasets, queries,
-    incorrect, tool_calls), ``manifests`` (URIs used), ``notes`` (what was missing),
-    ``unchecked_operations`` and ``has_llm_calls``. Raises StorageError when the run has no
-    trials.
+    Reads the verdicts of the score step (ScoringError when the run is not scored or the
+    scores are stale: ``querylab rescore``). Returns a small manifest: ``uris`` (table name →
+    URI), ``failed`` (queries with an incorrect scored trial: agent, dataset, query_id, n,
+    n_errored, c), ``counts`` (trials, scored, errored, agents, datasets, queries, incorrect,
+    tool_calls, flagged), ``errored`` (the score summary's errored counts by reason),
+    ``manifests`` (URIs used), ``notes`` (what was missing), ``unchecked_operations`` and
+    ``has_llm_calls``. Raises StorageError when the run has no trials.
     """
-    trials = load_trials(artifacts_root, run_id)
+    trials = load_scored_trials(artifacts_root, run_id)
     tool_calls = load_tool_calls(artifacts_root, run_id)
     llm_calls = load_llm_calls(artifacts_root, run_id)
+    audit = load_audit(artifacts_root, run_id)
     notes = []
     if tool_calls is None:
         notes.append("The run has no `tool_calls.parquet`: trajectories are empty.")
@@ -178,13 +227,16 @@ def compute_report_tables(
             "The run has no `llm_calls.parquet` (offline agents or no per-call accounting): "
             "`llm_calls`, `response_cache_hit_share` and `retries` are empty."
         )
+    if load_messages(artifacts_root, run_id) is None:
+        notes.append("The run has no `messages.parquet`: the viewer shows no transcripts and "
+                     "the trace audit checked tool-call arguments only.")
     run_queries = {
         d: set(q)
         for d, q in trials.group_by("dataset").agg(pl.col("query_id").unique()).iter_rows()
     }
     uris_m, more = resolve_manifests(artifacts_root, run_id, run_queries, manifest_uris)
     notes += more
-    manifests = [storage.read_json(u) for u in uris_m]
+    manifests = [full_manifest(u) for u in uris_m]  # scorer side: requirements, questions
     requirements = (
         requirements_from_manifests(manifests)
         if manifests
@@ -217,20 +269,25 @@ def compute_report_tables(
         uris["failure_judge"] = judge
     failed = (
         per_query.filter(pl.col("k") == 1, pl.col("c") < pl.col("n"))
-        .select("agent", "dataset", "query_id", "n", "c")
+        .select("agent", "dataset", "query_id", "n", "n_errored", "c")
         .to_dicts()
     )
+    verdicts = summarise(trials.select("verdict", "terminate_reason"))
     return {
         "uris": uris,
         "failed": failed,
         "counts": {
             "trials": trials.height,
+            "scored": trials.height - verdicts["errored"],
+            "errored": verdicts["errored"],
             "agents": trials["agent"].n_unique(),
             "datasets": trials["dataset"].n_unique(),
             "queries": trials.select("dataset", "query_id").unique().height,
             "incorrect": labels.height,
             "tool_calls": tool_calls.height,
+            "flagged": audit["trial_key"].n_unique() if audit.height else 0,
         },
+        "errored": {"share": verdicts["error_share"], "by_reason": verdicts["errored_by_reason"]},
         "manifests": uris_m,
         "notes": notes,
         "hints": hint_conditions_of(trials),
@@ -306,7 +363,7 @@ def judge_failure_modes(
     calls = load_tool_calls(artifacts_root, run_id)
     if calls is None:
         calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table())
-    manifests = [storage.read_json(u) for u in manifest_uris]
+    manifests = [full_manifest(u) for u in manifest_uris]  # question and ground truth
     try:
         judged = judge_failures(
             labels, trials, calls, manifests, chat, name, limit, done, rejudge=failed
@@ -336,11 +393,83 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:60] or "run"
 
 
+#: Longest question / answer / ground truth shown in a report example (characters).
+EXAMPLE_CHARS = 240
+#: The viewer's file name beside report.html (report examples link to ``viewer.html#trial=``).
+VIEWER_FILE = "viewer.html"
+
+
+def _clip(value, limit: int = EXAMPLE_CHARS) -> str | None:
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _truth_text(truth) -> str | None:
+    if truth is None:
+        return None
+    if isinstance(truth, list):
+        return "; ".join(str(t) for t in truth)
+    if isinstance(truth, float) and truth.is_integer():
+        return str(int(truth))
+    return str(truth)
+
+
+def _query_texts(manifests: list[dict]) -> pl.DataFrame:
+    """(dataset, query_id, question, ground_truth) of every query of the (full) manifests."""
+    rows = [
+        {"dataset": m["name"], "query_id": q["id"], "question": _clip(q.get("question")),
+         "ground_truth": _clip(_truth_text(q.get("ground_truth")))}
+        for m in manifests for q in m.get("queries", [])
+    ]
+    schema = {"dataset": pl.String, "query_id": pl.String, "question": pl.String,
+              "ground_truth": pl.String}
+    return pl.DataFrame(rows, schema=schema).unique(["dataset", "query_id"], keep="first")
+
+
+def _modes_display(fm: pl.DataFrame) -> pl.DataFrame:
+    """The failure-mode table with each mode as ``count (share %)`` (one column per mode, so
+    it fits the page)."""
+    cols = []
+    for m in rs.FAILURE_MODES:
+        share = pl.col(f"{m}_share")
+        cols.append(
+            pl.when(share.is_null()).then(pl.col(m).cast(pl.String))
+            .otherwise(pl.format("{} ({}%)", pl.col(m), (share * 100).round(0).cast(pl.Int64)))
+            .alias(m)
+        )
+    return fm.select("agent", "dataset", "trials", "errored", "incorrect", *cols)
+
+
+#: The cost table split for reading (every column is in ``cost.parquet``).
+COST_VIEWS = {
+    "Cost (USD)": ["trials", "errored", "correct", "cost_usd", "cost_per_trial_usd",
+                   "cost_per_correct_usd", "unpriced_calls"],
+    "Tokens and model calls": ["prompt_tokens", "completion_tokens", "cached_tokens",
+                               "tokens_per_trial", "tokens_per_correct", "prompt_cache_share",
+                               "llm_calls", "response_cache_hit_share", "retries"],
+    "Latency (s) and iterations per trial": [
+        "latency_mean_s", "latency_p50_s", "latency_p95_s", "iterations_mean",
+        "iterations_p50", "iterations_p95"],
+}
+#: The tool-use table split for reading (every column is in ``tool_use.parquet``).
+TOOL_USE_VIEWS = {
+    "Tool calls": ["trials", "errored", "tool_calls", "calls_per_trial", "failed_call_share",
+                   "exploration_share", "db_calls", "python_calls", "db_python_ratio"],
+    "Turns and extraction methods": ["turns", "parallel_turn_share", "max_calls_per_turn",
+                                     "extract_sql_pattern", "extract_python_regex",
+                                     "extract_python_string", "extract_model_call"],
+}
+
+
 def build_document(
     run_id: str, artifacts_root: str, tables: dict
 ) -> tuple[str, str, list[Section]]:
     """Title, intro and sections of the report from :func:`compute_report_tables` output (reads
-    the small report tables back; failure labels only for examples)."""
+    the small report tables back; failure labels, scores and audit findings for the examples,
+    the errored trials and the flagged trials). An empty section is one sentence."""
     u = tables["uris"]
     per_query = _read(u["pass_at_k"], rs.PASS_AT_K)
     summary = _read(u["summary"], rs.PASS_AT_K_SUMMARY)
@@ -349,16 +478,32 @@ def build_document(
     fm = _read(u["failure_modes"], rs.FAILURE_MODE_TABLE)
     tool_use = _read(u["tool_use"], rs.TOOL_USE)
     labels = _read(u["failure_labels"], rs.FAILURE_LABELS)
+    trials = load_scored_trials(artifacts_root, run_id)
+    audit = load_audit(artifacts_root, run_id)
+    manifests = [full_manifest(m) for m in tables.get("manifests", [])]
+    texts = _query_texts(manifests)
     c = tables["counts"]
     conf = round(tables.get("confidence", 0.95) * 100)
+    link = f"{VIEWER_FILE}#trial="
 
     title = f"querylab run `{run_id}`"
+    errored = c.get("errored", 0)
     intro = (
-        f"{c['trials']:,} trials, {c['agents']} agent(s), {c['datasets']} dataset(s), "
-        f"{c['queries']} queries, {c['tool_calls']:,} tool calls; {c['incorrect']:,} incorrect "
-        f"trials. Report generated {datetime.now(UTC):%Y-%m-%d %H:%M} UTC from the "
-        f"run's artifacts alone (`{run_prefix(artifacts_root, run_id)}`)."
+        f"{c['trials']:,} trials ({c.get('scored', c['trials']):,} scored, {errored:,} "
+        f"errored), {c['agents']} agent(s), {c['datasets']} dataset(s), {c['queries']} "
+        f"queries, {c['tool_calls']:,} tool calls; {c['incorrect']:,} incorrect trials; "
+        f"{c.get('flagged', 0):,} flagged by the trace audit. Every trial's transcript is in "
+        f"the viewer (`{VIEWER_FILE}`). Report generated {datetime.now(UTC):%Y-%m-%d %H:%M} "
+        f"UTC from the run's artifacts alone (`{run_prefix(artifacts_root, run_id)}`)."
     )
+    if errored:
+        by_reason = tables.get("errored", {}).get("by_reason", {})
+        intro += (
+            f"\n\n**{errored} trial(s) errored** (infrastructure or harness failures: "
+            + ", ".join(f"`{r}` {n}" for r, n in by_reason.items())
+            + "). They have no verdict and are left out of every score below (`n_errored` "
+            f"beside `n`); retry them with `querylab rerun --run-id {run_id} --retry-errors`."
+        )
     hints = tables.get("hints") or {}
     if any(h != "n/a" for h in hints.values()):
         shown = "; ".join(f"`{a}`: {h}" for a, h in hints.items())
@@ -371,9 +516,10 @@ def build_document(
         intro += "\n\n" + "\n".join(f"- {n}" for n in tables["notes"])
 
     k_note = (
-        "`ALL (queries)` = mean over all queries; `ALL (datasets)` = mean of the dataset "
-        "scores (stratified). Dataset score = mean over its queries; a query with fewer "
-        "than k trials is left out at that k (`queries` counts those scored)."
+        "`n` = scored trials, `n_errored` = errored trials left out of `n`. `ALL (queries)` = "
+        "mean over all queries; `ALL (datasets)` = mean of the dataset scores (stratified). "
+        "Dataset score = mean over its queries; a query with fewer than k scored trials is "
+        "left out at that k (`queries` in `pass_at_k_summary.parquet` counts those scored)."
     )
     sections = [
         Section(
@@ -381,7 +527,7 @@ def build_document(
             "pass@k is the unbiased estimator 1 - C(n-c, k) / C(n, k) per query (Chen et al. "
             "2021): the probability that at least one of k trials is correct. pass^k = "
             "C(c, k) / C(n, k): the probability that all k are correct. k runs over "
-            "{1, 2, 3, 5, 10, 20, 50} up to the most trials of a query. " + k_note,
+            "{1, 2, 3, 5, 10, 20, 50} up to the most scored trials of a query. " + k_note,
             [
                 Table("pass@k", pass_at_k_wide(summary)),
                 Table("pass^k (all k trials correct)", pass_at_k_wide(summary, "pass_hat_k")),
@@ -395,9 +541,10 @@ def build_document(
         ),
         Section(
             "pass@1 with confidence intervals",
-            f"{conf}% Wilson score interval for p̂ = the reported pass@1 over the n trials "
-            "behind it (trials treated as independent; equal to the pooled-count interval when "
-            "every query has the same number of trials).",
+            f"{conf}% Wilson score interval for p̂ = the reported pass@1 over the n scored "
+            "trials behind it (trials treated as independent; equal to the pooled-count "
+            "interval when every query has the same number of trials); `errored` trials are "
+            "not in `trials`.",
             [
                 Table(f"pass@1 and {conf}% Wilson interval", ci.drop("confidence")),
                 Figure("pass@1 by agent and dataset", "pass_at_1_heatmap", b""),
@@ -405,14 +552,18 @@ def build_document(
         ),
         Section(
             "Cost",
-            "USD and tokens as recorded per trial (token usage × the configured price); per "
-            "correct answer divides by correct trials (empty when none). Latency in seconds and "
-            "iterations (model calls) per trial: mean, median (p50) and 95th percentile. "
-            "`prompt_cache_share` = cached / prompt tokens (provider prompt cache); "
-            "`response_cache_hit_share` = model calls answered from querylab's response cache "
-            "(from `llm_calls.parquet`).",
+            "Every trial counts here, errored ones too (they cost money and time). USD and "
+            "tokens as recorded per trial (token usage × the configured price); per correct "
+            "answer divides by correct trials (empty when none); a row with unpriced model "
+            "calls has an unknown (empty) cost. Latency in seconds and iterations (model calls) "
+            "per trial: mean, median (p50) and 95th percentile. `prompt_cache_share` = cached / "
+            "prompt tokens (provider prompt cache); `response_cache_hit_share` = model calls "
+            "answered from querylab's response cache (from `llm_calls.parquet`).",
             [
-                Table("Cost and effort", cost, float_precision=4),
+                *[
+                    Table(name, cost.select("agent", "dataset", *cols), float_precision=4)
+                    for name, cols in COST_VIEWS.items()
+                ],
                 Figure(
                     "Cost vs pass@1",
                     "cost_vs_pass_at_1",
@@ -423,48 +574,17 @@ def build_document(
         ),
     ]
 
-    examples = (
-        labels.sort("trial_key")
-        .group_by("failure_mode", maintain_order=True)
-        .head(EXAMPLES_PER_MODE)
-        .sort("failure_mode", "trial_key")
-        .select(
-            "failure_mode",
-            "rule",
-            "trial_key",
-            "terminate_reason",
-            "missing_sources",
-            "missing_operations",
-        )
-    )
-    fm_blocks: list = [
-        Table("Failure modes of incorrect trials", fm),
-        Figure("Failure modes per agent", "failure_modes", b""),
-        Table(f"Examples (up to {EXAMPLES_PER_MODE} per mode)", examples),
-    ]
-    judge_uri = tables["uris"].get("failure_judge")
-    if judge_uri and storage.exists(judge_uri):
-        from tasks.failure_judge import judge_agreement
-
-        judged = _read(judge_uri, rs.FAILURE_JUDGE)
-        for (model,), part in judged.group_by("model", maintain_order=True):
-            fm_blocks.append(
-                Table(
-                    f"LLM judge `{model}` vs deterministic labels ({part.height} trials judged)",
-                    judge_agreement(labels, part),
-                )
-            )
     unchecked = tables.get("unchecked_operations") or []
     fm_text = (
         "Every incorrect trial gets exactly one label by deterministic rules (first match "
-        "wins): FM5 runtime (stopped by an API error, timeout or a call/iteration/token limit); "
-        "FM1 other (answer without any data tool call, no answer, or requirements unknown); "
-        "FM3 wrong data source (a table/collection in the query's `requires.sources` never "
-        "referenced by a `query_db` call); FM4 wrong implementation (all sources touched and "
-        "every checkable operation in `requires.operations` evident in the trajectory); FM2 "
-        "wrong plan (otherwise). Checkable operations: "
+        "wins); errored trials get none. FM5 runtime (stopped by a timeout or a "
+        "call/iteration/token limit); FM1 other (answer without any data tool call, no answer, "
+        "or requirements unknown); FM3 wrong data source (a table/collection in the query's "
+        "`requires.sources` never referenced by a `query_db` call); FM4 wrong implementation "
+        "(all sources touched and every checkable operation in `requires.operations` evident "
+        "in the trajectory); FM2 wrong plan (otherwise). Checkable operations: "
         + ", ".join(f"`{o}`" for o in CHECKED_OPERATIONS)
-        + ". Rules: `tasks/failure_modes.py`."
+        + ". Rules: `tasks/failure_modes.py`. Each example links to its transcript in the viewer."
     )
     if unchecked:
         fm_text += (
@@ -472,30 +592,125 @@ def build_document(
             + ", ".join(f"`{o}`" for o in unchecked)
             + "."
         )
-    sections.append(Section("Failure modes", fm_text, fm_blocks))
+    if labels.height == 0:
+        sections.append(Section(
+            "Failure modes",
+            f"No incorrect trials among the {c.get('scored', c['trials']):,} scored: nothing "
+            "to label.",
+        ))
+    else:
+        examples = (
+            labels.sort("trial_key")
+            .group_by("failure_mode", maintain_order=True)
+            .head(EXAMPLES_PER_MODE)
+            .join(trials.select("trial_key", "answer", "reason"), on="trial_key", how="left")
+            .join(texts, on=["dataset", "query_id"], how="left")
+            .sort("failure_mode", "trial_key")
+            .select(
+                pl.col("failure_mode").alias("mode"),
+                "rule",
+                pl.col("trial_key").alias("trial"),
+                "question",
+                pl.col("answer").map_elements(_clip, return_dtype=pl.String),
+                "ground_truth",
+                pl.col("reason").alias("validator"),
+                pl.concat_list("missing_sources", "missing_operations").alias("missing"),
+            )
+        )
+        fm_blocks: list = [
+            Table("Failure modes of incorrect trials (count and share)", _modes_display(fm)),
+            Figure("Failure modes per agent", "failure_modes", b""),
+            Table(f"Examples (up to {EXAMPLES_PER_MODE} per mode)", examples, wrap=True,
+                  links={"trial": link}),
+        ]
+        judge_uri = tables["uris"].get("failure_judge")
+        if judge_uri and storage.exists(judge_uri):
+            from tasks.failure_judge import judge_agreement
+
+            judged = _read(judge_uri, rs.FAILURE_JUDGE)
+            for (model,), part in judged.group_by("model", maintain_order=True):
+                fm_blocks.append(
+                    Table(
+                        f"LLM judge `{model}` vs deterministic labels ({part.height} trials judged)",
+                        judge_agreement(labels, part),
+                    )
+                )
+        sections.append(Section("Failure modes", fm_text, fm_blocks))
+
+    bad = trials.filter(pl.col("verdict") == "errored")
+    if bad.height == 0:
+        sections.append(Section("Errored trials", "No trial errored: every trial was scored."))
+    else:
+        by = (
+            bad.group_by("agent", "dataset", "terminate_reason")
+            .agg(pl.len().alias("errored"), pl.col("error").drop_nulls().first().alias("first_error"))
+            .with_columns(pl.col("first_error").map_elements(_clip, return_dtype=pl.String))
+            .sort("agent", "dataset", "terminate_reason")
+        )
+        sections.append(Section(
+            "Errored trials",
+            f"{bad.height} trial(s) ended `api_error` or `error` (an infrastructure or harness "
+            "failure, not the agent's answer): no verdict, left out of every score. Retry "
+            f"exactly these with `querylab rerun --run-id {run_id} --retry-errors` (finished "
+            "trials and cached model responses are kept).",
+            [Table("Errored trials", by, wrap=True)],
+        ))
+
+    check_list = ", ".join(f"`{x}`" for x in CHECKS)
+    if audit.height == 0:
+        sections.append(Section(
+            "Trace audit",
+            f"No trial was flagged by the trace audit (checks: {check_list}; rules: "
+            "`tasks/audit.py`).",
+        ))
+    else:
+        flagged = (
+            audit.group_by("trial_key")
+            .agg(pl.col("check").unique().sort().alias("checks"),
+                 pl.col("evidence").first().alias("evidence"))
+            .join(trials.select("trial_key", "agent", "dataset", "query_id", "verdict"),
+                  on="trial_key", how="left")
+            .sort("trial_key")
+            .select(pl.col("trial_key").alias("trial"), "verdict", "checks",
+                    pl.col("evidence").map_elements(_clip, return_dtype=pl.String))
+        )
+        flagged, note = _capped(flagged, audit_uri(artifacts_root, run_id))
+        counts = audit.group_by("check").len().sort("check")
+        sections.append(Section(
+            "Trace audit",
+            f"{audit['trial_key'].n_unique()} trial(s) flagged at score time (checks: "
+            f"{check_list}; rules: `tasks/audit.py`). A flag keeps the verdict: it says where "
+            "to look; each trial links to its transcript.",
+            [Table("Findings per check", counts),
+             Table("Flagged trials", flagged, note, wrap=True, links={"trial": link})],
+        ))
+
     sections.append(
         Section(
             "Tool use",
-            "`exploration_share`: exploratory calls (list_db, `SELECT * ... LIMIT`, "
-            "information_schema / sqlite_master / PRAGMA, unfiltered Mongo finds) over all calls "
-            "but return_answer. `db_python_ratio`: (list_db + query_db) / execute_python calls. "
-            "`parallel_turn_share`: model turns with two or more tool calls over turns with any. "
-            "`extract_*`: share of trials whose trajectory used that way of reading values out of "
-            "text (pattern match in the query, regex or string search in Python, a model call). "
-            "Rules: `tasks/tool_use.py`.",
-            [Table("Tool use", tool_use)],
+            "Over every trial (errored ones included). `exploration_share`: exploratory calls "
+            "(list_db, `SELECT * ... LIMIT`, information_schema / sqlite_master / PRAGMA, "
+            "unfiltered Mongo finds) over all calls but return_answer. `db_python_ratio`: "
+            "(list_db + query_db) / execute_python calls. `parallel_turn_share`: model turns "
+            "with two or more tool calls over turns with any. `extract_*`: share of trials "
+            "whose trajectory used that way of reading values out of text (pattern match in "
+            "the query, regex or string search in Python, a model call). Rules: "
+            "`tasks/tool_use.py`.",
+            [
+                Table(name, _with_errored(tool_use, fm).select("agent", "dataset", *cols))
+                for name, cols in TOOL_USE_VIEWS.items()
+            ],
         )
     )
     pq1 = per_query.filter(pl.col("k") == 1).select(
-        "agent", "dataset", "query_id", "n", "c", pl.col("pass_at_k").alias("pass@1")
+        "agent", "dataset", "query_id", "n", "n_errored", "c", pl.col("pass_at_k").alias("pass@1")
     )
     pq1, note = _capped(pq1, u["pass_at_k"])
     sections.append(Section("Per query", "", [Table("pass@1 per query", pq1, note)]))
-    trials = load_trials(artifacts_root, run_id).select("agent", "terminate_reason")
     terminate = (
-        trials.group_by("agent", "terminate_reason")
+        trials.group_by("agent", "terminate_reason", "verdict")
         .agg(pl.len().alias("trials"))
-        .sort("agent", "terminate_reason")
+        .sort("agent", "terminate_reason", "verdict")
     )
     sections.append(Section("Terminate reasons", "", [Table("Terminate reasons", terminate)]))
 
@@ -505,7 +720,7 @@ def build_document(
         "pass_at_k": plots.pass_at_k_curves(summary),
         "pass_at_1_heatmap": plots.pass_at_1_heatmap(ci),
         "cost_vs_pass_at_1": plots.cost_vs_pass_at_1(cost, ci),
-        "failure_modes": plots.failure_mode_bars(fm),
+        "failure_modes": plots.failure_mode_bars(fm) if labels.height else b"",
     }
     for sec in sections:
         for block in sec.blocks:
@@ -514,10 +729,20 @@ def build_document(
     return title, intro, sections
 
 
+def _with_errored(tool_use: pl.DataFrame, fm: pl.DataFrame) -> pl.DataFrame:
+    """``tool_use`` with the errored-trial count of each (agent, dataset) row beside it."""
+    return tool_use.join(fm.select("agent", "dataset", "errored"), on=["agent", "dataset"],
+                         how="left").with_columns(pl.col("errored").fill_null(0))
+
+
 def publish_prefect_artifacts(run_id: str, markdown: str, sections: list[Section]) -> list[str]:
     """Create a Prefect markdown artifact (the report) and table artifacts (each table of the
     report) when called inside a Prefect flow or task run; returns the artifact keys created
-    (none outside a run)."""
+    (none outside a run, and Prefect is not even imported then)."""
+    import sys
+
+    if "prefect" not in sys.modules:
+        return []
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
     from prefect.context import FlowRunContext, TaskRunContext
 
@@ -545,12 +770,15 @@ def publish_prefect_artifacts(run_id: str, markdown: str, sections: list[Section
 
 @task(name="report-render", persist_result=False)
 def render_report(run_id: str, artifacts_root: str, tables: dict) -> dict:
-    """Write ``report/plots/*.png``, ``report/report.md`` and ``report/report.html`` from the
-    tables of :func:`compute_report_tables`, and publish Prefect artifacts when inside a run.
+    """Write ``report/plots/*.png``, ``report/report.md``, ``report/report.html`` and the
+    transcript viewer ``report/viewer.html`` from the tables of :func:`compute_report_tables`,
+    and publish Prefect artifacts when inside a run.
 
-    Returns ``{"markdown": uri, "html": uri, "plots": {name: uri}, "table": <Markdown of the
-    pass@k table>, "prefect_artifacts": [keys]}``.
+    Returns ``{"markdown": uri, "html": uri, "viewer": uri, "plots": {name: uri}, "table":
+    <Markdown of the pass@k table>, "prefect_artifacts": [keys]}``.
     """
+    from tasks.viewer import write_viewer
+
     title, intro, sections = build_document(run_id, artifacts_root, tables)
     plot_uris = {}
     for sec in sections:
@@ -565,6 +793,7 @@ def render_report(run_id: str, artifacts_root: str, tables: dict) -> dict:
         report_uri(artifacts_root, run_id, "report.html"),
         render_html(title, intro, sections).encode(),
     )
+    viewer_uri = write_viewer(run_id, artifacts_root, tables.get("manifests"))
     wide = next(b for b in sections[0].blocks if isinstance(b, Table)).frame
     keys = publish_prefect_artifacts(
         run_id,
@@ -574,7 +803,41 @@ def render_report(run_id: str, artifacts_root: str, tables: dict) -> dict:
     return {
         "markdown": md_uri,
         "html": html_uri,
+        "viewer": viewer_uri,
         "plots": plot_uris,
         "table": markdown_table(wide),
         "prefect_artifacts": keys,
+    }
+
+
+def report_run(
+    run_id: str,
+    artifacts_root: str,
+    manifest_uris: list[str] | None = None,
+    judge_model: str | None = None,
+    judge_limit: int | None = 200,
+) -> dict:
+    """The whole report of a run as plain function calls (no Prefect): tables, the optional
+    LLM-judge labels, rendering. What ``querylab report`` runs and the report flow composes.
+    Returns the dict of :func:`flows.report.report`."""
+    tables = compute_report_tables.fn(run_id, artifacts_root, manifest_uris)
+    if judge_model:
+        tables["uris"]["failure_judge"] = judge_failure_modes.fn(
+            run_id, artifacts_root, judge_model, tables["manifests"], judge_limit
+        )
+    out = render_report.fn(run_id, artifacts_root, tables)
+    return report_result(tables, out)
+
+
+def report_result(tables: dict, rendered: dict) -> dict:
+    """The report flow's return value from the tables and the rendered files."""
+    return {
+        **rendered,
+        "failed": tables["failed"],
+        "pass_at_k": tables["uris"]["pass_at_k"],
+        "summary": tables["uris"]["summary"],
+        "tables": tables["uris"],
+        "counts": tables["counts"],
+        "errored": tables.get("errored", {}),
+        "notes": tables["notes"],
     }

@@ -4,9 +4,10 @@ CSS, figures embedded as base64 ``data:`` URIs, no external requests).
 
 The HTML carries a small inline script that records script and resource errors and, once the
 page has loaded, counts the tables and the figures that decoded (``naturalWidth > 0``) and
-writes the result into ``<div id="render-check" data-status="ok|broken" data-tables=..
-data-images=.. data-images-loaded=.. data-errors=..>``, so a headless browser (or a reader)
-can see that everything rendered.
+the tables wider than the page (they would scroll horizontally), and writes the result into
+``<div id="render-check" data-status="ok|broken" data-tables=.. data-images=..
+data-images-loaded=.. data-errors=.. data-wide-tables=.. data-wide=<names> data-viewport=..>``,
+so a headless browser (or a reader) can see that everything rendered.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import html
 import math
 import re
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import polars as pl
 
@@ -23,12 +25,16 @@ import polars as pl
 @dataclass
 class Table:
     """A table block: ``frame`` shown in full (callers cap long tables and say so in
-    ``note``)."""
+    ``note``). ``wrap``: long text cells wrap (examples with questions and answers) instead
+    of widening the table; ``links``: column → URL prefix, each value of the column becomes a
+    link to ``prefix + the URL-quoted value`` (e.g. a trial key to the viewer)."""
 
     title: str
     frame: pl.DataFrame
     note: str = ""
     float_precision: int = 3
+    wrap: bool = False
+    links: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -51,8 +57,22 @@ class Section:
     blocks: list[Table | Figure] = field(default_factory=list)
 
 
-def markdown_table(df: pl.DataFrame, float_precision: int = 3) -> str:
-    """A Polars frame as a GitHub Markdown table (all rows and columns, no dtypes)."""
+def markdown_table(
+    df: pl.DataFrame, float_precision: int = 3, links: dict[str, str] | None = None
+) -> str:
+    """A Polars frame as a GitHub Markdown table (all rows and columns, no dtypes); columns in
+    ``links`` (column → URL prefix) become Markdown links."""
+    for col, prefix in (links or {}).items():
+        if col in df.columns:
+            df = df.with_columns(
+                pl.col(col).map_elements(
+                    lambda v, p=prefix: f"[{v}]({p}{quote(str(v), safe='')})",
+                    return_dtype=pl.String,
+                )
+            )
+    if any(dt == pl.String for dt in df.dtypes):
+        df = df.with_columns(pl.col(pl.String).str.replace_all("|", "\\|", literal=True)
+                             .str.replace_all("\n", " ", literal=True))
     with pl.Config(
         tbl_formatting="MARKDOWN",
         tbl_hide_column_data_types=True,
@@ -79,7 +99,10 @@ def render_markdown(title: str, intro: str, sections: list[Section]) -> str:
                 out.append(f"### {block.title}")
                 if block.note:
                     out.append(block.note)
-                out.append(markdown_table(block.frame, block.float_precision))
+                if block.frame.height == 0:
+                    out.append("(no rows)")
+                else:
+                    out.append(markdown_table(block.frame, block.float_precision, block.links))
             else:
                 out.append(f"### {block.title}")
                 out.append(f"![{block.title}](plots/{block.name}.png)")
@@ -89,10 +112,11 @@ def render_markdown(title: str, intro: str, sections: list[Section]) -> str:
 
 
 _CODE = re.compile(r"`([^`]+)`")
+_BOLD = re.compile(r"\*\*([^*]+)\*\*")
 
 
 def _inline(text: str) -> str:
-    return _CODE.sub(r"<code>\1</code>", html.escape(text))
+    return _BOLD.sub(r"<strong>\1</strong>", _CODE.sub(r"<code>\1</code>", html.escape(text)))
 
 
 def _paragraphs(text: str) -> str:
@@ -122,20 +146,34 @@ def _cell(value, dtype: pl.DataType, precision: int) -> tuple[str, str]:
     return html.escape(str(value)), ""
 
 
-def html_table(df: pl.DataFrame, name: str, float_precision: int = 3) -> str:
+def _header(name: str) -> str:
+    """A column name that may break after ``_`` (so headers wrap instead of widening)."""
+    return "_<wbr>".join(html.escape(part) for part in name.split("_"))
+
+
+def html_table(
+    df: pl.DataFrame, name: str, float_precision: int = 3, wrap: bool = False,
+    links: dict[str, str] | None = None,
+) -> str:
     """``df`` as an HTML ``<table class="data">`` (values escaped, numbers right-aligned,
-    nulls shown as –)."""
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in df.columns)
+    nulls shown as –; ``wrap``: text cells wrap; ``links``: column → URL prefix)."""
+    head = "".join(f"<th>{_header(c)}</th>" for c in df.columns)
     dtypes = df.dtypes
+    linked = [(links or {}).get(c) for c in df.columns]
     body = []
     for row in df.iter_rows():  # report tables are capped to a few hundred rows
         cells = []
-        for value, dtype in zip(row, dtypes):
+        for value, dtype, prefix in zip(row, dtypes, linked):
             text, cls = _cell(value, dtype, float_precision)
+            if prefix is not None and value is not None:
+                href = html.escape(prefix + quote(str(value), safe=""), quote=True)
+                text = f'<a href="{href}">{text}</a>'
+            cls = cls or ("txt" if dtype == pl.String else "")
             cells.append(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
+    classes = "data wrap" if wrap else "data"
     return (
-        f'<table class="data" data-name="{html.escape(name)}" data-rows="{df.height}">'
+        f'<table class="{classes}" data-name="{html.escape(name)}" data-rows="{df.height}">'
         f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
     )
 
@@ -149,7 +187,9 @@ code{background:#f3f3f3;padding:0 .25rem;border-radius:3px;font-size:.92em}
 .scroll{overflow-x:auto;margin:.5rem 0}
 table.data{border-collapse:collapse;font-size:.85rem}
 table.data th,table.data td{border:1px solid #ddd;padding:.2rem .5rem;white-space:nowrap}
-table.data th{background:#f6f8fa;position:sticky;top:0}
+table.data th{background:#f6f8fa;position:sticky;top:0;white-space:normal;vertical-align:bottom}
+table.data td.txt{white-space:normal;overflow-wrap:anywhere;max-width:22rem}
+table.data.wrap td{white-space:normal;overflow-wrap:anywhere;max-width:24rem;vertical-align:top}
 table.data td.num{text-align:right;font-variant-numeric:tabular-nums}
 table.data td.null{color:#aaa;text-align:center}
 table.data tbody tr:nth-child(even){background:#fafafa}
@@ -170,7 +210,13 @@ window.addEventListener("load", function () {
   var imgs = Array.prototype.slice.call(document.querySelectorAll("img.plot"));
   var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
   var tables = document.querySelectorAll("table.data").length;
+  var wide = Array.prototype.slice.call(document.querySelectorAll("div.scroll")).filter(
+    function (d) { return d.scrollWidth > d.clientWidth + 1; }).map(function (d) {
+      var t = d.querySelector("table"); return t ? t.getAttribute("data-name") : "?"; });
   var el = document.getElementById("render-check");
+  el.setAttribute("data-viewport", String(window.innerWidth));
+  el.setAttribute("data-wide-tables", String(wide.length));
+  el.setAttribute("data-wide", wide.join(" "));
   el.setAttribute("data-images", String(imgs.length));
   el.setAttribute("data-images-loaded", String(ok));
   el.setAttribute("data-tables", String(tables));
@@ -213,7 +259,8 @@ def render_html(title: str, intro: str, sections: list[Section]) -> str:
                     parts.append(f'<p class="note">{_inline(block.note)}</p>')
                 parts.append(
                     '<div class="scroll">'
-                    + html_table(block.frame, _slug(block.title), block.float_precision)
+                    + html_table(block.frame, _slug(block.title), block.float_precision,
+                                 block.wrap, block.links)
                     + "</div>"
                 )
             else:

@@ -297,6 +297,10 @@ def pending_stages(artifacts_root: str, run_id: str) -> list[str]:
 
 
 def _flow_run_id() -> str | None:
+    import sys
+
+    if "prefect" not in sys.modules:  # not inside a flow run; do not import Prefect for nothing
+        return None
     try:
         from prefect.runtime import flow_run
 
@@ -380,3 +384,117 @@ def gather(futures: Sequence, keys: Sequence[str], run_id: str, stage: str) -> l
             log.error("%s of run %s: item %s failed: %s", stage, run_id, key, err)
         raise StageFailed(run_id, stage, failed, len(keys))
     return results
+
+
+# --------------------------------------------------------------------------------------------
+# Errored trials: a run with more than it allows fails, and says how to retry
+# --------------------------------------------------------------------------------------------
+
+
+class TrialsErrored(RuntimeError):
+    """A run's share of errored trials (``api_error`` / ``error``) is above what it allows.
+
+    ``summary``: the score step's summary (``trials``, ``errored``, ``error_share``,
+    ``errored_by_reason``); ``max_share``: the allowed share; ``result``: what the flow
+    computed before failing (its report is written). The message says how to retry."""
+
+    def __init__(self, run_id: str, summary: dict, max_share: float, result: Any = None):
+        self.run_id, self.summary, self.max_share, self.result = run_id, summary, max_share, result
+        reasons = ", ".join(f"{r} {n}" for r, n in summary.get("errored_by_reason", {}).items())
+        super().__init__(
+            f"run {run_id!r}: {summary['errored']} of {summary['trials']} trials errored "
+            f"({reasons or 'no reason recorded'}; {summary['error_share']:.1%} > the allowed "
+            f"{max_share:.1%}); they have no verdict and are left out of the scores. Retry "
+            f"them with `querylab rerun --run-id {run_id} --retry-errors` (or allow them: "
+            "--max-error-share)"
+        )
+
+
+def score_summary(artifacts_root: str, run_id: str) -> dict | None:
+    """The score step's ``score/summary.json`` of ``run_id`` (None when not scored)."""
+    uri = storage.join(artifacts_root, "runs", valid_run_id(run_id), "score", "summary.json")
+    return storage.read_json(uri) if storage.exists(uri) else None
+
+
+def check_error_share(
+    artifacts_root: str, run_id: str, max_share: float = 0.0, result: Any = None
+) -> dict:
+    """The run's score summary; :class:`TrialsErrored` when its ``error_share`` exceeds
+    ``max_share`` (RunError when the run has not been scored)."""
+    summary = score_summary(artifacts_root, run_id)
+    if summary is None:
+        raise RunError(f"run {run_id!r} has not been scored: `querylab rescore --run-id {run_id}`")
+    if summary["errored"] and summary["error_share"] > max_share + 1e-12:
+        raise TrialsErrored(run_id, summary, max_share, result)
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# The list of runs
+# --------------------------------------------------------------------------------------------
+
+
+def _run_status(record: RunRecord, statuses: dict[str, StageStatus]) -> str:
+    """``completed`` (every configured stage), ``failed`` / ``running`` (some stage is),
+    ``partial`` (some stage never ran), ``empty``."""
+    configured = configured_stages(record)
+    if not configured:
+        return "empty"
+    states = [statuses[s].status if s in statuses else "pending" for s in configured]
+    for state in ("failed", "running"):
+        if state in states:
+            return state
+    return "completed" if all(s == "completed" for s in states) else "partial"
+
+
+def list_runs(artifacts_root: str) -> list[dict]:
+    """Every run under the artifact root with a run record, newest first: ``{"run_id",
+    "created_at", "updated_at", "agents", "datasets", "stages", "status", "trials",
+    "errored", "pass_at_1": {agent: value}}`` (trials/errored from the score summary, pass@1 —
+    mean over queries — from the report's ``pass_at_k_summary.parquet``; None when missing). A
+    record that cannot be read is listed with ``status`` ``unreadable``."""
+    out = []
+    for run_id in storage.list_dirs(storage.join(artifacts_root, "runs")):
+        try:
+            valid_run_id(run_id)
+            record = find_run(artifacts_root, run_id)
+        except RunError as exc:
+            out.append({"run_id": run_id, "created_at": "", "updated_at": "", "agents": [],
+                        "datasets": [], "stages": [], "status": "unreadable", "trials": None,
+                        "errored": None, "pass_at_1": {}, "error": str(exc)})
+            continue
+        if record is None:
+            continue
+        statuses = stage_statuses(artifacts_root, run_id)
+        summary = score_summary(artifacts_root, run_id) or {}
+        b = record.benchmark
+        out.append({
+            "run_id": run_id,
+            "created_at": record.created_at,
+            "updated_at": record.updated_at,
+            "agents": list(b.agents) if b else list(record.stages.get("lifecycle", {}).get("models", [])),
+            "datasets": list(b.datasets) if b else [],
+            "stages": configured_stages(record),
+            "status": _run_status(record, statuses),
+            "trials": summary.get("trials"),
+            "errored": summary.get("errored"),
+            "pass_at_1": _pass_at_1(artifacts_root, run_id),
+        })
+    return sorted(out, key=lambda r: (r["created_at"], r["run_id"]), reverse=True)
+
+
+def _pass_at_1(artifacts_root: str, run_id: str) -> dict[str, float | None]:
+    uri = storage.join(artifacts_root, "runs", run_id, "report", "pass_at_k_summary.parquet")
+    if not storage.exists(uri):
+        return {}
+    import io
+
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(io.BytesIO(storage.read_bytes(uri))).read(
+        columns=["agent", "dataset", "k", "pass_at_k"])
+    out: dict[str, float | None] = {}
+    for row in table.to_pylist():
+        if row["k"] == 1 and row["dataset"] == "ALL (queries)":
+            out[row["agent"]] = row["pass_at_k"]
+    return out

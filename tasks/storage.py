@@ -155,8 +155,29 @@ def read_bytes(uri: str) -> bytes:
         raise StorageError(f"{uri}: artifact not found") from exc
 
 
+def list_dirs(prefix: str) -> list[str]:
+    """Names of the immediate "directories" under ``prefix`` (local sub-directories, or S3
+    common prefixes with delimiter ``/``), sorted; [] when there is none."""
+    if is_s3(prefix):
+        bucket, key = _split(prefix)
+        key = key.rstrip("/") + "/" if key else ""
+        pages = _s3().get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=key, Delimiter="/"
+        )
+        return sorted(
+            cp["Prefix"][len(key):].rstrip("/")
+            for page in pages for cp in page.get("CommonPrefixes", [])
+        )
+    root = _local(prefix)
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
 def list_uris(prefix: str, suffix: str = "") -> list[str]:
-    """All artifact URIs under ``prefix`` ending in ``suffix``, sorted."""
+    """All artifact URIs under ``prefix`` ending in ``suffix``, sorted. Local URIs are spelled
+    as ``prefix`` is (``./artifacts/...``, ``file:///...`` and absolute paths keep their
+    form), so ``uri[len(prefix):]`` is always the path below the prefix."""
     if is_s3(prefix):
         bucket, key = _split(prefix)
         key = key.rstrip("/") + "/" if key else ""
@@ -170,8 +191,10 @@ def list_uris(prefix: str, suffix: str = "") -> list[str]:
     root = _local(prefix)
     if not root.exists():
         return []
+    base = prefix.rstrip("/")
     return sorted(
-        str(p) for p in root.rglob(f"*{suffix}") if p.is_file() and not p.name.startswith(".")
+        f"{base}/{p.relative_to(root).as_posix()}"
+        for p in root.rglob(f"*{suffix}") if p.is_file() and not p.name.startswith(".")
     )
 
 
@@ -201,7 +224,9 @@ def write_parquet(uri: str, table: pa.Table, schema: pa.Schema | None = None) ->
 
 def read_parquet(uri: str, schema: pa.Schema | None = None) -> pa.Table:
     """Read a Parquet artifact as a pyarrow Table (checked against ``schema`` when given)."""
-    table = pq.read_table(io.BytesIO(read_bytes(uri)))
+    # ParquetFile, not read_table: one file needs no pyarrow.dataset (whose import pulls in
+    # pandas, ~0.5 s that read-only commands would pay)
+    table = pq.ParquetFile(io.BytesIO(read_bytes(uri))).read()
     if schema is not None:
         table = check_schema(table, schema, uri)
     return table

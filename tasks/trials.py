@@ -8,9 +8,18 @@ rows), so a run killed mid-batch resumes with exactly the unfinished trials: non
 twice. Model responses are also kept in the response cache (:mod:`tasks.llm`), so even the
 interrupted trial replays its finished model calls without HTTP requests.
 
-Agents: ``oracle``, ``openai:<model>`` (a model of the models table, see ``data/models.yaml``),
-``local:<model>`` (a local GGUF model of the table, served by querylab: :mod:`tasks.local_model`)
-and ``replay:<answer file>``.
+Agents: ``oracle``, ``openai:<model>`` (a model of the models table, see ``data/models.yaml``;
+``openai:<model>@<base url>`` names the endpoint), ``local:<model>`` (a local GGUF model of the
+table, served by querylab: :mod:`tasks.local_model`) and ``replay:<answer file>``.
+
+The trial side never sees answers: a batch reads the dataset's public ``manifest.json`` only
+(questions, databases, hints). Its rows carry each trial's answer and terminate reason but no
+verdict; the score step (:mod:`tasks.scoring`) judges them. The one exception is the trusted
+``oracle``, which reads its reference solutions from the private scoring file.
+
+Errored trials (``api_error`` / ``error``: infrastructure or harness failures) count as finished
+for resume, and are re-run only when asked (``retry_errors``, ``querylab rerun --retry-errors``):
+the batch then runs exactly its errored trials again and keeps every other row as it was.
 """
 
 from __future__ import annotations
@@ -25,31 +34,47 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
-from prefect import task
 from pydantic import ValidationError
 
 from schemas import artifacts
 from schemas.models import AgentOptions
 from schemas.settings import Settings
 from tasks import storage
-from tasks.agent import TrialOutcome, run_oracle, run_react, system_prompt, user_prompt
+from tasks.agent import (
+    Transcript,
+    TrialOutcome,
+    run_oracle,
+    run_react,
+    system_prompt,
+    user_prompt,
+)
 from tasks.engines import open_databases
 from tasks.llm import (
     AgentConfigError,
     ChatModel,
+    PreflightResult,
     ResponseCache,
     check_tool_protocol,
+    endpoint_warning,
+    model_label,
     load_models_config,
+    preflight,
     resolve_model,
 )
+from tasks.llm import LOCAL_PREFLIGHT_TIMEOUT_S, PREFLIGHT_TIMEOUT_S
+from tasks.prefect_task import task
 from tasks.replay import answers_for, load_answers, run_replay
+from tasks.scoring import is_errored, load_scoring
 from tasks.tools import ToolBox
-from tasks.validate import is_correct
 
 __all__ = [
     "AgentConfigError",
     "HINT_CONDITIONS",
     "agent_label",
+    "batch_errored",
+    "check_query_selection",
+    "preflight_agents",
+    "select_queries",
     "agent_options",
     "batch_uri",
     "check_agents",
@@ -151,6 +176,8 @@ def check_agents(
     ``openai:<model>``: resolved through the models table (key present, endpoint valid);
     ``local:<model>``: its server started (it stays up for the run) and, for tool protocol
     ``auto``, probed once (the description records the protocol used);
+    ``warnings`` lists what the user should be told (a named endpoint overriding the table's,
+    a model without prices);
     ``replay:<file>``: parsed, and its queries matched against the given datasets. Returns
     JSON-able dicts ``{"agent", "kind", ...}`` (endpoint, prices, ``priced``; never a key).
     Raises AgentConfigError (or ReplayError) with a message naming the problem.
@@ -170,8 +197,11 @@ def check_agents(
             resolved = resolve_model(agent if kind == "local" else arg, config, env)
             desc.update(resolved.describe())
             desc["tool_protocol"] = check_tool_protocol(resolved, opts)
+            warnings = [endpoint_warning(resolved)]
             if not resolved.priced:
-                log.warning("%s is not in the models table: its cost is recorded as 0", agent)
+                warnings.append(f"{agent} is not in the models table: its cost is recorded as "
+                                "unpriced")
+            desc["warnings"] = [w for w in warnings if w]
         elif kind == "replay":
             answers = load_answers(arg)
             names = {m["name"].lower() for m in manifests}
@@ -187,6 +217,42 @@ def check_agents(
         for d in out:
             d["options"] = opts.model_dump()
     return out
+
+
+def preflight_agents(
+    agents: list[str], options: dict | None = None, env: dict | None = None
+) -> list[PreflightResult]:
+    """:func:`tasks.llm.preflight` for every ``openai:`` and ``local:`` agent, concurrently (so
+    several agents still take one check's time); other agents need no check. A ``local:``
+    agent's server is started here (it serves the rest of the run). The model's tool protocol
+    decides what the request carries (:func:`tasks.llm.check_tool_protocol`: ``auto`` is
+    probed first; ``json_schema`` models get no ``tools``, which they are never sent). Raises
+    AgentConfigError (naming the agent) when one cannot even be resolved, e.g. its key is not
+    set. Results in agent order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    opts = agent_options(options)
+    config = None
+    resolved = []
+    for agent in agents:
+        kind, arg = parse_agent(agent)
+        if kind in ("openai", "local"):
+            config = config or load_models_config(env=env)
+            resolved.append(resolve_model(agent if kind == "local" else arg, config, env))
+    if not resolved:
+        return []
+
+    def check(r) -> PreflightResult:
+        try:
+            protocol = check_tool_protocol(r, opts)
+        except AgentConfigError as exc:
+            return PreflightResult(model_label(r.name), r.model_id, r.base_url, ok=False,
+                                   problem=str(exc))
+        timeout = LOCAL_PREFLIGHT_TIMEOUT_S if r.local is not None else PREFLIGHT_TIMEOUT_S
+        return preflight(r, opts, timeout, tools=[] if protocol == "json_schema" else None)
+
+    with ThreadPoolExecutor(max_workers=min(8, len(resolved))) as pool:
+        return list(pool.map(check, resolved))
 
 
 def trial_key(agent: str, dataset: str, query_id: str, trial: int) -> str:
@@ -205,6 +271,36 @@ def _fingerprint(agent: str) -> str | None:
     return None
 
 
+def select_queries(
+    manifest: dict, query_ids: list[str] | None = None, limit: int | None = None
+) -> list[dict]:
+    """The queries of ``manifest`` a run asks for, in manifest order: those named in
+    ``query_ids`` (``<query id>`` or ``<dataset>/<query id>``; None or empty: all), then the
+    first ``limit`` of them (None: all)."""
+    queries = list(manifest["queries"])
+    if query_ids:
+        wanted = set(query_ids)
+        queries = [q for q in queries
+                   if q["id"] in wanted or f"{manifest['name']}/{q['id']}" in wanted]
+    if limit is not None:
+        queries = queries[: max(int(limit), 0)]
+    return queries
+
+
+def check_query_selection(manifests: list[dict], query_ids: list[str] | None) -> None:
+    """ValueError naming each of ``query_ids`` that no manifest has (so a typo never runs an
+    empty benchmark)."""
+    if not query_ids:
+        return
+    have = {q["id"] for m in manifests for q in m["queries"]}
+    have |= {f"{m['name']}/{q['id']}" for m in manifests for q in m["queries"]}
+    unknown = [q for q in query_ids if q not in have]
+    if unknown:
+        names = sorted(f"{m['name']}/{q['id']}" for m in manifests for q in m["queries"])
+        raise ValueError(f"unknown query id(s) {unknown}; the datasets have {names[:20]}"
+                         + (" ..." if len(names) > 20 else ""))
+
+
 def plan_batches(
     manifest_uris: list[str],
     agents: list[str],
@@ -212,6 +308,8 @@ def plan_batches(
     batch_size: int = 25,
     options: dict | None = None,
     hints: list[str] | None = None,
+    query_ids: list[str] | None = None,
+    limit: int | None = None,
     agent_plans: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Expand agents × hint conditions × datasets × queries × trials into batches of at most
@@ -224,10 +322,12 @@ def plan_batches(
     ``agent_plans`` (:class:`schemas.runs.AgentPlan` dicts by agent) narrow one agent to some
     datasets (by name) and/or give it its own trials per query instead of ``n_trials``.
 
-    A ``replay:<file>`` agent's trials come from its file, not from ``n_trials``: for each
-    dataset the file answers, every query gets as many trials as the file's largest run number
-    for that dataset + 1 (a missing run is a ``no_answer`` trial, an incorrect answer, not a
-    runtime failure); datasets the file does not answer are not planned for that agent.
+    ``query_ids`` / ``limit`` select a subset of each dataset's queries
+    (:func:`select_queries`; an id no dataset has raises ValueError). A ``replay:<file>``
+    agent's trials come from its file, not from ``n_trials``: for each dataset the file
+    answers, every query gets as many trials as the file's largest run number for that dataset
+    + 1 (a missing run is a ``no_answer`` trial, an incorrect answer, not a runtime failure);
+    datasets the file does not answer are not planned for that agent.
 
     Returns JSON-able dicts ``{"key", "agent", "hints", "manifest_uri", "items": [[query_id,
     trial]], "options": {...}}`` (``hints``: ``"on"``, ``"off"`` or None; ``options``: the
@@ -242,6 +342,7 @@ def plan_batches(
     conditions = hint_conditions(hints)
     fingerprints = {agent: _fingerprint(agent) for agent in agents}
     manifests = {uri: storage.read_json(uri) for uri in manifest_uris}
+    check_query_selection(list(manifests.values()), query_ids)
     batches = []
     for agent in agents:
         plan = (agent_plans or {}).get(agent) or {}
@@ -252,7 +353,8 @@ def plan_batches(
                     continue
                 runs = (_replay_runs(agent, manifest) if agent.startswith("replay:")
                         else plan.get("n_trials") or n_trials)
-                items = [[q["id"], t] for q in manifest["queries"] for t in range(runs)]
+                queries = select_queries(manifest, query_ids, limit)
+                items = [[q["id"], t] for q in queries for t in range(runs)]
                 for start in range(0, len(items), batch_size):
                     chunk = items[start : start + batch_size]
                     material: list = [agent, manifest["version"], chunk]
@@ -282,7 +384,7 @@ def _replay_runs(agent: str, manifest: dict) -> int:
 
 
 def batch_uri(artifacts_root: str, run_id: str, key: str, what: str) -> str:
-    """URI of one batch's ``trials``, ``tool_calls`` or ``llm_calls`` Parquet."""
+    """URI of one batch's ``trials``, ``tool_calls``, ``llm_calls`` or ``messages`` Parquet."""
     return storage.join(artifacts_root, "runs", run_id, "trials", "batches", f"{key}.{what}.parquet")
 
 
@@ -300,11 +402,12 @@ Runner = Callable[[dict, int, ToolBox], TrialOutcome]
 
 class _Agent:
     """What a batch needs to run one agent: a runner, the model name for trial rows and a
-    close() for resources (the HTTP client)."""
+    close() for resources (the HTTP client). Only the oracle reads the private scoring file
+    (its reference solutions); every other agent sees the public manifest alone."""
 
     def __init__(
-        self, agent: str, manifest: dict, options: AgentOptions, artifacts_root: str,
-        hints: bool = False,
+        self, agent: str, manifest_uri: str, manifest: dict, options: AgentOptions,
+        artifacts_root: str, hints: bool = False,
     ):
         self.kind, arg = parse_agent(agent)
         self.manifest = manifest
@@ -313,25 +416,37 @@ class _Agent:
         self.chat: ChatModel | None = None
         self.error: str | None = None
         self.replay: dict | None = None
+        self.references: dict[str, list] = {}
         self.options = options
         self.system = system_prompt(manifest)
         try:
             if self.kind in ("openai", "local"):
                 resolved = resolve_model(agent if self.kind == "local" else arg)
+                self.model = resolved.name.removeprefix("local:")
                 cache = None if options.cache == "off" else ResponseCache(artifacts_root, options.cache)
                 self.chat = ChatModel(resolved, options, cache)
             elif self.kind == "replay":
                 self.replay = answers_for(load_answers(arg), manifest)
-        except AgentConfigError as exc:
-            self.error = str(exc)
+            else:  # the trusted oracle: reference solutions from the private side
+                private = load_scoring(manifest_uri)["queries"]
+                self.references = {qid: q.get("reference") or [] for qid, q in private.items()}
+        except (AgentConfigError, ValueError, OSError) as exc:
+            self.error = f"{type(exc).__name__}: {exc}" if not isinstance(
+                exc, AgentConfigError) else str(exc)
 
     def run(self, query: dict, trial: int, toolbox: ToolBox) -> TrialOutcome:
         if self.error is not None:
             return TrialOutcome(None, "error", self.error)
         if self.kind == "oracle":
-            return run_oracle(toolbox, query["reference"])
+            return run_oracle(toolbox, self.references.get(query["id"], []), query["question"])
         if self.kind == "replay":
-            return run_replay(self.replay or {}, query["id"], trial)
+            outcome = run_replay(self.replay or {}, query["id"], trial)
+            transcript = Transcript()
+            transcript.add("user", 0, query["question"])
+            if outcome.answer is not None:
+                transcript.add("assistant", 0, outcome.answer)
+            outcome.messages = transcript.rows
+            return outcome
         assert self.chat is not None
         prompt = user_prompt(self.manifest, query["question"], self.hints)
         return run_react(self.chat, toolbox, prompt, self.system, trial, self.options)
@@ -343,6 +458,8 @@ class _Agent:
 
 def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, query: dict,
           trial: int, outcome: TrialOutcome, hints: str | None = None) -> dict:
+    """The artifact rows of one finished trial: ``{"trial": row, "tool_calls": [...],
+    "llm_calls": [...], "messages": [...]}`` (the checkpoint of the trial). No verdict."""
     trial_row = {
         "run_id": run_id,
         "trial_key": key,
@@ -353,7 +470,6 @@ def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, 
         "query_id": query["id"],
         "trial": trial,
         "answer": outcome.answer,
-        "is_correct": is_correct(outcome.answer, query["ground_truth"], query["validator"]),
         "terminate_reason": outcome.terminate_reason,
         "error": outcome.error,
         "n_llm_calls": outcome.n_llm_calls,
@@ -363,6 +479,7 @@ def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, 
         "cached_tokens": outcome.cached_tokens,
         "cost_usd": outcome.cost_usd,
         "latency_s": outcome.latency_s,
+        "dataset_version": manifest["version"],
     }
     tool_rows = []
     for i, rec in enumerate(outcome.tool_calls):
@@ -403,7 +520,9 @@ def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, 
         }
         for c in outcome.llm_calls
     ]
-    return {"trial": trial_row, "tool_calls": tool_rows, "llm_calls": llm_rows}
+    message_rows = [{"run_id": run_id, "trial_key": key, **m} for m in outcome.messages]
+    return {"trial": trial_row, "tool_calls": tool_rows, "llm_calls": llm_rows,
+            "messages": message_rows}
 
 
 def work_root(settings: Settings) -> Path:
@@ -419,22 +538,84 @@ def work_root(settings: Settings) -> Path:
     return Path(settings.home) / "work"
 
 
+def scratch_dir(settings: Settings, artifacts_root: str, run_id: str) -> Path:
+    """A run's scratch directory: ``<work root>/<run_id>-<8 hex of the artifact root>``, so two
+    runs with the same id under different artifact roots (two checkouts, two test sessions on
+    one machine) never share — or delete — each other's trial work directories."""
+    digest = hashlib.sha256(artifacts_root.encode()).hexdigest()[:8]
+    return work_root(settings) / f"{run_id}-{digest}"
+
+
 def _remove_local(uri: str) -> None:
     if "://" not in uri or uri.startswith("file://"):
         shutil.rmtree(uri.removeprefix("file://"), ignore_errors=True)
 
 
+#: The per-batch artifacts besides ``trials`` (written first; ``trials`` last marks the batch
+#: finished), with their schemas.
+_BATCH_PARTS = (
+    ("tool_calls", artifacts.TOOL_CALLS),
+    ("llm_calls", artifacts.LLM_CALLS),
+    ("messages", artifacts.MESSAGES),
+)
+
+
+def _finished_rows(artifacts_root: str, run_id: str, key: str) -> dict[str, dict]:
+    """A finished batch's rows regrouped per trial key, each like a checkpoint part
+    (``{"trial", "tool_calls", "llm_calls", "messages"}``); a part artifact missing (a batch
+    from before transcripts) gives empty lists."""
+    trials = storage.read_parquet(batch_uri(artifacts_root, run_id, key, "trials"),
+                                  artifacts.TRIALS).to_pylist()
+    out = {t["trial_key"]: {"trial": t, **{w: [] for w, _ in _BATCH_PARTS}} for t in trials}
+    for what, schema in _BATCH_PARTS:
+        uri = batch_uri(artifacts_root, run_id, key, what)
+        if not storage.exists(uri):
+            continue
+        for row in storage.read_parquet(uri, schema).to_pylist():
+            if row["trial_key"] in out:
+                out[row["trial_key"]][what].append(row)
+    return out
+
+
+def batch_errored(artifacts_root: str, run_id: str, key: str) -> int:
+    """Errored trials (``api_error`` / ``error``) in a finished batch (0 when unfinished)."""
+    uri = batch_uri(artifacts_root, run_id, key, "trials")
+    if not storage.exists(uri):
+        return 0
+    reasons = storage.read_parquet(uri, artifacts.TRIALS).column("terminate_reason").to_pylist()
+    return sum(is_errored(r) for r in reasons)
+
+
+def _harness_error(exc: BaseException) -> TrialOutcome:
+    """An errored trial for an exception the harness did not expect (a bug or a broken
+    database connection): the batch goes on, the trial can be retried."""
+    text = str(exc).strip().splitlines()
+    return TrialOutcome(None, "error",
+                        f"harness error: {type(exc).__name__}: {text[0][:500] if text else ''}")
+
+
 def run_batch(
-    run_id: str, artifacts_root: str, batch: dict, toolbox_factory: Callable[..., ToolBox] = ToolBox
+    run_id: str,
+    artifacts_root: str,
+    batch: dict,
+    toolbox_factory: Callable[..., ToolBox] = ToolBox,
+    retry_errors: bool = False,
 ) -> str:
-    """Run every unfinished trial of one batch and write its three Parquet artifacts.
+    """Run every unfinished trial of one batch and write its four Parquet artifacts.
 
     Plain-function body of :func:`run_trial_batch` (``toolbox_factory`` lets benchmarks swap
-    the tool executor). Returns the batch's trials URI; does nothing when it exists.
+    the tool executor). Returns the batch's trials URI; does nothing when it exists, unless
+    ``retry_errors``: then the batch's errored trials (terminate reason ``api_error`` or
+    ``error``) run again and every other trial's rows are kept as they were (a batch without
+    errored trials is left untouched). An exception from one trial (a harness failure) makes
+    that trial errored; the batch goes on.
     """
     out_uri = batch_uri(artifacts_root, run_id, batch["key"], "trials")
+    finished: dict[str, dict] = {}
     if storage.exists(out_uri):
-        return out_uri
+        if not retry_errors or not batch_errored(artifacts_root, run_id, batch["key"]):
+            return out_uri
+        finished = _finished_rows(artifacts_root, run_id, batch["key"])
     settings = Settings.from_env()
     manifest = storage.read_json(batch["manifest_uri"])
     queries = {q["id"]: q for q in manifest["queries"]}
@@ -443,27 +624,37 @@ def run_batch(
     databases = open_databases(manifest, settings)
     hints = batch.get("hints")
     label = agent_label(batch["agent"], hints)
-    runner = _Agent(batch["agent"], manifest, options, artifacts_root, hints == "on")
+    runner = _Agent(batch["agent"], batch["manifest_uri"], manifest, options, artifacts_root,
+                    hints == "on")
+    batch_dir = scratch_dir(settings, artifacts_root, run_id) / batch["key"]
     parts: list[dict] = []
     n_run = 0
     try:
         for index, (query_id, trial) in enumerate(batch["items"]):
             part_uri = _parts_uri(artifacts_root, run_id, batch["key"], index)
+            key = trial_key(label, manifest["name"], query_id, trial)
             if storage.exists(part_uri):
-                parts.append(storage.read_json(part_uri))
+                part = storage.read_json(part_uri)
+                if not (retry_errors and is_errored(part["trial"]["terminate_reason"])):
+                    parts.append(part)
+                    continue
+            elif key in finished and not is_errored(finished[key]["trial"]["terminate_reason"]):
+                parts.append(finished[key])
                 continue
             query = queries[query_id]
-            key = trial_key(label, manifest["name"], query_id, trial)
-            workdir = work_root(settings) / run_id / batch["key"] / f"{query_id}-{trial}"
+            workdir = batch_dir / f"{query_id}-{trial}"
             if workdir.exists():  # left by a killed run
                 shutil.rmtree(workdir, ignore_errors=True)
-            toolbox = toolbox_factory(
-                databases, workdir, descriptions=descriptions,
-                python_timeout_s=options.python_timeout_s,
-                python_memory_mb=options.python_memory_mb, python_cpu_s=options.python_cpu_s,
-            )
             try:
+                toolbox = toolbox_factory(
+                    databases, workdir, descriptions=descriptions,
+                    python_timeout_s=options.python_timeout_s,
+                    python_memory_mb=options.python_memory_mb, python_cpu_s=options.python_cpu_s,
+                )
                 outcome = runner.run(query, trial, toolbox)
+            except Exception as exc:  # noqa: BLE001 - one trial's harness failure is recorded
+                log.exception("trial %s failed in the harness", key)
+                outcome = _harness_error(exc)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
             rows = _rows(
@@ -474,14 +665,13 @@ def run_batch(
             n_run += 1
     finally:
         runner.close()
-        batch_dir = work_root(settings) / run_id / batch["key"]
         shutil.rmtree(batch_dir, ignore_errors=True)
         try:
             batch_dir.parent.rmdir()  # the run's scratch directory, once no batch uses it
         except OSError:
             pass
-    for what, schema in (("tool_calls", artifacts.TOOL_CALLS), ("llm_calls", artifacts.LLM_CALLS)):
-        rows = [r for p in parts for r in p[what]]
+    for what, schema in _BATCH_PARTS:
+        rows = [r for p in parts for r in p.get(what, [])]
         storage.write_parquet(
             batch_uri(artifacts_root, run_id, batch["key"], what),
             pa.Table.from_pylist(rows, schema=schema), schema,
@@ -492,22 +682,29 @@ def run_batch(
     )
     _remove_local(_parts_uri(artifacts_root, run_id, batch["key"]))
     log.info(
-        "batch %s: %d trials (%d run now, %d resumed), %d correct, $%.4f",
+        "batch %s: %d trials (%d run now, %d kept), %d errored, $%.4f",
         batch["key"], len(trials), n_run, len(trials) - n_run,
-        sum(t["is_correct"] for t in trials), sum(t["cost_usd"] for t in trials),
+        sum(is_errored(t["terminate_reason"]) for t in trials), sum(t["cost_usd"] for t in trials),
     )
     return uri
 
 
-@task(name="run-trial-batch", persist_result=False, retries=0)
-def run_trial_batch(run_id: str, artifacts_root: str, batch: dict) -> str:
-    """Run every trial of one batch and write its trials, tool-call and model-call rows.
+def _batch_run_name(parameters: dict) -> str:
+    """Task-run name of a mapped batch: ``batch-<batch key>``."""
+    return f"batch-{parameters['batch']['key']}"
 
-    Returns the batch's trials URI. Skips all work when that artifact already exists, and
-    trials already checkpointed by an interrupted attempt. Other settings (database servers,
-    API keys) come from the environment, never from parameters.
+
+@task(name="run-trial-batch", persist_result=False, retries=0, task_run_name=_batch_run_name)
+def run_trial_batch(run_id: str, artifacts_root: str, batch: dict, retry_errors: bool = False) -> str:
+    """Run every trial of one batch and write its trials, tool-call, model-call and message
+    rows.
+
+    Returns the batch's trials URI. Skips all work when that artifact already exists (unless
+    ``retry_errors``: then only its errored trials run again), and trials already checkpointed
+    by an interrupted attempt. Other settings (database servers, API keys) come from the
+    environment, never from parameters.
     """
-    return run_batch(run_id, artifacts_root, batch)
+    return run_batch(run_id, artifacts_root, batch, retry_errors=retry_errors)
 
 
 @task(name="check-agents", persist_result=False)
@@ -515,20 +712,28 @@ def describe_agents(
     run_id: str, artifacts_root: str, agents: list[str], manifest_uris: list[str],
     options: dict | None = None, hints: list[str] | None = None,
 ) -> str:
-    """:func:`check_agents` (with the run's hint conditions) and write the descriptions to ``runs/<run_id>/trials/agents.json``
-    (endpoints, prices, ``priced``, options; never a key). Returns its URI; raises
+    """:func:`check_agents` (with the run's hint conditions) and write the descriptions to
+    ``runs/<run_id>/trials/agents.json`` (endpoints actually called, prices, ``priced``,
+    options; never a key), and the dataset manifests of the trials to
+    ``trials/manifests.json`` (what the score step reads). Returns the agents.json URI; raises
     AgentConfigError before any trial runs when an agent cannot."""
     described = check_agents(agents, manifest_uris, options, hints=hints)
-    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
-    return storage.write_json(uri, described)
+    for d in described:
+        for warning in d.get("warnings", []):
+            log.warning("%s", warning)
+    prefix = storage.join(artifacts_root, "runs", run_id, "trials")
+    storage.write_json(storage.join(prefix, "manifests.json"), list(manifest_uris))
+    return storage.write_json(storage.join(prefix, "agents.json"), described)
 
 
 @task(name="combine-trials", persist_result=False)
 def combine_trials(run_id: str, artifacts_root: str, batch_keys: list[str]) -> dict[str, str]:
-    """Concatenate the given batches into ``trials``, ``tool_calls`` and ``llm_calls`` Parquet.
+    """Concatenate the given batches into ``trials``, ``tool_calls``, ``llm_calls`` and
+    ``messages`` Parquet.
 
-    Rows are sorted by trial key (and call index); returns ``{"trials": uri, "tool_calls": uri,
-    "llm_calls": uri}``. Raises StorageError naming a batch whose artifact is missing.
+    Rows are sorted by trial key (and call or message index); returns ``{"trials": uri,
+    "tool_calls": uri, "llm_calls": uri, "messages": uri}``. Raises StorageError naming a batch
+    whose trials artifact is missing (a batch from before transcripts adds no messages).
     """
     by_call = [("trial_key", "ascending"), ("call_index", "ascending")]
     out = {}
@@ -536,11 +741,12 @@ def combine_trials(run_id: str, artifacts_root: str, batch_keys: list[str]) -> d
         ("trials", artifacts.TRIALS, [("trial_key", "ascending")]),
         ("tool_calls", artifacts.TOOL_CALLS, by_call),
         ("llm_calls", artifacts.LLM_CALLS, by_call),
+        ("messages", artifacts.MESSAGES, [("trial_key", "ascending"), ("index", "ascending")]),
     ):
-        parts = [
-            storage.read_parquet(batch_uri(artifacts_root, run_id, k, what), schema)
-            for k in batch_keys
-        ]
+        uris = [batch_uri(artifacts_root, run_id, k, what) for k in batch_keys]
+        if what == "messages":
+            uris = [u for u in uris if storage.exists(u)]
+        parts = [storage.read_parquet(u, schema) for u in uris]
         table = pa.concat_tables(parts) if parts else schema.empty_table()
         table = table.sort_by(order)
         out[what] = storage.write_parquet(

@@ -1,11 +1,27 @@
-"""DAB-style answer validators: is the ground truth present in an agent's free-text answer?"""
+"""DAB-style answer validators: is the ground truth present in an agent's free-text answer?
+
+Scorer-side code only (:mod:`tasks.scoring`): validators read the ground truth, which the
+trial side never sees. Each validator kind is a function ``(answer, truth, validator) ->
+Verdict`` registered in :data:`VALIDATORS`; adding a kind is one function and one entry.
+"""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 _NUMBER = re.compile(r"(?<![\w.])[-−]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A validator's judgement of one answer: ``ok`` and a one-line ``reason`` a person can
+    check (what was found or missing)."""
+
+    ok: bool
+    reason: str
 
 
 def numbers_in(text: str) -> list[float]:
@@ -20,34 +36,79 @@ def numbers_in(text: str) -> list[float]:
     return out
 
 
-def _norm(s: str) -> str:
+def normalise(s: str) -> str:
+    """Case-folded text with runs of whitespace collapsed to one space (how ``items`` compare)."""
     return " ".join(str(s).casefold().split())
 
 
-def is_correct(answer: str | None, truth: Any, validator: dict) -> bool:
-    """Check an answer against the ground truth with a spec validator.
+def number_tolerance(truth: float, validator: dict) -> float:
+    """Absolute tolerance of a ``number`` validator: ``tolerance`` when given, else half a unit
+    of the stated rounding (``0.5 * 10**-decimals``), plus 1e-9 relative slack."""
+    tol = validator.get("tolerance")
+    if tol is None:
+        tol = 0.5 * 10 ** -int(validator.get("decimals", 2))
+    return float(tol) + 1e-9 * max(1.0, abs(float(truth)))
 
-    ``validator`` is a ``ValidatorSpec`` dump: ``{"kind": "number", "decimals": d,
-    "tolerance": t|None}`` — some number in the answer lies within ``t`` (default
-    ``0.5 * 10**-d``, i.e. the stated rounding, plus 1e-9 relative slack) of ``truth``; or
-    ``{"kind": "items"}`` — every item of ``truth`` (a list of strings) appears in the answer,
-    compared case- and whitespace-insensitively; or ``{"kind": "dab_script", ...}`` — an
-    imported DAB query's ``validate.py`` run in a sandboxed subprocess. A missing answer is
-    never correct.
-    """
+
+def _short(values: list, limit: int = 8) -> str:
+    shown = ", ".join(f"{v:g}" if isinstance(v, float) else repr(v) for v in values[:limit])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+def check_number(answer: str, truth: Any, validator: dict) -> Verdict:
+    """``{"kind": "number", "decimals": d, "tolerance": t|None}``: some number in the answer lies
+    within :func:`number_tolerance` of ``truth``."""
+    target, tol = float(truth), number_tolerance(truth, validator)
+    found = numbers_in(answer)
+    hit = next((x for x in found if abs(x - target) <= tol), None)
+    if hit is not None:
+        return Verdict(True, f"{hit:g} is within {tol:.3g} of {target:g}")
+    if not found:
+        return Verdict(False, f"no number in the answer (expected {target:g} ± {tol:.3g})")
+    return Verdict(False, f"no number within {tol:.3g} of {target:g}; the answer has {_short(found)}")
+
+
+def check_items(answer: str, truth: Any, validator: dict) -> Verdict:
+    """``{"kind": "items"}``: every item of ``truth`` (a list of strings) appears in the answer,
+    compared case- and whitespace-insensitively."""
+    text = normalise(answer)
+    missing = [item for item in truth if normalise(item) not in text]
+    if missing:
+        return Verdict(False, f"{len(missing)} of {len(truth)} items missing: {_short(missing)}")
+    return Verdict(True, f"all {len(truth)} items present")
+
+
+def check_dab_script(answer: str, truth: Any, validator: dict) -> Verdict:
+    """``{"kind": "dab_script", "script": <uri>, "search_path": [...]}``: an imported DAB
+    query's own ``validate.py``, run in a sandboxed subprocess (see
+    :func:`tasks.dab_import.run_validate_script`); its reason is kept."""
+    from tasks.dab_import import run_validate_script
+
+    ok, reason = run_validate_script(validator["script"], answer, validator.get("search_path", []))
+    return Verdict(bool(ok), f"validate.py: {reason}" if reason else "validate.py")
+
+
+#: Validator kind → function. Unknown kinds raise ValueError in :func:`check_answer`.
+VALIDATORS: dict[str, Callable[[str, Any, dict], Verdict]] = {
+    "number": check_number,
+    "items": check_items,
+    "dab_script": check_dab_script,
+}
+
+
+def check_answer(answer: str | None, truth: Any, validator: dict) -> Verdict:
+    """Judge ``answer`` against ``truth`` with a spec validator (a ``ValidatorSpec`` dump, see
+    :data:`VALIDATORS`). A missing answer is never correct. Raises ValueError for an unknown
+    validator kind."""
+    kind = validator.get("kind")
+    fn = VALIDATORS.get(kind)
+    if fn is None:
+        raise ValueError(f"unknown validator kind {kind!r}; known: {sorted(VALIDATORS)}")
     if answer is None:
-        return False
-    if validator["kind"] == "number":
-        tol = validator.get("tolerance")
-        if tol is None:
-            tol = 0.5 * 10 ** -int(validator.get("decimals", 2))
-        tol += 1e-9 * max(1.0, abs(float(truth)))
-        return any(abs(x - float(truth)) <= tol for x in numbers_in(answer))
-    if validator["kind"] == "items":
-        text = _norm(answer)
-        return all(_norm(item) in text for item in truth)
-    if validator["kind"] == "dab_script":  # an imported DAB query's own validate.py, sandboxed
-        from tasks.dab_import import is_correct_dab
+        return Verdict(False, "no answer")
+    return fn(answer, truth, validator)
 
-        return is_correct_dab(answer, validator)
-    raise ValueError(f"unknown validator kind {validator['kind']!r}")
+
+def is_correct(answer: str | None, truth: Any, validator: dict) -> bool:
+    """``check_answer(...).ok``: True when the answer passes the validator."""
+    return check_answer(answer, truth, validator).ok

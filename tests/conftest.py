@@ -30,6 +30,9 @@ os.environ.update(
     {
         "QUERYLAB_HOME": str(_ROOT / "home"),
         "QUERYLAB_ARTIFACTS": str(_ROOT / "artifacts"),
+        # trial scratch directories of this session only (the default, /dev/shm/querylab-<uid>,
+        # is shared by every test session on the machine)
+        "QUERYLAB_WORK_DIR": str(_ROOT / "work"),
         "PREFECT_HOME": str(_ROOT / "prefect"),
         "DO_NOT_TRACK": "1",
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -79,21 +82,25 @@ def settings():
 
 
 def _build(name: str, settings) -> dict:
+    """Build and load ``name``; returns its manifest as the scorer sees it (public manifest +
+    private scoring file: ground truth, validators, references, canonical tables)."""
     from tasks import storage
     from tasks.build import build_dataset_artifacts
     from tasks.engines import ensure_loaded
+    from tasks.scoring import full_manifest
     from tasks.spec import spec_path
 
     uri = build_dataset_artifacts.fn(str(spec_path(name)), settings.artifacts)
     manifest = storage.read_json(uri)
     for db in manifest["databases"]:
         ensure_loaded(manifest, db, settings)
-    return manifest
+    return full_manifest(uri)
 
 
 @pytest.fixture(scope="session")
 def movies_manifest(settings) -> dict:
-    """The ``movies`` dataset built into the session's artifact root and loaded (PG + Mongo)."""
+    """The ``movies`` dataset built into the session's artifact root and loaded (PG + Mongo);
+    the full (scorer-side) manifest."""
     return _build("movies", settings)
 
 

@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from tasks import storage
+from tasks.scoring import score_frame
 from tasks.trials import batch_uri, plan_batches, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, message, tool_calls
 
@@ -51,7 +52,8 @@ def test_scripted_agent_correct_incorrect_and_tool_error(stocks_manifest, settin
         requests = srv.requests
         headers = srv.request_headers
 
-    trials = pl.read_parquet(uri).sort("trial")
+    trials = score_frame(pl.read_parquet(uri), [_manifest_uri(stocks_manifest, settings)])
+    trials = trials.sort("trial")
     assert trials["is_correct"].to_list() == [True, False, True]
     assert trials["terminate_reason"].to_list() == ["return_answer", "return_answer", "no_tool_call"]
     assert trials["n_llm_calls"].to_list() == [6, 1, 1]
@@ -93,10 +95,13 @@ def test_openai_agent_without_key_or_base_url_is_an_error_trial(stocks_manifest,
         "manifest_uri": _manifest_uri(stocks_manifest, settings),
         "items": [[QUERY, 0]],
     }
-    trials = pl.read_parquet(run_trial_batch.fn("no-key-run", settings.artifacts, batch))
+    uri = _manifest_uri(stocks_manifest, settings)
+    trials = score_frame(pl.read_parquet(run_trial_batch.fn("no-key-run", settings.artifacts, batch)),
+                         [uri])
     assert trials["terminate_reason"].to_list() == ["error"]
     assert "OPENAI_API_KEY" in trials["error"][0]
-    assert trials["is_correct"].to_list() == [False]
+    # a configuration error is errored (retryable once fixed), not an incorrect answer
+    assert trials["verdict"].to_list() == ["errored"] and trials["is_correct"].to_list() == [None]
 
 
 def test_unknown_agent_is_rejected_when_planning(stocks_manifest, settings):

@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from tasks import storage
+from tasks.scoring import score_frame
 from tasks.trials import batch_uri, check_agents, combine_trials, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, error, message, tool_calls
 
@@ -49,7 +50,10 @@ def _run(tmp_path, manifest_uri, agent, items, options=None, key="b"):
     root = str(tmp_path / "artifacts")
     run_trial_batch.fn("r", root, batch)
     read = lambda what: pl.read_parquet(batch_uri(root, "r", key, what))
-    return read("trials").sort("trial"), read("tool_calls"), read("llm_calls"), root
+    trials = read("trials")
+    assert "is_correct" not in trials.columns  # the trial side never judges an answer
+    scored = score_frame(trials, [manifest_uri]).sort("trial")  # what the score step decides
+    return scored, read("tool_calls"), read("llm_calls"), root
 
 
 def test_multi_step_trajectory_cost_and_llm_calls(tmp_path, manifest_uri, priced_model):
@@ -142,7 +146,9 @@ def test_429_then_success_and_500_forever_in_one_batch(tmp_path, manifest_uri, p
         )
         assert srv.request_count == 6 and srv.errors == []
     assert trials["terminate_reason"].to_list() == ["return_answer", "api_error", "return_answer"]
-    assert trials["is_correct"].to_list() == [True, False, True]
+    # the API failure is errored (no verdict), not an incorrect answer
+    assert trials["verdict"].to_list() == ["correct", "errored", "correct"]
+    assert trials["is_correct"].to_list() == [True, None, True]
     assert "HTTP 500" in trials["error"][1]
     llm = llm.sort("trial_key")
     assert llm["attempts"].to_list() == [2, 3, 1]
@@ -198,7 +204,7 @@ def test_no_tool_call_answer_and_combine(tmp_path, manifest_uri, priced_model):
     assert trials["terminate_reason"].to_list() == ["no_tool_call"] and trials["is_correct"][0]
     assert llm["finish_reason"].to_list() == ["stop"] and llm["n_tool_calls"].to_list() == [0]
     out = combine_trials.fn("r", root, ["b"])
-    assert set(out) == {"trials", "tool_calls", "llm_calls"}
+    assert set(out) == {"trials", "tool_calls", "llm_calls", "messages"}
     combined = pl.read_parquet(out["llm_calls"])
     assert combined.height == 1 and combined["trial_key"][0].endswith(f"|{QUERY}|0")
 

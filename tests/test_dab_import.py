@@ -26,6 +26,7 @@ from tasks.dab_import import (
     run_validate_script,
 )
 from tasks.engines import open_databases
+from tasks.scoring import load_scoring
 
 PG_DUMP = """\
 --
@@ -187,7 +188,12 @@ def test_import_reads_all_four_engines(dab_manifest, settings):
     assert "Hint: customer_ref" in m["hints"] and "tiny shop" in m["schema_description"]
     assert [q["id"] for q in m["queries"]] == ["query1", "query2", "query3"]
     assert m["queries"][2]["question"] == "What is the average review rating of the Lamp?"
-    assert {q["validator"]["kind"] for q in m["queries"]} == {"dab_script"}
+    # the public manifest has questions only; validators and ground truth are the scorer's
+    assert all(set(q) == {"id", "question"} for q in m["queries"])
+    uri = storage.join(settings.artifacts, "datasets", m["name"], m["version"], "manifest.json")
+    private = load_scoring(uri)["queries"]
+    assert {q["validator"]["kind"] for q in private.values()} == {"dab_script"}
+    assert private["query1"]["ground_truth"] == "151.25"
     # the loaded databases answer real queries through querylab's engines
     dbs = open_databases(m, settings)
     berkeley = dbs["customer_database"].query(
@@ -221,7 +227,10 @@ def test_import_runs_through_trials_and_report(dab_root, prefect_harness, settin
                      artifacts_root=settings.artifacts)
     trials = pl.read_parquet(out["trials"]["trials"])
     assert trials.height == 3 * 2 and set(trials["dataset"]) == {"dab_tinyshop"}
-    assert trials["is_correct"].all(), trials.select("query_id", "answer", "error")
+    scores = pl.read_parquet(out["score"]["scores"])
+    assert set(scores["verdict"]) == {"correct"}, scores.select("query_id", "answer", "reason")
+    assert set(scores["validator"]) == {"dab_script"} and scores["reason"].str.starts_with(
+        "validate.py").all()
     pass_at_k = pl.read_parquet(out["report"]["pass_at_k"])
     assert pass_at_k.filter(pl.col("k") == 1)["pass_at_k"].to_list() == [1.0, 1.0, 1.0]
 

@@ -20,6 +20,7 @@ from tasks.build import build_dataset_artifacts, dataset_prefix
 from tasks.engines import ensure_loaded, open_databases
 from tasks.spec import load_spec, spec_path
 from tasks.tools import ToolBox
+from tasks.scoring import full_manifest
 from tasks.validate import is_correct
 from tests.conftest import SHARED_DATA
 
@@ -51,7 +52,7 @@ def catalogue(settings, movies_manifest, stocks_manifest):
             manifest = storage.read_json(uri)
             for db in manifest["databases"]:
                 ensure_loaded(manifest, db, settings)
-            _BUILT[name] = manifest
+            _BUILT[name] = full_manifest(uri)  # the scorer's view: ground truth, references
         return _BUILT[name]
 
     return get

@@ -61,7 +61,8 @@ def test_prefect_yaml_deploys_and_a_stage_deployment_run_completes(prefect_harne
     with get_client(sync_client=True) as client:
         deployments = {f"{client.read_flow(d.flow_id).name}/{d.name}": d
                        for d in client.read_deployments()}
-    expected = {"benchmark/benchmark"} | {f"stage-{s}/{s}" for s in STAGE_FLOWS}
+    expected = {"benchmark/benchmark", "rerun-errored/rerun-errored"} | {
+        f"stage-{s}/{s}" for s in STAGE_FLOWS}
     assert expected <= set(deployments)
     nightly = deployments["benchmark/benchmark"]
     assert [(s.schedule.cron, s.active) for s in nightly.schedules] == [("0 2 * * *", True)]

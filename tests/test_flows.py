@@ -25,7 +25,10 @@ def test_oracle_scores_one_on_every_query(oracle_run):
     trials = pl.read_parquet(oracle_run["trials"]["trials"])
     assert trials.height == (6 + 5) * 2
     assert set(trials["dataset"]) == {"movies", "stocks"}
-    assert trials["is_correct"].all(), trials.filter(~pl.col("is_correct"))
+    assert "is_correct" not in trials.columns  # verdicts come from the score stage
+    scores = pl.read_parquet(oracle_run["score"]["scores"])
+    assert scores.height == trials.height and set(scores["verdict"]) == {"correct"}, scores
+    assert oracle_run["score"]["errored"] == 0 and oracle_run["score"]["flagged"] == 0
     assert set(trials["terminate_reason"]) == {"return_answer"}
     per_query = pl.read_parquet(oracle_run["report"]["pass_at_k"])
     assert per_query.filter(pl.col("k") == 1)["pass_at_k"].to_list() == [1.0] * 11

@@ -18,7 +18,7 @@ import pytest
 from tasks import runs, storage
 from tasks.agent import SYSTEM_PROMPT, hint_text, user_prompt
 from tasks.trials import AgentConfigError, agent_label, hint_conditions, plan_batches
-from tests.fakes.openai_server import ScriptedOpenAIServer, tool_calls
+from tests.fakes.openai_server import ScriptedOpenAIServer, is_preflight, tool_calls
 
 
 def test_user_prompt_is_dab_shaped(stocks_manifest):
@@ -101,9 +101,11 @@ def test_hints_on_and_off_in_one_run_over_http(prefect_harness, settings, stocks
                     n_trials=1, batch_size=10, artifacts_root=root, hints=["off", "on"],
                     agent_options={"cache": "off"})
     questions = {q["question"]: q["id"] for q in stocks_manifest["queries"]}
-    assert len(srv.requests) == 2 * len(questions)  # each query once per condition
+    requests = [b for b in srv.requests if not is_preflight(b)]  # one preflight check first
+    assert srv.preflight_count == 1
+    assert len(requests) == 2 * len(questions)  # each query once per condition
     by_question: dict[str, list[str]] = {}
-    for body in srv.requests:
+    for body in requests:
         system, user = body["messages"][0], body["messages"][1]
         assert system == {"role": "system", "content": SYSTEM_PROMPT}
         assert user["role"] == "user" and user["content"].startswith("QUERY:\n")

@@ -136,7 +136,7 @@ def test_all_correct_none_correct_and_short_queries():
     # overall rows come after the agent's datasets
     assert summary.filter(pl.col("k") == 1)["dataset"].to_list() == ["d", ALL_DATASETS, ALL_QUERIES]
     hat = pass_at_k_wide(summary, "pass_hat_k")
-    assert hat.columns == ["agent", "dataset", "pass^1", "pass^2", "pass^3"]
+    assert hat.columns == ["agent", "dataset", "n", "n_errored", "pass^1", "pass^2", "pass^3"]
 
 
 def test_no_trials_and_bad_input():

@@ -70,7 +70,7 @@ def test_run_record_created_updated_and_validated(tmp_path, caplog):
     assert "datasets, n_trials" in caplog.text
     assert rec.manifests == []  # manifests of other datasets are dropped
     assert runs.load_run(root, "r-1").benchmark.datasets == ["movies"]
-    assert runs.configured_stages(rec) == ["datasets", "trials", "report"]
+    assert runs.configured_stages(rec) == ["datasets", "trials", "score", "report"]
     with pytest.raises(runs.RunError, match="n_trials"):
         runs.record_benchmark(root, "r-1", {**cfg, "n_trials": 0})
     for bad in ("../x", "a/b", "", "-x", "x" * 200):
@@ -104,7 +104,7 @@ def test_standalone_stage_parameters_are_recorded_once(tmp_path):
 def test_stage_attempts_and_pending_stages(tmp_path):
     root = str(tmp_path / "art")
     runs.record_benchmark(root, "r2", {"datasets": ["stocks"]})
-    assert runs.pending_stages(root, "r2") == ["datasets", "trials", "report"]
+    assert runs.pending_stages(root, "r2") == ["datasets", "trials", "score", "report"]
     with runs.stage_run(root, "r2", "datasets") as st:
         st.outputs = {"manifests": ["m"]}
     with pytest.raises(RuntimeError, match="boom"), runs.stage_run(root, "r2", "trials"):
@@ -113,19 +113,19 @@ def test_stage_attempts_and_pending_stages(tmp_path):
     assert trials.status == "failed" and trials.error == "RuntimeError: boom"
     assert trials.attempt == 1 and trials.finished_at
     assert runs.stage_status(root, "r2", "datasets").outputs == {"manifests": ["m"]}
-    assert runs.pending_stages(root, "r2") == ["trials", "report"]
+    assert runs.pending_stages(root, "r2") == ["trials", "score", "report"]
     with runs.stage_run(root, "r2", "trials"):
         pass
     again = runs.stage_status(root, "r2", "trials")
     assert (again.status, again.attempt, again.error) == ("completed", 2, None)
     assert [(h.attempt, h.status) for h in again.history] == [(1, "failed")]
-    assert runs.pending_stages(root, "r2") == ["report"]
+    assert runs.pending_stages(root, "r2") == ["score", "report"]
     # a stage left "running" (its process was killed) counts as not completed
     StageStatus.model_validate(again.model_dump())  # round-trips
     storage.write_json(runs.stage_uri(root, "r2", "report"), {
         "run_id": "r2", "stage": "report", "status": "running", "attempt": 1,
         "started_at": runs.now_iso()})
-    assert runs.pending_stages(root, "r2") == ["report"]
+    assert runs.pending_stages(root, "r2") == ["score", "report"]
 
 
 # -- progress ----------------------------------------------------------------------------------
@@ -191,8 +191,9 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
         agent = scripted_model(srv)
         kw = {"datasets": ["stocks"], "agents": [agent], "n_trials": 2, "batch_size": 4}
         clean = benchmark(run_id="ops-clean", artifacts_root=clean_root, **kw)
-        n_clean = srv.request_count
+        n_clean = srv.trial_request_count
         assert n_clean == 5 * 2 * 3  # 5 queries × 2 trials × 3 model calls
+        assert srv.preflight_count == 1  # the agent was checked once before any dataset
         assert _progress_value("ops-clean-trials-progress") == 100.0
         assert _progress_value("ops-clean-datasets-progress") == 100.0
         # re-running a finished run does nothing: no stage is pending, and the trials stage
@@ -203,31 +204,32 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
         before = [p.stat().st_mtime_ns for p in clean_batches if "batches" in p.parts]
         assert _cli(["rerun", "--run-id", "ops-clean", "--stage", "trials",
                      "--artifacts", clean_root]) == 0
-        assert srv.request_count == n_clean
+        assert srv.trial_request_count == n_clean
         assert [p.stat().st_mtime_ns for p in clean_batches if "batches" in p.parts] == before
         assert pl.read_parquet(clean["trials"]["trials"]).height == 10
         assert runs.stage_status(clean_root, "ops-clean", "trials").attempt == 2
 
-        # inject an infrastructure failure into the 3rd trial of the 2nd batch (before any
-        # model call of that trial): that batch stops, the other two finish
+        # inject a failure of the batch machinery at the 3rd trial of the 2nd batch (before any
+        # model call of that trial): that batch stops, the other two finish. (An exception
+        # inside a trial only makes that trial errored; see tests/test_honest_scores.py.)
         batches = tasks.trials.plan_batches(clean["manifests"], [agent], 2, 4)
         assert [len(b["items"]) for b in batches] == [4, 4, 2]
         target = tuple(batches[1]["items"][2])
-        original = tasks.trials._Agent.run
+        original = tasks.trials.trial_key
 
-        def flaky(self, query, trial, toolbox):
-            if (query["id"], trial) == target:
-                raise ConnectionError("injected: lost the database connection")
-            return original(self, query, trial, toolbox)
+        def flaky(agent_, dataset, query_id, trial):
+            if (query_id, trial) == target:
+                raise ConnectionError("injected: lost the artifact store")
+            return original(agent_, dataset, query_id, trial)
 
-        monkeypatch.setattr(tasks.trials._Agent, "run", flaky)
+        monkeypatch.setattr(tasks.trials, "trial_key", flaky)
         with pytest.raises(Exception, match=batches[1]["key"]) as failure:
             benchmark(run_id="ops-flaky", artifacts_root=root, **kw)
         assert "1 of 3 items failed" in str(failure.value)
-        assert "injected: lost the database connection" in str(failure.value)
-        n_first = srv.request_count - n_clean
+        assert "injected: lost the artifact store" in str(failure.value)
+        n_first = srv.trial_request_count - n_clean
         assert n_first == n_clean - 2 * 3  # the failed batch's last two trials never ran
-        monkeypatch.setattr(tasks.trials._Agent, "run", original)
+        monkeypatch.setattr(tasks.trials, "trial_key", original)
 
         bdir = Path(root, "runs", "ops-flaky", "trials", "batches")
         done = {b["key"]: bdir / f"{b['key']}.trials.parquet" for b in batches}
@@ -243,22 +245,22 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
         capsys.readouterr()
         assert _cli(["status", "--run-id", "ops-flaky", "--artifacts", root]) == 0
         out = capsys.readouterr().out
-        assert "trials       failed" in out and "not completed: trials, report" in out
+        assert "trials       failed" in out and "not completed: trials, score, report" in out
 
         # re-run the trials stage alone: only the failed batch runs, only its unfinished trials
         # call the model
         assert _cli(["rerun", "--run-id", "ops-flaky", "--stage", "trials",
                      "--artifacts", root]) == 0
-        assert srv.request_count - n_clean - n_first == 2 * 3
+        assert srv.trial_request_count - n_clean - n_first == 2 * 3
         assert {k: p.stat().st_mtime_ns for k, p in done.items() if k in mtimes} == mtimes
-        assert runs.pending_stages(root, "ops-flaky") == ["report"]
-        # the rest of the run: the report
+        assert runs.pending_stages(root, "ops-flaky") == ["score", "report"]
+        # the rest of the run: score and report
         capsys.readouterr()
         assert _cli(["rerun", "--run-id", "ops-flaky", "--artifacts", root]) == 0
         out = capsys.readouterr().out
-        assert "stages report" in out and f"| {agent} | stocks" in out
+        assert "stages score, report" in out and f"| {agent} | stocks" in out
         assert runs.pending_stages(root, "ops-flaky") == []
-        total = srv.request_count
+        total = srv.trial_request_count
 
     # no finished trial called the model again: exactly the clean run's requests, no cache hits
     assert total - n_clean == n_clean
@@ -267,10 +269,13 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
     assert not llm["cache_hit"].any()
     trials = pl.read_parquet(storage.join(root, "runs", "ops-flaky", "trials", "trials.parquet"))
     ref = pl.read_parquet(clean["trials"]["trials"])
-    cols = ["trial_key", "answer", "is_correct", "terminate_reason", "n_llm_calls",
+    cols = ["trial_key", "answer", "terminate_reason", "n_llm_calls",
             "n_tool_calls", "prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd"]
     assert trials.select(cols).equals(ref.select(cols))
-    assert trials["is_correct"].any() and not trials["is_correct"].all()
+    scores = pl.read_parquet(storage.join(root, "runs", "ops-flaky", "score", "scores.parquet"))
+    ref_scores = pl.read_parquet(clean["score"]["scores"])
+    assert scores.select("trial_key", "verdict").equals(ref_scores.select("trial_key", "verdict"))
+    assert "correct" in set(scores["verdict"]) and "incorrect" in set(scores["verdict"])
     # the report equals the clean run's, table by table
     got, want = _report_tables(root, "ops-flaky"), _report_tables(clean_root, "ops-clean")
     assert set(got) == set(want) and "/pass_at_k.parquet" in got

@@ -57,7 +57,7 @@ def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_mo
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         sigkill_after_requests(child, srv, hang_at)
-        n_killed = srv.request_count
+        n_killed = srv.trial_request_count
         assert runs.stage_status(root, "crash", "datasets").status == "completed"
         assert runs.stage_status(root, "crash", "trials").status == "running"  # cut short
         saved = _checkpointed(root, "crash")
@@ -66,7 +66,8 @@ def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_mo
         assert 1 <= len(saved) < 15 and count_finished_trials(root, "crash", batches) == len(saved)
 
         assert _cli(["rerun", "--run-id", "crash", "--artifacts", root]) == 0
-        rerun_requests = srv.request_count - n_killed
+        rerun_requests = srv.trial_request_count - n_killed
+        assert srv.preflight_count == 2  # the run and the rerun each checked the agent
 
     # checkpointed trials made no request; the others made at most their 3 each
     assert rerun_requests <= 3 * (15 - len(saved))

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from tasks import storage
+from tasks.scoring import score_frame
 from tasks.replay import ReplayError, answers_for, load_answers, resolve_query
 from tasks.trials import check_agents, combine_trials, plan_batches, run_trial_batch
 
@@ -47,7 +48,7 @@ def test_replay_scores_a_leaderboard_file(tmp_path, manifest_uri, stocks_manifes
     for b in batches:
         run_trial_batch.fn("replay-run", root, b)
     out = combine_trials.fn("replay-run", root, [b["key"] for b in batches])
-    trials = pl.read_parquet(out["trials"])
+    trials = score_frame(pl.read_parquet(out["trials"]), [manifest_uri])
     assert trials.height == len(ids) * 3
     nq = trials.filter(pl.col("query_id") == "nasdaq_top_volume_2012").sort("trial")
     assert nq["is_correct"].to_list() == [True, False, True]

@@ -79,6 +79,7 @@ def _trial(
     tokens=(0, 0, 0),
     calls=0,
 ):
+    """A trials row (no verdict: ``correct`` goes to the scores the helper writes)."""
     return {
         "run_id": run_id,
         "trial_key": f"{agent}|movies|{query}|{n}",
@@ -88,7 +89,7 @@ def _trial(
         "query_id": query,
         "trial": n,
         "answer": answer,
-        "is_correct": correct,
+        "_correct": correct,
         "terminate_reason": reason,
         "error": error,
         "n_llm_calls": 3 if agent != "oracle" else 0,
@@ -98,7 +99,28 @@ def _trial(
         "cached_tokens": tokens[2],
         "cost_usd": cost,
         "latency_s": 1.5 + n,
+        "dataset_version": "1-test",
     }
+
+
+def write_scores(root: str, run_id: str, trials: list[dict]) -> str:
+    """``score/scores.parquet`` for hand-made trials: ``_correct`` as the verdict, errored
+    for ``api_error`` / ``error`` trials (what the score step decides)."""
+    from tasks.scoring import ERRORED_REASONS, scores_frame, scores_uri
+
+    rows = []
+    for t in trials:
+        errored = t["terminate_reason"] in ERRORED_REASONS
+        rows.append({
+            **{k: t[k] for k in ("run_id", "trial_key", "agent", "dataset", "query_id", "trial",
+                                 "terminate_reason", "answer")},
+            "verdict": "errored" if errored else ("correct" if t["_correct"] else "incorrect"),
+            "is_correct": None if errored else t["_correct"], "reason": "hand-made",
+            "validator": "number", "validator_digest": "0" * 12, "scorer_version": "test",
+            "audit_flags": 0,
+        })
+    return storage.write_parquet(scores_uri(root, run_id), scores_frame(rows).to_arrow(),
+                                 artifacts.SCORES)
 
 
 def write_run(
@@ -171,8 +193,10 @@ def write_run(
     ]
     prefix = f"{root}/runs/{run_id}/trials"
     storage.write_parquet(
-        f"{prefix}/trials.parquet", pl.DataFrame(trials).to_arrow(), artifacts.TRIALS
+        f"{prefix}/trials.parquet", pl.DataFrame(trials).drop("_correct").to_arrow(),
+        artifacts.TRIALS,
     )
+    write_scores(root, run_id, trials)
     storage.write_parquet(
         f"{prefix}/tool_calls.parquet", pl.DataFrame(call_rows).to_arrow(), artifacts.TOOL_CALLS
     )
@@ -226,15 +250,21 @@ def test_report_from_artifacts_alone(tmp_path):
         ), name
     assert tables["counts"] == {
         "trials": 12,
+        "scored": 11,
+        "errored": 1,
         "agents": 2,
         "datasets": 1,
         "queries": 2,
-        "incorrect": 4,
+        "incorrect": 3,
         "tool_calls": 37,
+        "flagged": 0,
     }
+    # the api_error trial is errored: out of n, counted beside it, never a failure mode
     assert tables["failed"] == [
-        {"agent": "openai:m", "dataset": "movies", "query_id": "fresh", "n": 3, "c": 1},
-        {"agent": "openai:m", "dataset": "movies", "query_id": "oscars", "n": 3, "c": 1},
+        {"agent": "openai:m", "dataset": "movies", "query_id": "fresh", "n": 2, "n_errored": 1,
+         "c": 1},
+        {"agent": "openai:m", "dataset": "movies", "query_id": "oscars", "n": 3, "n_errored": 0,
+         "c": 1},
     ]
     assert storage.read_json(report_uri(root, "hand", "manifests.json")) == [
         f"{root}/datasets/movies/1-test/manifest.json"
@@ -242,13 +272,18 @@ def test_report_from_artifacts_alone(tmp_path):
     assert any("llm_calls.parquet" in n for n in tables["notes"])
     labels = pl.read_parquet(tables["uris"]["failure_labels"])
     assert dict(zip(labels["trial_key"], labels["failure_mode"])) == {
-        "openai:m|movies|fresh|0": "FM5",
         "openai:m|movies|fresh|1": "FM1",
         "openai:m|movies|oscars|1": "FM4",
         "openai:m|movies|oscars|2": "FM3",
     }
     fm = pl.read_parquet(tables["uris"]["failure_modes"]).filter(pl.col("dataset") == "ALL")
     assert fm.filter(pl.col("agent") == "oracle")["incorrect"].item() == 0
+    m_fm = fm.filter(pl.col("agent") == "openai:m").row(0, named=True)
+    assert (m_fm["trials"], m_fm["errored"], m_fm["incorrect"], m_fm["FM5"]) == (5, 1, 3, 0)
+    ci = pl.read_parquet(tables["uris"]["pass_at_1_ci"]).filter(
+        pl.col("agent") == "openai:m", pl.col("dataset") == "ALL (queries)").row(0, named=True)
+    assert (ci["trials"], ci["errored"], ci["correct"]) == (5, 1, 2)
+    assert ci["pass_at_1"] == pytest.approx((1 / 3 + 1 / 2) / 2)  # over scored trials only
     cost = pl.read_parquet(tables["uris"]["cost"])
     m_all = cost.filter(pl.col("agent") == "openai:m", pl.col("dataset") == "ALL").row(
         0, named=True
@@ -256,6 +291,7 @@ def test_report_from_artifacts_alone(tmp_path):
     assert m_all["cost_usd"] == pytest.approx(0.12) and m_all[
         "cost_per_correct_usd"
     ] == pytest.approx(0.06)
+    assert (m_all["trials"], m_all["errored"]) == (6, 1)  # errored trials cost money too
     assert m_all["llm_calls"] is None
 
     md = Path(out["markdown"]).read_text()
@@ -264,6 +300,8 @@ def test_report_from_artifacts_alone(tmp_path):
         "## pass@1 with confidence intervals",
         "## Cost",
         "## Failure modes",
+        "## Errored trials",
+        "## Trace audit",
         "## Tool use",
         "## Per query",
         "## Terminate reasons",
@@ -275,11 +313,16 @@ def test_report_from_artifacts_alone(tmp_path):
         assert Path(out["plots"][name]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "domain_knowledge" in md  # reported as unchecked
     assert out["table"].startswith("| agent") and "ALL (queries)" in out["table"]
+    assert "n_errored" in out["table"] and "--retry-errors" in md
+    assert "No trial was flagged by the trace audit" in md  # an empty section is one sentence
+    # examples show question, answer and ground truth, and link to the viewer
+    assert "How many films won at least one Oscar?" in md and "viewer.html#trial=" in md
+    assert Path(out["viewer"]).name == "viewer.html" and Path(out["viewer"]).exists()
 
     html = Path(out["html"]).read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
     assert len(images) == 4 and all(base64.b64decode(i)[:4] == b"\x89PNG" for i in images)
-    assert html.count('<table class="data"') == 9
+    assert html.count('<table class="data') == 13  # the cost and tool-use tables are split
     assert "http://" not in html.replace("http://127.0.0.1", "") and "<link" not in html
     assert out["prefect_artifacts"] == []  # not inside a flow run
 
@@ -307,10 +350,7 @@ def test_missing_manifest_and_missing_run(tmp_path):
     tables, _ = make_report(root)
     assert any("No manifest for dataset `movies`" in n for n in tables["notes"])
     labels = pl.read_parquet(tables["uris"]["failure_labels"])
-    assert set(labels.filter(pl.col("failure_mode") != "FM5")["rule"]) <= {
-        "requirements_unknown",
-        "no_data_tool_call",
-    }
+    assert set(labels["rule"]) <= {"requirements_unknown", "no_data_tool_call"}
     with pytest.raises(storage.StorageError, match="runs/nope/trials/trials.parquet"):
         compute_report_tables.fn("nope", root)
 
@@ -373,13 +413,13 @@ def test_judge_stage_over_http(tmp_path):
         )
         second = srv.request_count - first
         bodies = srv.requests
-    assert first == 4 and second == 1  # only the unparseable one is retried
+    assert first == 3 and second == 1  # only the unparseable one is retried
     assert bodies[0]["model"] == "judge-model" and bodies[0]["temperature"] == 0
     assert "How many films" in bodies[0]["messages"][1]["content"]
     judged = pl.read_parquet(uri)
-    assert judged.height == 4 and set(judged["model"]) == {"judge-model"}
+    assert judged.height == 3 and set(judged["model"]) == {"judge-model"}
     got = dict(zip(judged["trial_key"], judged["failure_mode"]))
-    assert got["openai:m|movies|fresh|0"] == "FM5"
+    assert "openai:m|movies|fresh|0" not in got  # errored: not a failure, never judged
     assert got["openai:m|movies|oscars|2"] == "FM3"
     assert got["openai:m|movies|fresh|1"] is None
     assert (
@@ -387,25 +427,20 @@ def test_judge_stage_over_http(tmp_path):
         == "no failure mode in reply"
     )
     # the deterministic labels are untouched and the report shows the agreement table
-    assert pl.read_parquet(tables["uris"]["failure_labels"]).height == 4
+    assert pl.read_parquet(tables["uris"]["failure_labels"]).height == 3
     tables["uris"]["failure_judge"] = uri
     out = render_report.fn("hand", root, tables)
     assert (
-        "LLM judge `judge-model` vs deterministic labels (4 trials judged)"
+        "LLM judge `judge-model` vs deterministic labels (3 trials judged)"
         in Path(out["markdown"]).read_text()
     )
 
 
-def test_report_flow_publishes_prefect_artifacts_and_cli(
-    tmp_path, prefect_harness, capsys, monkeypatch
-):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
+def test_report_cli_with_judge_needs_no_prefect(tmp_path, capsys, monkeypatch):
     from querylab.cmd_report import register
 
     root = str(tmp_path)
-    write_run(root, run_id="flow-hand")
+    write_run(root, run_id="cli-hand")
     parser = argparse.ArgumentParser(prog="querylab")
     register(parser.add_subparsers(dest="command", required=True))
     verdict = message('{"failure_mode": "FM2", "rationale": "plan"}')
@@ -413,27 +448,31 @@ def test_report_flow_publishes_prefect_artifacts_and_cli(
         monkeypatch.setenv("QUERYLAB_OPENAI_BASE_URL", srv.base_url)
         monkeypatch.setenv("QUERYLAB_OPENAI_API_KEY", "test-key")
         args = parser.parse_args(
-            [
-                "report",
-                "--run-id",
-                "flow-hand",
-                "--artifacts",
-                root,
-                "--judge-model",
-                "openai:judge",
-                "--judge-limit",
-                "3",
-            ]
+            ["report", "--run-id", "cli-hand", "--artifacts", root, "--judge-model",
+             "openai:judge", "--judge-limit", "2"]
         )
         assert args.func(args) == 0  # openai:m failed queries, but no oracle failure
-        assert srv.request_count == 3  # --judge-limit
+        assert srv.request_count == 2  # --judge-limit
         assert srv.request_headers[0]["authorization"] == "Bearer test-key"
     out = capsys.readouterr().out
-    assert "| openai:m | movies" in out and "openai:m movies/fresh: 1/3 correct" in out
+    assert "| openai:m | movies" in out and "openai:m movies/fresh: 1/2 correct" in out
+    assert "Errored trials: 1 of 12 (api_error 1)" in out
     html = next(line.split()[-1] for line in out.splitlines() if line.startswith("html:"))
     assert Path(html).name == "report.html" and Path(html).exists()
-    assert "LLM judge `judge` vs deterministic labels (3 trials judged)" in Path(html).read_text()
+    assert "LLM judge `judge` vs deterministic labels (2 trials judged)" in Path(html).read_text()
     assert "test-key" not in Path(html).read_text()
+
+
+def test_report_flow_publishes_prefect_artifacts(tmp_path, prefect_harness):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.report import report
+
+    root = str(tmp_path)
+    write_run(root, run_id="flow-hand")
+    out = report("flow-hand", artifacts_root=root)
+    assert out["counts"]["errored"] == 1 and Path(out["viewer"]).exists()
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_="querylab-%flow-hand"))
@@ -441,8 +480,9 @@ def test_report_flow_publishes_prefect_artifacts_and_cli(
     kinds = {a.key: a.type for a in found}
     assert kinds["querylab-report-flow-hand"] == "markdown"
     assert kinds["querylab-pass-k-flow-hand"] == "table"
-    assert kinds["querylab-failure-modes-of-incorrect-trials-flow-hand"] == "table"
-    assert kinds["querylab-tool-use-flow-hand"] == "table"
+    assert kinds["querylab-failure-modes-of-incorrect-trials-count-and-share-flow-hand"] == "table"
+    assert kinds["querylab-tool-calls-flow-hand"] == "table"
+    assert kinds["querylab-errored-trials-flow-hand"] == "table"
 
 
 def test_empty_run_still_reports(tmp_path):
@@ -450,6 +490,7 @@ def test_empty_run_still_reports(tmp_path):
     storage.write_parquet(
         f"{root}/runs/empty/trials/trials.parquet", artifacts.TRIALS.empty_table(), artifacts.TRIALS
     )
+    write_scores(root, "empty", [])
     tables, out = make_report(root, "empty")
     assert tables["counts"]["trials"] == 0 and tables["failed"] == []
     assert any("tool_calls.parquet" in n for n in tables["notes"])

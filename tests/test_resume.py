@@ -13,6 +13,7 @@ import polars as pl
 import pytest
 
 from tasks import storage
+from tasks.scoring import score_frame
 from tasks.trials import batch_uri, combine_trials, plan_batches, run_trial_batch
 from tests.fakes.openai_server import (
     ScriptedOpenAIServer,
@@ -83,7 +84,7 @@ def test_rerun_makes_no_requests_even_without_batch_artifacts(tmp_path, manifest
         replayed = _run_all(root, "r1", batches)
         assert srv.request_count == n_first
     t3 = pl.read_parquet(replayed["trials"])
-    cols = ["trial_key", "answer", "is_correct", "terminate_reason", "n_llm_calls", "prompt_tokens",
+    cols = ["trial_key", "answer", "terminate_reason", "n_llm_calls", "prompt_tokens",
             "cached_tokens", "n_tool_calls"]
     assert t3.select(cols).equals(t1.select(cols))
     assert t1["cost_usd"].sum() > 0 and t3["cost_usd"].sum() == 0
@@ -103,8 +104,8 @@ def test_flow_rerun_makes_no_requests(prefect_harness, tmp_path, manifest_uri, m
         assert n == 5 * 3
         out2 = run_trials("flow-r", [manifest_uri], [agent, "oracle"], 1, 3, root)
         assert srv.request_count == n
-    assert set(out) == {"trials", "tool_calls", "llm_calls", "agents"}
-    trials = pl.read_parquet(out2["trials"])
+    assert set(out) == {"trials", "tool_calls", "llm_calls", "messages", "agents"}
+    trials = score_frame(pl.read_parquet(out2["trials"]), [manifest_uri])
     assert trials.height == 10
     correct = trials.filter(pl.col("is_correct"))
     assert set(correct["trial_key"]) == {f"{agent}|stocks|{QUERY}|0"} | set(
@@ -160,7 +161,8 @@ def test_sigkill_midway_then_rerun(tmp_path, manifest_uri, model_env):
     trials = pl.read_parquet(out["trials"])
     assert trials.height == 15 and trials["trial_key"].n_unique() == 15
     assert set(trials["terminate_reason"]) == {"return_answer"}
-    assert trials.filter(pl.col("query_id") == QUERY)["is_correct"].all()
+    scored = score_frame(trials, [manifest_uri])
+    assert scored.filter(pl.col("query_id") == QUERY)["is_correct"].all()
     for row in checkpointed:  # resumed from the checkpoint, not re-run
         again = trials.filter(pl.col("trial_key") == row["trial_key"]).row(0, named=True)
         assert again["latency_s"] == row["latency_s"] and again["cost_usd"] == row["cost_usd"]

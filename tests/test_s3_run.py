@@ -49,10 +49,13 @@ def test_default_run_on_s3_then_report_from_s3_alone(
         keys = storage.list_uris(root)
         run = [k for k in keys if "/runs/s3-run/" in k]
         for name in ("run.json", "stages/datasets.json", "stages/trials.json",
-                     "stages/report.json", "trials/trials.parquet", "trials/tool_calls.parquet",
-                     "report/pass_at_k.parquet", "report/report.md", "report/report.html"):
+                     "stages/score.json", "stages/report.json", "trials/trials.parquet",
+                     "trials/tool_calls.parquet", "trials/messages.parquet",
+                     "score/scores.parquet", "score/audit.parquet", "report/pass_at_k.parquet",
+                     "report/report.md", "report/report.html", "report/viewer.html"):
             assert f"{root}/runs/s3-run/{name}" in run, name
-        assert sum(k.endswith("manifest.json") for k in keys) == 6
+        assert sum(k.endswith("/manifest.json") for k in keys) == 6
+        assert sum(k.endswith("/scoring.json") for k in keys) == 6
         assert not any(Path(k).name.startswith(".") for k in keys)  # no temporary objects
         for uri in run:  # credentials never reach an artifact
             data = storage.read_bytes(uri)
@@ -71,9 +74,10 @@ def test_default_run_on_s3_then_report_from_s3_alone(
 
         trials = pl.from_arrow(storage.read_parquet(f"{root}/runs/s3-run/trials/trials.parquet"))
         assert trials.height == 5 * trials.select("dataset", "query_id").n_unique()
-        assert trials["is_correct"].all()
+        scores = pl.from_arrow(storage.read_parquet(f"{root}/runs/s3-run/score/scores.parquet"))
+        assert scores.height == trials.height and set(scores["verdict"]) == {"correct"}
         before = _tables(root, "s3-run")
-        table = out[out.index("pass@k (mean"):out.index("\npass@1 per query")]
+        table = out[out.index("pass@k over scored"):out.index("\npass@1 per query")]
 
         # a fresh process with no local state: only the S3 settings and a Prefect server
         fresh = tmp_path / "fresh"

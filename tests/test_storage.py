@@ -28,7 +28,7 @@ def test_roundtrip_bytes_json_parquet(root):
     assert storage.exists(uri) and storage.read_bytes(uri) == b"hello"
     storage.write_json(storage.join(root, "runs", "r1", "m.json"), {"b": 1, "a": [1, 2]})
     assert storage.read_json(storage.join(root, "runs", "r1", "m.json")) == {"a": [1, 2], "b": 1}
-    rows = [{"agent": "a", "dataset": "d", "query_id": "q", "k": 1, "n": 2, "c": 1,
+    rows = [{"agent": "a", "dataset": "d", "query_id": "q", "k": 1, "n": 2, "n_errored": 0, "c": 1,
              "pass_at_k": 0.5, "pass_hat_k": 0.0}]
     t_uri = storage.write_parquet(
         storage.join(root, "runs", "r1", "p.parquet"),

