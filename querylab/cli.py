@@ -145,10 +145,11 @@ def _print_timings(root: str, run_id: str, trials: dict, total_s: float) -> None
 
     from schemas import artifacts
     from tasks import storage
+    from schemas.runs import BENCHMARK_STAGES
     from tasks.runs import stage_status
 
     stages = []
-    for stage in ("datasets", "trials", "report"):
+    for stage in BENCHMARK_STAGES:
         st = stage_status(root, run_id, stage)
         if st is not None and st.started_at and st.finished_at:
             took = (datetime.fromisoformat(st.finished_at)
