@@ -64,17 +64,17 @@ def agent_options_from_args(args: argparse.Namespace) -> dict:
 def cmd_models(args: argparse.Namespace) -> int:
     """Print the models table, or check agents as a run does — resolution plus the preflight
     request of each LLM agent (exit 2 with one line per agent that cannot run)."""
-    from tasks.llm import AgentConfigError, load_models_config
+    from tasks.llm import AgentConfigError, load_models_config, local_entry
 
     try:
         if args.check:
             from tasks.trials import check_agents, preflight_agents
 
             described = check_agents(args.check)
-            checks = iter(preflight_agents(args.check))  # one per openai agent, in order
+            checks = iter(preflight_agents(args.check))  # one per LLM agent, in order
             bad = 0
             for desc in described:
-                if desc["kind"] == "openai":
+                if desc["kind"] in ("openai", "local"):
                     r = next(checks)
                     desc["preflight"] = {"ok": r.ok, "problem": r.problem, "warning": r.warning,
                                          "status": r.status, "tools_accepted": r.tools_accepted,
@@ -98,7 +98,13 @@ def cmd_models(args: argparse.Namespace) -> int:
              f"{'context':>9s}  key"
     print(header)
     for m in cfg.models:
-        if m.api_key_env:
+        if m.local is not None:
+            try:
+                local_entry(m.name, cfg)
+                key = "served by querylab"
+            except AgentConfigError:
+                key = "served by querylab: not installed (`make setup`)"
+        elif m.api_key_env:
             have = any(os.environ.get(v) for v in m.api_key_env)
             key = ("set" if have else "missing") + f" ({' / '.join(m.api_key_env)})"
             if not have and not m.api_key_required:
@@ -106,7 +112,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         else:
             key = "not needed"
         p = m.prices
-        print(f"{'openai:' + m.name:42s} {m.provider:10s} {p.input:7.3f} {p.cached_input:7.3f} "
+        label = ("local:" if m.local is not None else "openai:") + m.name
+        print(f"{label:42s} {m.provider:10s} {p.input:7.3f} {p.cached_input:7.3f} "
               f"{p.output:7.3f} {m.context_window:9d}  {key}")
     return 0
 
