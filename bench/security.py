@@ -230,6 +230,10 @@ def main() -> None:
            for db, d in open_databases(m, settings).items()}
     before = {n: _checksum(d) for n, d in dbs.items()}
     queries = {"stocks": "nasdaq_top_volume_2012", "movies": "spielberg_box_office"}
+    # cache off: groups share the dataset's first messages and trial indices; cells get 256 MiB
+    # for their whole process tree (the memory payload forks 3 x 200 MiB)
+    options = {g: {"cache": "off"} for g in groups}
+    options["python"]["python_memory_mb"] = 256
     verdicts = []
     rss = PeakRSS()
     current = {"respond": hostile.responder([])}
@@ -244,7 +248,7 @@ def main() -> None:
             # cache off: groups share the dataset's first messages and trial indices
             verdicts += hostile.run_payloads(payloads, srv, agent, manifests[dataset][0],
                                              queries[dataset], settings.artifacts, f"sec-{group}",
-                                             options={"cache": "off"})
+                                             options=options[group])
         rss.stop.set()
         rss.join()
     if not args.only or any("dab".startswith(o) or o.startswith("dab") for o in args.only):

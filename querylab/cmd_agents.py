@@ -28,7 +28,9 @@ _FLAGS = [
     ("--python-timeout", "python_timeout_s", float,
      "wall seconds per execute_python call (default 60)"),
     ("--python-memory-mb", "python_memory_mb", int,
-     "address-space limit of execute_python in MiB (default 2048)"),
+     "memory of one execute_python call, all its processes, in MiB (default 2048)"),
+    ("--python-disk-mb", "python_disk_mb", int,
+     "size of a trial's execute_python work directory in MiB (default 1024)"),
 ]
 
 
@@ -39,6 +41,10 @@ def add_agent_options(parser: argparse.ArgumentParser) -> None:
         g.add_argument(flag, dest=f"opt_{dest}", type=kind, default=None, help=text)
     g.add_argument("--cache", dest="opt_cache", choices=["on", "off", "refresh"], default=None,
                    help="response cache: on (default), refresh (ignore hits, store), off")
+    g.add_argument("--unsafe-sandbox", dest="opt_unsafe_sandbox", action="store_true",
+                   default=None,
+                   help="run LLM agents although this machine cannot isolate execute_python "
+                   "(recorded in the run and its report)")
 
 
 def agent_options_from_args(args: argparse.Namespace) -> dict:
@@ -50,6 +56,8 @@ def agent_options_from_args(args: argparse.Namespace) -> dict:
             out[dest] = value
     if getattr(args, "opt_cache", None):
         out["cache"] = args.opt_cache
+    if getattr(args, "opt_unsafe_sandbox", None):
+        out["unsafe_sandbox"] = True
     return out
 
 

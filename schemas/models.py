@@ -229,8 +229,12 @@ class AgentOptions(_Strict):
 
     ``cache``: ``on`` (read and write the response cache), ``refresh`` (write only), ``off``.
 
-    Sandbox of ``execute_python``: ``python_timeout_s`` wall seconds, ``python_memory_mb``
-    address space (RLIMIT_AS), ``python_cpu_s`` CPU seconds (RLIMIT_CPU) per cell.
+    Sandbox of ``execute_python`` (:mod:`tasks.sandbox`), per cell: ``python_timeout_s`` wall
+    seconds, ``python_memory_mb`` MiB for the cell's process tree and work-directory files
+    (cgroup; also each process's address space), ``python_cpu_s`` CPU seconds of the tree,
+    ``python_max_procs`` processes + threads; per trial: a ``python_disk_mb`` MiB work
+    directory. ``unsafe_sandbox``: let LLM agents run although this machine cannot isolate
+    their cells (recorded in the run and its report; never the default).
     """
 
     max_iterations: int = Field(100, ge=1)
@@ -250,6 +254,9 @@ class AgentOptions(_Strict):
     python_timeout_s: float = Field(60.0, gt=0)
     python_memory_mb: int = Field(2048, ge=64)
     python_cpu_s: int = Field(60, ge=1)
+    python_max_procs: int = Field(128, ge=8)
+    python_disk_mb: int = Field(1024, ge=16)
+    unsafe_sandbox: bool = False
 
     def sampling(self) -> dict:
         """The sampling parameters set in these options (unset ones omitted)."""

@@ -42,7 +42,6 @@ read-only (DuckDB without file access).
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import os
@@ -50,7 +49,6 @@ import re
 import secrets
 import sqlite3
 import tempfile
-import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -612,7 +610,11 @@ def support_files(dab_dir: str | Path) -> dict[str, Path]:
     """The DAB checkout's ``common_scaffold`` Python helpers (``validate.py`` files import
     them) by path relative to the checkout root, e.g. ``common_scaffold/validate/x.py``;
     empty when the checkout has none. Each must resolve inside the checkout."""
-    root = Path(dab_dir).resolve().parent
+    return _scaffold_files(Path(dab_dir).resolve().parent)
+
+
+def _scaffold_files(root: Path) -> dict[str, Path]:
+    """:func:`support_files` of the checkout at ``root``."""
     pkg = root / "common_scaffold"
     if not pkg.is_dir():
         return {}
@@ -635,25 +637,16 @@ ok, reason = (tuple(result) + ("",))[:2] if isinstance(result, (tuple, list)) el
 sys.stdout.write("\n@@querylab-validate@@" + json.dumps({"ok": bool(ok), "reason": str(reason)}))
 """
 
-_VALIDATORS = threading.local()
-
-
 def _run_in_validate_sandbox(cell: str, workdir: Path, timeout_s: float, memory_mb: int):
-    """THE call site of the sandbox that runs DAB ``validate.py`` files (one per thread,
-    separate from the sandbox of the agents' ``execute_python`` cells; ``workdir`` holds only
-    the query's own folder, the checkout's helpers and the answer).
+    """THE call site of the sandbox that runs DAB ``validate.py`` files: a sealed session of
+    its own (:func:`tasks.sandbox.run_in_folder`), separate from every agent's, that sees a
+    read-only copy of ``workdir`` (only the query's own folder, the checkout's helpers and the
+    answer) as its working directory and nothing else of the host."""
+    from tasks.sandbox import run_in_folder
 
-    SANDBOX SWITCH (issue 12 point 8): when the filesystem-isolated primitive of
-    ``tasks/sandbox.py`` (branch ``sandbox``) lands, call it here so that the cell sees
-    ``workdir`` and nothing else; nothing else in this module needs to change."""
-    from tasks.sandbox import Sandbox
-
-    sandbox = getattr(_VALIDATORS, "sandbox", None)
-    if sandbox is None:
-        sandbox = _VALIDATORS.sandbox = Sandbox(preload=())
-        atexit.register(sandbox.close)
-    return sandbox.run(cell, workdir, name="validate", timeout_s=timeout_s, memory_mb=memory_mb,
-                       cpu_s=int(timeout_s) + 1)
+    res, _ = run_in_folder(workdir, cell, timeout_s=timeout_s, memory_mb=memory_mb,
+                           name="validate")
+    return res
 
 
 def _artifact_files(source: str | Path) -> dict[str, bytes]:
@@ -676,15 +669,15 @@ def run_validate_script(
 ) -> tuple[bool, str]:
     """Judge ``answer`` with a DAB ``validate.py`` (a path or an artifact URI).
 
-    The script runs in the validators' sandbox (:func:`_run_in_validate_sandbox`), never in
-    querylab's process: a forked child of a clean zygote whose environment holds no API keys or
-    database URLs, in new user/PID/network namespaces where the kernel allows them, with
-    ``memory_mb`` MiB of address space and ``timeout_s`` seconds of wall-clock and CPU time, in
-    a fresh directory holding only: the files of ``folder`` (the query's own folder, a local
+    The script runs in a sealed sandbox session of its own (:func:`_run_in_validate_sandbox`),
+    never in querylab's process: an unprivileged process whose environment holds no API keys
+    or database URLs, with no network and no view of the host's files, within ``memory_mb`` MiB
+    and ``timeout_s`` seconds of wall-clock and CPU time, whose working directory is a
+    read-only copy of a fresh directory holding only: the files of ``folder`` (the query's own folder, a local
     directory or an artifact prefix; without it, ``validate.py`` alone), the files of
     ``support`` (the checkout's ``common_scaffold`` helpers, importable) and the answer.
-    ``search_path`` entries are prepended to ``sys.path`` (older manifests point at the DAB
-    checkout this way). Returns ``(ok, reason)``; a script that fails, hangs or returns nothing
+    ``search_path`` entries (older manifests point at the DAB checkout this way) have their
+    ``common_scaffold`` helpers copied in too. Returns ``(ok, reason)``; a script that fails, hangs or returns nothing
     gives ``(False, <why>)``. A None answer is wrong.
     """
     if answer is None:
@@ -693,7 +686,11 @@ def run_validate_script(
     source = local.read_bytes() if local.is_file() else storage.read_bytes(str(script))
     with tempfile.TemporaryDirectory(prefix="querylab-validate-") as tmp:
         work = Path(tmp)
-        for files in (_artifact_files(support) if support else {},
+        # older manifests name the checkout in search_path: its helpers are copied in, since
+        # the sandbox sees no host path
+        legacy = {rel: p.read_bytes() for entry in search_path if Path(entry).is_dir()
+                  for rel, p in _scaffold_files(Path(entry).resolve()).items()}
+        for files in (legacy, _artifact_files(support) if support else {},
                       _artifact_files(folder) if folder else {}):
             for rel, data in files.items():
                 target = work / rel

@@ -4,8 +4,9 @@ the per-trial :class:`ToolBox` that executes them.
 Results of ``query_db`` and ``execute_python`` are kept as variables ``var_<call_id>`` (DAB's
 convention; characters of the call id other than letters, digits and ``_`` become ``_``, and an
 id longer than 64 characters, empty or not printable ASCII is shortened and suffixed with a
-hash, see :func:`variable_name`): the model sees a preview, and later ``execute_python`` code sees the full value. Large results are
-saved to files in the trial's working directory (``vars/var_<call_id>.json``,
+hash, see :func:`variable_name`): the model sees a preview, and later ``execute_python`` code
+sees the full value. Results are saved as files in the trial's sandbox work directory
+(``vars/var_<call_id>.json``; a large ``execute_python`` output also as
 ``results/<call_id>.stdout.txt``) and the preview says where (an ``execute_python`` variable
 holds the first 100,000 characters of its output; the saved file holds all of it). Tool
 messages are JSON of at most ``max_content_chars`` characters: previews are cut to fit.
@@ -22,8 +23,9 @@ written as UTF-8. Only an unexpected exception inside a tool (a harness bug) is 
 capped in rows and bytes, per query and per trial (:data:`MAX_TRIAL_RESULT_BYTES`).
 
 ``list_db``, ``query_db`` and ``return_answer`` run in-process (databases are opened once per
-process and shared); ``execute_python`` runs each cell in a separate, resource-limited process
-(:mod:`tasks.sandbox`).
+process and shared); ``execute_python`` runs each cell in a sealed, unprivileged,
+resource-limited process of the trial's sandbox session (:mod:`tasks.sandbox`), opened at the
+first cell and closed by :meth:`ToolBox.close`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from tasks.databases import (
     Database,
     QueryError,
 )
-from tasks.sandbox import Sandbox, SandboxError, thread_sandbox
+from tasks.sandbox import Sandbox, SandboxError, Session, shared_sandbox
 
 TOOL_SCHEMAS: list[dict] = [
     {
@@ -277,13 +279,22 @@ class ToolBox:
     """Executes tool calls for one trial.
 
     ``databases`` maps logical names to open read-only databases; ``descriptions`` their
-    one-line descriptions; ``workdir`` a directory private to the trial. Limits: ``max_rows``
-    rows, ``max_result_bytes`` bytes and ``max_value_bytes`` bytes per value kept per query,
-    ``max_trial_result_bytes`` bytes of query results per trial (a query gets what is left of
-    it), ``preview_rows`` shown to the model, ``max_content_chars`` per tool message; ``execute_python`` cells get ``python_timeout_s`` wall-clock seconds,
-    ``python_memory_mb`` MiB of address space and ``python_cpu_s`` CPU seconds, cut to the
-    trial's ``deadline`` (a ``time.monotonic()`` instant) when one is set. ``sandbox`` runs
-    the cells (default: this thread's shared :func:`tasks.sandbox.thread_sandbox`).
+    one-line descriptions. Limits: ``max_rows`` rows, ``max_result_bytes`` bytes and
+    ``max_value_bytes`` bytes per value kept per query, ``max_trial_result_bytes`` bytes of query
+    results per trial (a query gets what is left of it), ``preview_rows`` shown to the model,
+    ``max_content_chars`` per tool message; ``execute_python`` cells get ``python_timeout_s``
+    wall-clock seconds, ``python_memory_mb`` MiB (their process tree and work-directory files;
+    also the address space per process), ``python_cpu_s`` CPU seconds, ``python_max_procs``
+    processes + threads, cut to the trial's ``deadline`` (a ``time.monotonic()`` instant) when
+    one is set, and a ``python_disk_mb`` MiB work directory.
+
+    The cells run in ``session`` (a :class:`tasks.sandbox.Session`), by default one opened
+    from ``sandbox`` (default :func:`tasks.sandbox.shared_sandbox`) at the first
+    ``execute_python`` call and closed by :meth:`close`; earlier results are put into it then.
+    ``require_isolation``: that session must have every isolation mechanism (else the call
+    fails with the reason). ``workdir``: a host directory private to the trial, used as the
+    work directory only when the machine cannot give a sealed one and isolation is not
+    required (unsafe runs; the session's ``mechanisms`` say so).
     """
 
     databases: dict[str, Database]
@@ -298,14 +309,38 @@ class ToolBox:
     python_timeout_s: float = 60.0
     python_memory_mb: int = 2048
     python_cpu_s: int = 60
+    python_disk_mb: int = 1024
+    python_max_procs: int = 128
     deadline: float | None = None
     sandbox: Sandbox | None = None
+    session: Session | None = None
+    require_isolation: bool = False
     variables: dict[str, Any] = field(default_factory=dict)
     result_bytes: int = 0
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
-        (self.workdir / "vars").mkdir(parents=True, exist_ok=True)
+        self._own_session = False
+
+    def close(self) -> None:
+        """Close the sandbox session this ToolBox opened (its work directory goes with it)."""
+        if self._own_session and self.session is not None:
+            self.session.close()
+        self.session, self._own_session = None, False
+
+    def python_session(self) -> Session:
+        """The trial's sandbox session, opened (with every stored variable put into its work
+        directory) at the first call. Raises SandboxError / SandboxUnavailable."""
+        if self.session is None or not self.session.alive:
+            sandbox = self.sandbox or shared_sandbox()
+            session = sandbox.open_session(
+                disk_mb=self.python_disk_mb, require_isolation=self.require_isolation,
+                fallback_workdir=self.workdir,
+            )
+            self.session, self._own_session = session, True
+            for name, value in self.variables.items():
+                session.put_file(f"vars/{name}.json", json.dumps(value, default=str).encode())
+        return self.session
 
     # -- dispatch ---------------------------------------------------------------------------
     def call(self, name: Any, arguments: Any, call_id: Any) -> ToolOutcome:
@@ -367,7 +402,7 @@ class ToolBox:
             if exc.__traceback__ is not None and exc.__traceback__.tb_next is not None:
                 raise  # raised inside the tool, not by the call: a harness error
             self._fail(out, f"bad arguments for {name}: {clean_text(str(exc))[:300]}")
-        except QueryError as exc:
+        except (QueryError, SandboxError) as exc:
             self._fail(out, str(exc))
 
     def _fail(self, out: ToolOutcome, message: str) -> None:
@@ -405,9 +440,13 @@ class ToolBox:
         out.success, out.content, out.value, out.result_size = True, text, result, len(full)
 
     def _store(self, call_id: str, value: Any) -> str:
+        """Keep ``value`` as variable ``var_<call_id>`` (returned; :func:`variable_name` keeps
+        it short) and, once the sandbox session is open, as ``vars/<name>.json`` in its work
+        directory. Raises SandboxError when that fails."""
         name = variable_name(call_id)
         self.variables[name] = value
-        (self.workdir / "vars" / f"{name}.json").write_text(json.dumps(value, default=str))
+        if self.session is not None and self.session.alive:
+            self.session.put_file(f"vars/{name}.json", json.dumps(value, default=str).encode())
         return name
 
     # -- tools ------------------------------------------------------------------------------
@@ -481,31 +520,35 @@ class ToolBox:
             timeout = min(timeout, self.deadline - time.monotonic())
             if timeout <= 0:
                 return self._fail(out, "execute_python not run: the trial's wall time is up")
-        sandbox = self.sandbox or thread_sandbox()
         stem = variable_name(out.call_id)[4:]
         try:
-            res = sandbox.run(
-                code, self.workdir, name=stem, timeout_s=timeout,
-                memory_mb=self.python_memory_mb, cpu_s=self.python_cpu_s,
+            session = self.python_session()
+            res = session.run(
+                code, name=stem, timeout_s=timeout, memory_mb=self.python_memory_mb,
+                cpu_s=self.python_cpu_s, max_procs=self.python_max_procs,
                 max_output_chars=max(self.max_content_chars, 100_000),
             )
         except SandboxError as exc:
             return self._fail(out, f"execute_python could not run: {exc}")
         if res.error:
             return self._fail(out, res.error)
-        var = self._store(out.call_id, res.stdout)
-        shown: dict[str, Any] = {"stdout": res.stdout, "variable": var}
+        shown: dict[str, Any] = {"stdout": res.stdout}
+        try:
+            shown["variable"] = self._store(out.call_id, res.stdout)
+        except SandboxError as exc:  # e.g. the cell filled its work directory
+            shown["variable_not_saved"] = str(exc)
         if res.stderr.strip():
             shown["stderr"] = res.stderr[-1000:]
         if res.stdout_bytes > len(res.stdout.encode()) or len(self._fit(dict(shown))) < len(
             json.dumps(shown, default=str)
         ):
-            saved = self.workdir / "results" / f"{stem}.stdout.txt"
-            saved.parent.mkdir(exist_ok=True)
-            (self.workdir / ".cells" / f"{stem}.out").replace(saved)
             shown["truncated"] = True
             shown["stdout_bytes"] = res.stdout_bytes
-            shown["saved_to"] = f"results/{stem}.stdout.txt"
+            try:
+                session.save_output(f"results/{stem}.stdout.txt")
+                shown["saved_to"] = f"results/{stem}.stdout.txt"
+            except SandboxError as exc:
+                shown["not_saved"] = str(exc)
         self._ok(out, res.stdout, shown)
 
     def _tool_return_answer(self, out: ToolOutcome, answer: Any) -> None:

@@ -64,6 +64,7 @@ from tasks.llm import (
 from tasks.llm import LOCAL_PREFLIGHT_TIMEOUT_S, PREFLIGHT_TIMEOUT_S
 from tasks.prefect_task import task
 from tasks.replay import answers_for, load_answers, run_replay
+from tasks.sandbox import shared_sandbox
 from tasks.scoring import is_errored, load_scoring
 from tasks.tools import ToolBox
 
@@ -78,6 +79,7 @@ __all__ = [
     "agent_options",
     "batch_uri",
     "check_agents",
+    "check_sandbox",
     "combine_trials",
     "describe_agents",
     "hint_conditions",
@@ -213,10 +215,33 @@ def check_agents(
                  "ignored_datasets": sorted(answers.datasets() - names)}
             )
         out.append(desc)
+    sandbox = check_sandbox(agents, opts)
     if any(d["kind"] in ("openai", "local") for d in out):
         for d in out:
             d["options"] = opts.model_dump()
+            if d["kind"] in ("openai", "local"):
+                d["sandbox"] = sandbox
     return out
+
+
+def check_sandbox(agents: list[str], options: dict | AgentOptions | None = None) -> dict | None:
+    """Refuse LLM agents where their ``execute_python`` cells cannot be isolated.
+
+    For a run with an ``openai:`` agent returns what the sandbox provides on this machine
+    (:meth:`tasks.sandbox.Isolation.describe` plus ``unsafe_sandbox``); raises
+    AgentConfigError naming the missing mechanisms unless the option ``unsafe_sandbox`` is set.
+    None when no agent runs model-written code (the oracle and replay agents run their own).
+    """
+    opts = agent_options(options)
+    if not any(parse_agent(a)[0] in ("openai", "local") for a in agents):
+        return None
+    iso = shared_sandbox().isolation()
+    if not iso.ok and not opts.unsafe_sandbox:
+        raise AgentConfigError(
+            f"{iso.error()}. LLM agents do not run without it; --unsafe-sandbox runs them "
+            "anyway (recorded in the run and its report)"
+        )
+    return {**iso.describe(), "unsafe_sandbox": opts.unsafe_sandbox}
 
 
 def preflight_agents(
@@ -620,6 +645,10 @@ def run_batch(
     manifest = storage.read_json(batch["manifest_uri"])
     queries = {q["id"]: q for q in manifest["queries"]}
     options = agent_options(batch.get("options"))
+    # model-written cells need the sealed sandbox unless the run said --unsafe-sandbox
+    strict = parse_agent(batch["agent"])[0] in ("openai", "local") and not options.unsafe_sandbox
+    if strict:
+        check_sandbox([batch["agent"]], options)
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
     hints = batch.get("hints")
@@ -645,17 +674,22 @@ def run_batch(
             workdir = batch_dir / f"{query_id}-{trial}"
             if workdir.exists():  # left by a killed run
                 shutil.rmtree(workdir, ignore_errors=True)
+            toolbox = None
             try:
                 toolbox = toolbox_factory(
                     databases, workdir, descriptions=descriptions,
                     python_timeout_s=options.python_timeout_s,
                     python_memory_mb=options.python_memory_mb, python_cpu_s=options.python_cpu_s,
+                    python_disk_mb=options.python_disk_mb,
+                    python_max_procs=options.python_max_procs, require_isolation=strict,
                 )
                 outcome = runner.run(query, trial, toolbox)
             except Exception as exc:  # noqa: BLE001 - one trial's harness failure is recorded
                 log.exception("trial %s failed in the harness", key)
                 outcome = _harness_error(exc)
             finally:
+                if toolbox is not None:
+                    toolbox.close()  # the trial's sandbox session (back to the warm pool)
                 shutil.rmtree(workdir, ignore_errors=True)
             rows = _rows(
                 run_id, key, label, runner.model, manifest, query, trial, outcome, hints

@@ -161,7 +161,8 @@ def stdout_says(verdict: Callable[[str], bool | str]) -> Check:
             return "no tool call ran"
         if not o.call["success"]:
             err = (o.call["error"] or "").lower()
-            stopped = ("timed out", "memory", "killed", "limit", "not run", "refuse", "signal")
+            stopped = ("timed out", "memory", "killed", "limit", "not run", "refuse", "signal",
+                       "read-only file system", "permission denied", "operation not permitted")
             return True if any(s in err for s in stopped) else f"cell failed: {err[:200]}"
         out = (o.shown or {}).get("stdout", "") if isinstance(o.shown, dict) else ""
         return verdict(out)
