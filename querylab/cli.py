@@ -198,10 +198,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_specs(names, args.query)
     options = cmd_agents.agent_options_from_args(args)
     check_agents_now(agents, options, "run")
-    run_preflight(agents, options, "run")
 
     hints = list(dict.fromkeys(args.hints or ["off"]))
     with run_lease(root, run_id):  # refuses at once (LeaseHeld) when another process runs it
+        run_preflight(agents, options, "run")  # under the lease: a refused run pays nothing
         print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
               f"hints {'/'.join(hints)}, artifacts in {root}")
         return _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started)
