@@ -399,18 +399,22 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
 
 def _check_replay_files(agents: list[str], args: argparse.Namespace) -> None:
     """Before anything is imported: every entry of each replay agent's answer file must be for
-    a dataset of this checkout (by DAB's name, ignoring case) — UsageError naming those that
-    are not (a typo would score nothing). Queries are checked against the imported folders
-    when the trials stage starts."""
+    a dataset of this checkout (by DAB's name, ignoring case) and one of its query folders —
+    UsageError / ReplayError naming those that are not (a typo would score nothing)."""
     from querylab import UsageError
     from tasks.dab_import import DabImportError, dataset_name, find_dab_datasets
     from tasks.replay import load_answers
     from tasks.trials import parse_agent
 
-    names = []
+    from tasks.replay import answers_for, unmatched_datasets
+
+    found = []
     for folder in find_dab_datasets(args.path):
         try:
-            names.append({"name": dataset_name(folder)})
+            queries = sorted(p.name for p in folder.iterdir()
+                             if p.is_dir() and re.fullmatch(r"query\d+", p.name))
+            found.append({"name": dataset_name(folder), "format": "dab",
+                          "queries": [{"id": q} for q in queries]})
         except DabImportError:
             continue  # listed among the failures by the import
     for agent in agents:
@@ -418,13 +422,13 @@ def _check_replay_files(agents: list[str], args: argparse.Namespace) -> None:
         if kind != "replay":
             continue
         answers = load_answers(arg)
-        from tasks.replay import unmatched_datasets
-
-        missing = unmatched_datasets(answers, names)
+        missing = unmatched_datasets(answers, found)
         if missing:
             shown = ", ".join(f"{d!r} ({n} entries)" for d, n in missing.items())
             raise UsageError(f"{arg}: entries for datasets that {args.path} does not have: "
-                             f"{shown}; it has {sorted(n['name'] for n in names)}")
+                             f"{shown}; it has {sorted(m['name'] for m in found)}")
+        for m in found:  # every query an entry names is a query folder
+            answers_for(answers, m)
 
 
 def _print_failures(failures: list[dict]) -> None:

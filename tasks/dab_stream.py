@@ -41,6 +41,9 @@ CHUNK_ROWS = 10_000
 CHUNK_BYTES = 16 << 20
 #: Fewest rows in one chunk.
 MIN_CHUNK_ROWS = 64
+#: DuckDB's memory limit while a DuckDB file is read (its buffer pool would otherwise cache
+#: the file's blocks up to 80 % of RAM).
+DUCKDB_READ_MEMORY = "256MB"
 
 #: A source of chunks: called once per pass, each call iterates the whole table again.
 ChunkSource = Callable[[], Iterator[list]]
@@ -342,6 +345,7 @@ def duckdb_tables(path: str | Path) -> Iterator[dict[str, Table]]:
     con = duckdb.connect(str(path), read_only=True)
     try:
         con.execute("SET enable_external_access = false")  # a view cannot read other files
+        con.execute(f"SET memory_limit = '{DUCKDB_READ_MEMORY}'")  # its block cache, bounded
         names = con.execute(
             "SELECT table_schema, table_name FROM information_schema.tables "
             "WHERE table_type = 'BASE TABLE' ORDER BY 1, 2"

@@ -1826,9 +1826,15 @@ def load_sqlite(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+#: DuckDB's memory limit while it loads a Parquet stream (its buffer pool otherwise keeps the
+#: written blocks up to 80 % of RAM; the scan itself streams).
+DUCKDB_LOAD_MEMORY = "512MB"
+
+
 def load_duckdb(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
-    """(Re)create the DuckDB file ``path`` holding ``tables`` (name -> pyarrow Table, or a
-    ``RecordBatchReader``, streamed), atomically (temporary sibling file, then
+    """(Re)create the DuckDB file ``path`` holding ``tables`` (name -> pyarrow Table, a
+    ``RecordBatchReader``, or a :class:`tasks.storage.ParquetStream` — scanned by DuckDB from
+    its file within :data:`DUCKDB_LOAD_MEMORY`), atomically (temporary sibling file, then
     ``os.replace``); column types come from Arrow (int64 -> BIGINT, double -> DOUBLE, string -> VARCHAR, date32 -> DATE, list<string> ->
     VARCHAR[], ...). A cached read-only connection of this process to ``path`` is dropped."""
     import duckdb
@@ -1840,6 +1846,12 @@ def load_duckdb(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
         conn = duckdb.connect(str(tmp))
         try:
             for name, tbl in tables.items():
+                parquet = getattr(tbl, "parquet_path", None)
+                if parquet is not None:  # a Parquet stream: DuckDB scans the file itself
+                    conn.execute(f"SET memory_limit = '{DUCKDB_LOAD_MEMORY}'")
+                    conn.execute(f"CREATE TABLE {_quote_ident(name)} AS SELECT * FROM "
+                                 "read_parquet(?)", [parquet])
+                    continue
                 view = f"__querylab_src_{uuid.uuid4().hex[:8]}"
                 conn.register(view, tbl)
                 try:

@@ -64,8 +64,8 @@ def _physical_name(manifest: dict, db: str) -> str:
 @contextmanager
 def _placed_tables(manifest: dict, db: str) -> Iterator[dict[str, Any]]:
     """Table name → placed table of database ``db``, inside a ``with`` block. A table of its
-    own Parquet file is a ``RecordBatchReader`` streamed from the file (the loaders never hold
-    it whole: multi-GB imported tables load in bounded memory); the tables of a shard placement
+    own Parquet file is a :class:`tasks.storage.ParquetStream` (the loaders stream it and never
+    hold it whole: multi-GB imported tables load in bounded memory); the tables of a shard placement
     (entries with ``shard``, see :mod:`tasks.build`) are zero-copy slices of their family's
     file, read once, without the shard column."""
     tables = manifest["databases"][db]["tables"]
@@ -81,7 +81,7 @@ def _placed_tables(manifest: dict, db: str) -> Iterator[dict[str, Any]]:
             if shard is None and per_file[t["uri"]] == 1:
                 stream = storage.ParquetStream(t["uri"])
                 streams.append(stream)
-                out[name] = stream.reader()
+                out[name] = stream
                 continue
             if t["uri"] not in files:
                 files[t["uri"]] = storage.read_parquet(t["uri"])
@@ -97,7 +97,8 @@ def _placed_tables(manifest: dict, db: str) -> Iterator[dict[str, Any]]:
 
 def _mongo_docs(table: Any) -> Any:
     """Rows as BSON-encodable documents (dates become ISO strings; lists stay arrays); a
-    ``RecordBatchReader`` stays a reader (its date columns cast to ISO text, batch by batch)."""
+    stream of batches stays a ``RecordBatchReader`` (its date columns cast to ISO text, batch
+    by batch)."""
     if not hasattr(table, "to_pylist"):
         def batches():
             for batch in table:

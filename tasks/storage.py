@@ -272,10 +272,11 @@ def write_parquet_batches(uri: str, schema: pa.Schema, batches) -> int:
 
 
 class ParquetStream:
-    """A Parquet artifact read batch by batch: ``schema``, ``num_rows`` and
-    :meth:`batches` (a fresh pass each call, at most ``batch_rows`` rows per batch). A local
-    file is read in place; an S3 object is downloaded (streamed) to a temporary file first,
-    removed by :meth:`close`."""
+    """A Parquet artifact read batch by batch: ``schema``, ``num_rows``, :meth:`batches` (a
+    fresh pass each call, at most ``batch_rows`` rows per batch; iterating the object is the
+    same) and ``parquet_path``, the local file. A local file is read in place; an S3 object
+    is downloaded (streamed) to a temporary file first, removed by :meth:`close`. The
+    loaders of :mod:`tasks.databases` take it in place of a table and never hold it whole."""
 
     def __init__(self, uri: str, batch_rows: int = 10_000):
         self.uri, self.batch_rows, self._tmp = uri, batch_rows, None
@@ -294,6 +295,8 @@ class ParquetStream:
             path = _local(uri)
             if not path.exists():
                 raise StorageError(f"{uri}: artifact not found")
+        #: the local file read (a download of an S3 object): engines can scan it directly
+        self.parquet_path = str(path)
         self._file = pq.ParquetFile(path)
         self.schema = self._file.schema_arrow
         self.num_rows = self._file.metadata.num_rows
@@ -301,6 +304,9 @@ class ParquetStream:
     def batches(self):
         """The record batches, in order."""
         return self._file.iter_batches(batch_size=self.batch_rows)
+
+    def __iter__(self):
+        return iter(self.batches())
 
     def reader(self) -> pa.RecordBatchReader:
         """The batches as a ``pyarrow.RecordBatchReader`` (read once)."""

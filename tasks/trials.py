@@ -204,6 +204,7 @@ def check_agents(
         planned = _planned_hints(agent, conditions)
         desc: dict = {"agent": agent, "kind": kind, "hints": [h for h in planned if h],
                       "labels": [agent_label(agent, h) for h in planned]}
+        _check_runnable(agent, kind, manifests, planned)
         if kind in ("openai", "local"):
             config = config or load_models_config(env=env)
             resolved = resolve_model(agent if kind == "local" else arg, config, env)
@@ -229,7 +230,6 @@ def check_agents(
                 desc["warnings"] = [
                     f"{arg}: entries for datasets not in this run are not scored: "
                     + ", ".join(f"{d} ({n})" for d, n in ignored.items())]
-        _check_runnable(agent, kind, manifests, planned)
         out.append(desc)
     sandbox = check_sandbox(agents, opts)
     if any(d["kind"] in ("openai", "local") for d in out):
