@@ -83,13 +83,16 @@ def check_items(answer: str, truth: Any, validator: dict) -> Verdict:
 
 def check_dab_script(answer: str, truth: Any, validator: dict) -> Verdict:
     """``{"kind": "dab_script", "script": <uri>, "folder": <uri>, "support": <uri>}`` (older
-    imports: ``"search_path": [...]``): an imported DAB query's own ``validate.py``, run in the
+    imports: ``"search_path": [...]``; optional ``"timeout_s"``, default
+    :data:`tasks.dab_import.VALIDATE_TIMEOUT_S`): an imported DAB query's own ``validate.py``, run in the
     validators' sandbox with its query folder as its directory (see
     :func:`tasks.dab_import.run_validate_script`); its reason is kept. A script that raises,
     hangs or returns no ``(is_valid, reason)`` pair gives an errored Verdict."""
-    from tasks.dab_import import run_validate_script
+    from tasks.dab_import import VALIDATE_TIMEOUT_S, run_validate_script
 
     ok, reason = run_validate_script(validator["script"], answer, validator.get("search_path", []),
+                                     timeout_s=float(validator.get("timeout_s",
+                                                                   VALIDATE_TIMEOUT_S)),
                                      folder=validator.get("folder"),
                                      support=validator.get("support"))
     if ok is None:  # the script gave no verdict: errored, with its traceback
