@@ -22,8 +22,8 @@ For each submission:
    ``stats_scripts/avg_pass_k.py`` — and compared with querylab's verdict row by row.
 
 Prints one row per submission (published passAt1, querylab's figure over the kept datasets, the
-direct figure, rows agreeing) and the rows where querylab and the direct call disagree; the
-figure LAST:
+direct figure, rows agreeing), the valid runs per query, and the rows where querylab and the
+direct call disagree; the figure LAST:
 
     rescored <n> submissions over <datasets>: querylab agrees with DAB's validate.py on
     <k>/<rows> answers
@@ -140,7 +140,8 @@ def rescore(checkout: Path, path: Path, work: Path, env: dict) -> dict:
     direct = judge_directly(kept, folders)
     fig, per_dataset = dab_figure(_group(direct))
     disagree = sorted((k, ours.get(k), v) for k, v in direct.items() if ours.get(k) != v)
-    return {"querylab": float(m.group(1)), "direct": fig, "per_dataset": per_dataset,
+    per_query = {(d, q): f"{sum(v)}/{len(v)}" for (d, q), v in sorted(_group(direct).items())}
+    return {"querylab": float(m.group(1)), "per_query": per_query, "direct": fig, "per_dataset": per_dataset,
             "rows": len(direct), "agree": len(direct) - len(disagree), "disagree": disagree,
             "dropped": dropped, "kept": len(kept), "entries": len(entries),
             "datasets": sorted({str(e["dataset"]) for e in kept})}
@@ -185,6 +186,13 @@ def main(argv: list[str]) -> int:
         print(f"| {path.name} ({agent}) | {board[agent]['passAt1']:.4f} | "
               f"{', '.join(r['datasets'])} | {r['kept']}/{r['entries']} | {r['querylab']:.4f} "
               f"| {r['direct']:.4f} | {r['agree']}/{r['rows']} |")
+    queries = sorted({k for _, _, r in results for k in r["per_query"]})
+    print("\nvalid runs per query (validate.py):\n| query | "
+          + " | ".join(path.name for path, _, _ in results) + " |")
+    print("|---|" + "---|" * len(results))
+    for d, q in queries:
+        print(f"| {d} query{q} | "
+              + " | ".join(r["per_query"].get((d, q), "-") for _, _, r in results) + " |")
     for path, _, r in results:
         for (dataset, query, run), q, d in r["disagree"]:
             print(f"disagreement: {path.name} {dataset} query{query} run {run}: "
