@@ -202,6 +202,41 @@ def test_imported_tables_load_from_parquet_streams(suite, tmp_path, settings):
         "SELECT count(*) AS n FROM article_metadata WHERE region = 'Europe'").rows == [{"n": 2}]
 
 
+def test_the_file_loaders_take_a_parquet_stream_whole(tmp_path):
+    """A :class:`tasks.storage.ParquetStream` of several batches loads into SQLite (batch by
+    batch) and DuckDB (scanned from its file within a memory limit) with every row, its nulls
+    and its types: dates stay dates, lists stay lists in DuckDB."""
+    import datetime as dt
+
+    import duckdb
+    import pyarrow as pa
+
+    from tasks.databases import load_duckdb, load_sqlite
+
+    n = 25_000  # three batches of ParquetStream's 10,000 rows
+    table = pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "label": pa.array([None if i % 7 == 0 else f"r{i}" for i in range(n)]),
+        "day": pa.array([dt.date(2020, 1, 1) + dt.timedelta(days=i % 366) for i in range(n)]),
+        "tags": pa.array([["a", "b"][: i % 3] for i in range(n)], pa.list_(pa.string())),
+    })
+    uri = storage.write_parquet(str(tmp_path / "t.parquet"), table)
+    stream = storage.ParquetStream(uri)
+    assert len(list(stream)) == 3 and stream.num_rows == n
+    load_duckdb(tmp_path / "t.duckdb", {"t": stream})
+    load_sqlite(tmp_path / "t.db", {"t": storage.ParquetStream(uri)})
+    con = duckdb.connect(str(tmp_path / "t.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*), count(label), max(day), sum(len(tags)) FROM t").fetchone() \
+        == (n, n - (n + 6) // 7, dt.date(2020, 12, 31), sum(i % 3 for i in range(n)))
+    types = dict(con.execute("SELECT column_name, data_type FROM information_schema.columns "
+                             "WHERE table_name = 't'").fetchall())
+    assert types == {"id": "BIGINT", "label": "VARCHAR", "day": "DATE", "tags": "VARCHAR[]"}
+    con.close()
+    with sqlite3.connect(tmp_path / "t.db") as lite:
+        assert lite.execute("SELECT count(*), count(label), max(day) FROM t").fetchone() == (
+            n, n - (n + 6) // 7, "2020-12-31")
+
+
 # -- robust import ---------------------------------------------------------------------------------
 
 
