@@ -13,7 +13,8 @@ and, each in a fresh child process (so each peak is its own):
 2. **whole-table read** (unless ``--no-baseline``): what the importer did before — the table
    read with ``fetchall`` into one Arrow table — peak RSS only, for the ratio.
 
-Peak RSS is the child's ``ru_maxrss`` (includes the interpreter and libraries, ~150 MiB).
+Peak RSS is the child's ``VmHWM`` (its own address space's high-water mark; includes the
+interpreter and libraries, ~140 MiB).
 Everything lives in a temporary directory, removed at exit. The machine is shared: give the
 load average (printed) with the figures. Prints the figure LAST:
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -40,8 +40,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-CHILD_IMPORT = """
-import json, resource, sys, time
+#: The child's own peak RSS: ``VmHWM`` of its address space. (``ru_maxrss`` would not do: Linux
+#: keeps it across fork + exec, so a child inherits its parent's high-water mark.)
+HWM = """
+def _hwm_kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+"""
+
+CHILD_IMPORT = HWM + """
+import json, sys, time
 from pathlib import Path
 from schemas.settings import Settings
 from tasks import storage
@@ -55,21 +64,21 @@ for db in m["databases"]:
     ensure_loaded(m, db, Settings.from_env())
 t2 = time.perf_counter()
 rows = sum(t["rows"] for d in m["databases"].values() for t in d["tables"].values())
-print(json.dumps({"rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+print(json.dumps({"rss_kib": _hwm_kib(),
                   "import_s": t1 - t0, "load_s": t2 - t1, "rows": rows}))
 """
 
-CHILD_IDLE = """
-import json, resource
+CHILD_IDLE = HWM + """
+import json
 from schemas.settings import Settings
 from tasks import storage
 from tasks.dab_import import import_dab_dataset
 from tasks.engines import ensure_loaded
-print(json.dumps({"rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+print(json.dumps({"rss_kib": _hwm_kib()}))
 """
 
-CHILD_WHOLE = """
-import json, resource, sqlite3, sys
+CHILD_WHOLE = HWM + """
+import json, sqlite3, sys
 import pyarrow as pa
 path, engine = sys.argv[1], sys.argv[2]
 if engine == "sqlite":
@@ -81,7 +90,7 @@ else:
     import duckdb
     con = duckdb.connect(path, read_only=True)
     table = con.sql("SELECT * FROM events").to_arrow_table()
-print(json.dumps({"rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+print(json.dumps({"rss_kib": _hwm_kib(),
                   "rows": table.num_rows}))
 """
 
