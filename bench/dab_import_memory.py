@@ -59,12 +59,13 @@ from tasks.engines import ensure_loaded
 t0 = time.perf_counter()
 uri = import_dab_dataset.fn(sys.argv[1], Settings.from_env().artifacts)
 t1 = time.perf_counter()
+import_kib = _hwm_kib()
 m = storage.read_json(uri)
 for db in m["databases"]:
     ensure_loaded(m, db, Settings.from_env())
 t2 = time.perf_counter()
 rows = sum(t["rows"] for d in m["databases"].values() for t in d["tables"].values())
-print(json.dumps({"rss_kib": _hwm_kib(),
+print(json.dumps({"rss_kib": _hwm_kib(), "import_kib": import_kib,
                   "import_s": t1 - t0, "load_s": t2 - t1, "rows": rows}))
 """
 
@@ -156,9 +157,9 @@ def main(argv: list[str]) -> int:
         print(f"interpreter + querylab's modules, nothing read: {idle:.0f} MiB")
         streamed = _child(CHILD_IMPORT, str(ds), env=env)
         assert streamed["rows"] == rows, streamed
-        print(f"streamed import: {streamed['import_s']:.1f} s to Parquet, "
-              f"{streamed['load_s']:.1f} s into the {args.engine} engine, peak RSS "
-              f"{streamed['rss_kib'] / 1024:.0f} MiB")
+        print(f"streamed import: {streamed['import_s']:.1f} s to Parquet (peak RSS "
+              f"{streamed['import_kib'] / 1024:.0f} MiB), {streamed['load_s']:.1f} s into the "
+              f"{args.engine} engine (peak RSS {streamed['rss_kib'] / 1024:.0f} MiB)")
         baseline = None
         if not args.no_baseline:
             whole = _child(CHILD_WHOLE, str(data), args.engine, env=env)
