@@ -43,19 +43,32 @@ def datasets_stage(run_id: str, root: str) -> list[str]:
     """Body of :func:`stage_datasets` (runs inside any flow: the benchmark runs it inline)."""
     from flows.datasets import dataset_flows
 
+    from flows.datasets.dab_import import load_imported
+    from tasks import storage
+    from tasks.dab_import import imported_name
+    from tasks.dab_rules import dataset_condition
+
     config = runs.benchmark_config(root, run_id)
     flows = dataset_flows()
-    unknown = [n for n in config.datasets if n not in flows]
+    unknown = [n for n in config.datasets if n not in flows and imported_name(root, n) is None]
     if unknown:
-        raise ValueError(f"run {run_id!r}: unknown datasets {unknown}; have {sorted(flows)}")
+        raise ValueError(f"run {run_id!r}: unknown datasets {unknown}; have {sorted(flows)} "
+                         "(and DAB datasets imported with `querylab import-dab`)")
     with runs.stage_run(root, run_id, "datasets") as stage:
         manifests = []
         with StageProgress("datasets", run_id, len(config.datasets), unit="datasets") as bar:
             for name in config.datasets:
-                build = flows[name].with_options(flow_run_name=f"build-{name}-{run_id}")
-                manifests.append(build(artifacts_root=root))
+                if name in flows:
+                    build = flows[name].with_options(flow_run_name=f"build-{name}-{run_id}")
+                    manifests.append(build(artifacts_root=root))
+                else:  # an imported DAB dataset, by DAB's name
+                    manifests.append(load_imported(name, root))
                 bar.advance()
         runs.record_manifests(root, run_id, manifests)
+        runs.record_conditions(root, run_id, {
+            m["name"]: dataset_condition(m, config.agent_options, config.hints,
+                                         config.score_no_tool_call)
+            for m in (storage.read_json(u) for u in manifests)})
         stage.outputs = {"manifests": manifests}
     return manifests
 

@@ -235,6 +235,12 @@ class AgentOptions(_Strict):
     ``python_max_procs`` processes + threads; per trial: a ``python_disk_mb`` MiB work
     directory. ``unsafe_sandbox``: let LLM agents run although this machine cannot isolate
     their cells (recorded in the run and its report; never the default).
+
+    What a tool result shows the model: at most ``preview_chars`` characters per tool message
+    (longer results are previewed; the variable holds them whole), ``preview_rows`` rows of a
+    query result, each value cut at ``preview_value_chars``. On datasets imported in DAB's
+    format the defaults are DAB's (:data:`tasks.dab_rules.DAB_AGENT_DEFAULTS`: 100 model
+    calls, 600 s per ``execute_python`` call, 10,000-character previews) unless set.
     """
 
     max_iterations: int = Field(100, ge=1)
@@ -257,6 +263,9 @@ class AgentOptions(_Strict):
     python_max_procs: int = Field(128, ge=8)
     python_disk_mb: int = Field(1024, ge=16)
     unsafe_sandbox: bool = False
+    preview_chars: int = Field(8_000, ge=500, le=1_000_000)
+    preview_rows: int = Field(20, ge=1, le=100_000)
+    preview_value_chars: int = Field(300, ge=20, le=1_000_000)
 
     def sampling(self) -> dict:
         """The sampling parameters set in these options (unset ones omitted)."""

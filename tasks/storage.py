@@ -230,3 +230,91 @@ def read_parquet(uri: str, schema: pa.Schema | None = None) -> pa.Table:
     if schema is not None:
         table = check_schema(table, schema, uri)
     return table
+
+
+def write_parquet_batches(uri: str, schema: pa.Schema, batches) -> int:
+    """Stream record ``batches`` (of ``schema``) into one zstd Parquet artifact at ``uri``
+    without holding them together: each batch is a row group written as it comes, to a
+    temporary file that is renamed over ``uri`` (or uploaded to S3) once complete. Returns the
+    number of rows written."""
+    rows = 0
+    if is_s3(uri):
+        fd, tmp = tempfile.mkstemp(prefix="querylab-", suffix=".parquet")
+        os.close(fd)
+        target = None
+    else:
+        target = _local(uri)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(fd)
+    try:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            for batch in batches:
+                if batch.num_rows:
+                    writer.write_batch(batch)
+                    rows += batch.num_rows
+        if target is None:
+            from boto3.s3.transfer import TransferConfig
+
+            bucket, key = _split(uri)
+            config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD,
+                                    multipart_chunksize=MULTIPART_THRESHOLD)
+            try:
+                _s3().upload_file(tmp, bucket, key, Config=config)
+            except Exception as exc:
+                raise StorageError(f"{uri}: write failed: {exc}") from exc
+        else:
+            os.chmod(tmp, _FILE_MODE)
+            os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return rows
+
+
+class ParquetStream:
+    """A Parquet artifact read batch by batch: ``schema``, ``num_rows``, :meth:`batches` (a
+    fresh pass each call, at most ``batch_rows`` rows per batch; iterating the object is the
+    same) and ``parquet_path``, the local file. A local file is read in place; an S3 object
+    is downloaded (streamed) to a temporary file first, removed by :meth:`close`. The
+    loaders of :mod:`tasks.databases` take it in place of a table and never hold it whole."""
+
+    def __init__(self, uri: str, batch_rows: int = 10_000):
+        self.uri, self.batch_rows, self._tmp = uri, batch_rows, None
+        if is_s3(uri):
+            fd, tmp = tempfile.mkstemp(prefix="querylab-", suffix=".parquet")
+            os.close(fd)
+            bucket, key = _split(uri)
+            try:
+                _s3().download_file(bucket, key, tmp)
+            except Exception as exc:
+                Path(tmp).unlink(missing_ok=True)
+                raise StorageError(f"{uri}: read failed: {exc}") from exc
+            self._tmp = tmp
+            path = tmp
+        else:
+            path = _local(uri)
+            if not path.exists():
+                raise StorageError(f"{uri}: artifact not found")
+        #: the local file read (a download of an S3 object): engines can scan it directly
+        self.parquet_path = str(path)
+        self._file = pq.ParquetFile(path)
+        self.schema = self._file.schema_arrow
+        self.num_rows = self._file.metadata.num_rows
+
+    def batches(self):
+        """The record batches, in order."""
+        return self._file.iter_batches(batch_size=self.batch_rows)
+
+    def __iter__(self):
+        return iter(self.batches())
+
+    def reader(self) -> pa.RecordBatchReader:
+        """The batches as a ``pyarrow.RecordBatchReader`` (read once)."""
+        return pa.RecordBatchReader.from_batches(self.schema, self.batches())
+
+    def close(self) -> None:
+        """Release the file (and remove a downloaded copy)."""
+        self._file.close()
+        if self._tmp is not None:
+            Path(self._tmp).unlink(missing_ok=True)
+            self._tmp = None

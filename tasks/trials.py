@@ -40,6 +40,7 @@ from schemas import artifacts
 from schemas.models import AgentOptions
 from schemas.settings import Settings
 from tasks import storage
+from tasks.dab_rules import agent_options_for
 from tasks.agent import (
     Transcript,
     TrialOutcome,
@@ -63,7 +64,13 @@ from tasks.llm import (
 )
 from tasks.llm import LOCAL_PREFLIGHT_TIMEOUT_S, PREFLIGHT_TIMEOUT_S
 from tasks.prefect_task import task
-from tasks.replay import answers_for, load_answers, run_replay
+from tasks.replay import (
+    answers_for,
+    check_matches,
+    load_answers,
+    run_replay,
+    unmatched_datasets,
+)
 from tasks.sandbox import shared_sandbox
 from tasks.scoring import is_errored, load_scoring
 from tasks.tools import ToolBox
@@ -180,7 +187,10 @@ def check_agents(
     ``auto``, probed once (the description records the protocol used);
     ``warnings`` lists what the user should be told (a named endpoint overriding the table's,
     a model without prices);
-    ``replay:<file>``: parsed, and its queries matched against the given datasets. Returns
+    ``replay:<file>``: parsed, and its queries matched against the given datasets (ReplayError
+    when no entry is for one of them, or an entry names a query a dataset lacks; entries for
+    datasets not in the run are ``ignored_datasets``, with a warning). Any other agent on a
+    scoring-only DAB import, or with hints on a DAB dataset without hints, is refused. Returns
     JSON-able dicts ``{"agent", "kind", ...}`` (endpoint, prices, ``priced``; never a key).
     Raises AgentConfigError (or ReplayError) with a message naming the problem.
     """
@@ -194,6 +204,7 @@ def check_agents(
         planned = _planned_hints(agent, conditions)
         desc: dict = {"agent": agent, "kind": kind, "hints": [h for h in planned if h],
                       "labels": [agent_label(agent, h) for h in planned]}
+        _check_runnable(agent, kind, manifests, planned)
         if kind in ("openai", "local"):
             config = config or load_models_config(env=env)
             resolved = resolve_model(agent if kind == "local" else arg, config, env)
@@ -206,14 +217,19 @@ def check_agents(
             desc["warnings"] = [w for w in warnings if w]
         elif kind == "replay":
             answers = load_answers(arg)
-            names = {m["name"].lower() for m in manifests}
             for m in manifests:
                 answers_for(answers, m)
+            check_matches(answers, manifests)
+            ignored = unmatched_datasets(answers, manifests) if manifests else {}
             desc.update(
                 {"file": str(Path(arg).resolve()), "sha256": answers.sha256,
                  "entries": len(answers.entries),
-                 "ignored_datasets": sorted(answers.datasets() - names)}
+                 "ignored_datasets": sorted(d.lower() for d in ignored)}
             )
+            if ignored:
+                desc["warnings"] = [
+                    f"{arg}: entries for datasets not in this run are not scored: "
+                    + ", ".join(f"{d} ({n})" for d, n in ignored.items())]
         out.append(desc)
     sandbox = check_sandbox(agents, opts)
     if any(d["kind"] in ("openai", "local") for d in out):
@@ -222,6 +238,24 @@ def check_agents(
             if d["kind"] in ("openai", "local"):
                 d["sandbox"] = sandbox
     return out
+
+
+def _check_runnable(agent: str, kind: str, manifests: list[dict], hints: list) -> None:
+    """AgentConfigError when ``agent`` cannot run a dataset of the run: a scoring-only DAB
+    import (no databases: only replay agents and the oracle), or ``--hints on`` on a DAB
+    dataset without a
+    ``db_description_withhint.txt`` (DAB's ``--use_hints`` refuses that too)."""
+    if kind in PROMPTLESS_KINDS:
+        return
+    for m in manifests:
+        if m.get("scoring_only"):
+            raise AgentConfigError(
+                f"dataset {m['name']!r} was imported --scoring-only (no databases): only "
+                f"replay:<answer file> agents and the oracle can run on it, not {agent}")
+        if "on" in hints and m.get("format") == "dab" and not str(m.get("hints") or "").strip():
+            raise AgentConfigError(
+                f"dataset {m['name']!r} has no db_description_withhint.txt: {agent} cannot run "
+                "it with --hints on")
 
 
 def check_sandbox(agents: list[str], options: dict | AgentOptions | None = None) -> dict | None:
@@ -358,12 +392,14 @@ def plan_batches(
     trial]], "options": {...}}`` (``hints``: ``"on"``, ``"off"`` or None; ``options``: the
     :class:`AgentOptions` that differ from the defaults). Keys are stable for the same inputs
     (so re-runs find finished batches) and change with the options, the hint condition (when
-    on) or a replay file's content. Raises AgentConfigError for an unknown agent, bad options
+    on) or a replay file's content. On a dataset imported in DAB's format the options are
+    DAB's limits overlaid with ``options`` (:func:`tasks.dab_rules.agent_options_for`).
+    Raises AgentConfigError for an unknown agent, bad options
     or a bad hint condition, ValueError for ``n_trials`` < 1 or ``batch_size`` < 1.
     """
     if n_trials < 1 or batch_size < 1:
         raise ValueError(f"n_trials and batch_size must be >= 1, got {n_trials}, {batch_size}")
-    opts = agent_options(options).model_dump(exclude_defaults=True)
+    agent_options(options)  # the options given are valid
     conditions = hint_conditions(hints)
     fingerprints = {agent: _fingerprint(agent) for agent in agents}
     manifests = {uri: storage.read_json(uri) for uri in manifest_uris}
@@ -376,6 +412,9 @@ def plan_batches(
             for uri, manifest in manifests.items():
                 if plan.get("datasets") is not None and manifest["name"] not in plan["datasets"]:
                     continue
+                # DAB datasets: DAB's limits unless given (tasks.dab_rules)
+                opts = agent_options(agent_options_for(manifest, options)).model_dump(
+                    exclude_defaults=True)
                 runs = (_replay_runs(agent, manifest) if agent.startswith("replay:")
                         else plan.get("n_trials") or n_trials)
                 queries = select_queries(manifest, query_ids, limit)
@@ -682,6 +721,8 @@ def run_batch(
                     python_memory_mb=options.python_memory_mb, python_cpu_s=options.python_cpu_s,
                     python_disk_mb=options.python_disk_mb,
                     python_max_procs=options.python_max_procs, require_isolation=strict,
+                    max_content_chars=options.preview_chars, preview_rows=options.preview_rows,
+                    preview_value_chars=options.preview_value_chars,
                 )
                 outcome = runner.run(query, trial, toolbox)
             except Exception as exc:  # noqa: BLE001 - one trial's harness failure is recorded
