@@ -78,7 +78,9 @@ class BenchmarkConfig(BaseModel):
     ``limit`` (the first N queries of each dataset; None: all) select a subset;
     ``max_error_share``: the share of errored trials a run may have and still succeed
     (default 0: any errored trial fails the run); ``agent_plans``: per-agent datasets and
-    trial counts (:class:`AgentPlan`) for agents of ``agents``."""
+    trial counts (:class:`AgentPlan`) for agents of ``agents``; ``max_concurrency``: trials in
+    flight at once across the trials stage (batches run their trials concurrently; batch size
+    only sets checkpoint and Parquet granularity)."""
 
     datasets: list[str] = Field(min_length=1)
     agents: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
@@ -90,6 +92,7 @@ class BenchmarkConfig(BaseModel):
     limit: int | None = Field(default=None, ge=1)
     max_error_share: float = Field(default=0.0, ge=0.0, le=1.0)
     agent_plans: dict[str, AgentPlan] = Field(default_factory=dict)
+    max_concurrency: int = Field(default=32, ge=1)
 
     @field_validator("hints")
     @classmethod
