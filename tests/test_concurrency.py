@@ -60,7 +60,9 @@ def test_cli_run_never_has_more_trials_in_flight_than_the_cap(
     out = capsys.readouterr().out
     assert status in (0, 1), out  # the scripted answer is right for one query only
     assert n == 20 * 3
-    assert peak == cap  # reached (trials do overlap) and never passed
+    # never passed; and trials did overlap (a serial run would also pass "<= cap"). Not
+    # "== cap": on a loaded machine the last slot is not always filled at the same instant.
+    assert 1 < peak <= cap, (peak, cap)
     trials = pl.read_parquet(storage.join(settings.artifacts, "runs", run_id, "trials",
                                           "trials.parquet"))
     assert trials.height == 20 and set(trials["terminate_reason"]) == {"return_answer"}
@@ -83,7 +85,7 @@ def test_one_batch_runs_its_trials_concurrently_in_item_order(tmp_path, stocks_m
         t0 = time.monotonic()
         run_trial_batch.fn("one-batch", root, batch, max_concurrency=8)
         took = time.monotonic() - t0
-        assert srv.max_in_flight == 8
+        assert 1 < srv.max_in_flight <= 8, srv.max_in_flight
     # 8 trials x 3 calls x 0.15 s = 3.6 s one after another; concurrently ~0.45 s + tools
     assert took < 3.0
     trials = pl.read_parquet(batch_uri(root, "one-batch", "one", "trials"))
