@@ -668,6 +668,9 @@ def run_batch(
     strict = parse_agent(batch["agent"])[0] in ("openai", "local") and not options.unsafe_sandbox
     if strict:
         check_sandbox([batch["agent"]], options)
+    if parse_agent(batch["agent"])[0] in ("openai", "local"):
+        # sessions for the batch's concurrent trials, set up while their first calls wait
+        shared_sandbox().reserve(min(int(max_concurrency), len(batch["items"])))
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
     hints = batch.get("hints")
