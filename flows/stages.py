@@ -88,15 +88,18 @@ def stage_datasets(run_id: str, artifacts_root: str | None = None) -> list[str]:
 def trials_stage(run_id: str, root: str, retry_errors: bool = False) -> dict[str, str]:
     """Body of :func:`stage_trials` (runs inside any flow: the benchmark runs it inline)."""
     from flows.trials import run_trials
+    from tasks.task_runners import EnvTaskRunner
 
     config = runs.benchmark_config(root, run_id)
     manifests = runs.run_manifests(root, run_id)
+    trials_flow = run_trials.with_options(task_runner=EnvTaskRunner(config.max_concurrency))
     with runs.stage_run(root, run_id, "trials") as stage:
-        out = run_trials(
+        out = trials_flow(
             run_id, manifests, config.agents, config.n_trials, config.batch_size, root,
             config.agent_options, config.hints, retry_errors=retry_errors,
             query_ids=config.query_ids, limit=config.limit,
             agent_plans={a: p.model_dump() for a, p in config.agent_plans.items()},
+            max_concurrency=config.max_concurrency,
         )
         stage.outputs = dict(out)
     return out
@@ -107,7 +110,7 @@ def stage_trials(
     run_id: str, artifacts_root: str | None = None, retry_errors: bool = False
 ) -> dict[str, str]:
     """Run the run's agent trials (:func:`flows.trials.run_trials`) with its recorded agents,
-    trials, batch size, options, query selection and dataset manifests. Only unfinished
+    trials, batch size, concurrency, options, query selection and dataset manifests. Only unfinished
     batches run; ``retry_errors``: also the errored trials of finished batches (and nothing
     else). Returns the URIs of ``trials``, ``tool_calls``, ``llm_calls``, ``messages`` and
     ``agents``. Run the score and report stages afterwards (``rerun_errored`` does all

@@ -220,6 +220,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         default_datasets(lambda m: print(f"querylab run: {m}", file=sys.stderr))
     if args.trials < 1 or args.batch_size < 1:
         raise UsageError("--trials and --batch-size must be at least 1")
+    if args.max_concurrency < 1:
+        raise UsageError("--max-concurrency must be at least 1")
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     if not 0.0 <= args.max_error_share <= 1.0:
@@ -255,6 +257,7 @@ def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, sta
                 hints=hints, query_ids=args.query or None, limit=args.limit,
                 max_error_share=args.max_error_share, preflight=False, agent_plans=plans,
                 score_no_tool_call=args.score_no_tool_call,
+                max_concurrency=args.max_concurrency,
             )
     except StageFailed as exc:
         print(f"querylab run: {exc}", file=sys.stderr)
@@ -428,7 +431,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only this query (<id> or <dataset>/<id>); repeat")
     r.add_argument("--limit", type=int, help="run only the first N queries of each dataset")
     r.add_argument("--trials", type=int, default=5, help="trials per query (default 5)")
-    r.add_argument("--batch-size", type=int, default=25, help="trials per mapped task")
+    r.add_argument("--batch-size", type=int, default=25,
+                   help="trials per mapped task (checkpoint / Parquet granularity; default 25)")
+    r.add_argument("--max-concurrency", type=int, default=32, metavar="N",
+                   help="trials in flight at once across the whole run (default 32); a models-"
+                   "table entry's max_concurrency caps its model further")
     r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument("--max-error-share", type=float, default=0.0, metavar="X",

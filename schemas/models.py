@@ -127,6 +127,9 @@ class ModelConfig(_Strict):
       (see :data:`ToolProtocol`).
     - ``local``: a :class:`LocalModel` served by querylab itself (then ``base_url`` and
       ``api_key_env`` must be unset: the server's address and key are made per run).
+    - ``max_concurrency``: trials of this model in flight at once, across the whole trials
+      stage (:mod:`tasks.concurrency`; on top of the stage's ``--max-concurrency``). None: no
+      cap of its own — except a ``local`` model, capped at its ``parallel`` slots.
     """
 
     name: str = Field(min_length=1)
@@ -140,6 +143,7 @@ class ModelConfig(_Strict):
     sampling: dict[str, float | int | str | bool] = Field(default_factory=dict)
     tool_protocol: ToolProtocol = "native"
     local: LocalModel | None = None
+    max_concurrency: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _local_has_no_endpoint(self) -> ModelConfig:

@@ -80,7 +80,9 @@ class BenchmarkConfig(BaseModel):
     (default 0: any errored trial fails the run); ``agent_plans``: per-agent datasets and
     trial counts (:class:`AgentPlan`) for agents of ``agents``; ``score_no_tool_call``: on
     datasets imported in DAB's format, score the text of a ``no_tool_call`` ending instead
-    of DAB's rule (invalid)."""
+    of DAB's rule (invalid); ``max_concurrency``: trials in flight at once across the trials
+    stage (batches run their trials concurrently; batch size only sets checkpoint and Parquet
+    granularity)."""
 
     datasets: list[str] = Field(min_length=1)
     agents: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
@@ -93,6 +95,7 @@ class BenchmarkConfig(BaseModel):
     max_error_share: float = Field(default=0.0, ge=0.0, le=1.0)
     agent_plans: dict[str, AgentPlan] = Field(default_factory=dict)
     score_no_tool_call: bool = False
+    max_concurrency: int = Field(default=32, ge=1)
 
     @field_validator("hints")
     @classmethod

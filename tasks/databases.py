@@ -1921,13 +1921,56 @@ def _pg_type(t: "pa.DataType") -> str:
     return "jsonb"  # struct, map, ...
 
 
+def _csv_copyable(t: "pa.DataType") -> bool:
+    """True for Arrow types pyarrow's CSV writer renders as PostgreSQL reads them (the bulk
+    COPY path of :func:`load_postgres`)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        return _csv_copyable(t.value_type)
+    return (pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
+            or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_date(t)
+            or pa.types.is_timestamp(t) or pa.types.is_null(t))
+
+
+#: Rows per block of CSV written into one COPY (bounds the text held in memory).
+COPY_BLOCK_ROWS = 50_000
+
+
+def _copy_csv(copy, tbl: "pa.Table | pa.RecordBatchReader") -> None:
+    """Feed ``tbl`` (a Table, or a reader streamed batch by batch) to a ``COPY ... (FORMAT
+    csv)`` as CSV made by pyarrow's writer, at most :data:`COPY_BLOCK_ROWS` rows at a time (no
+    per-row Python). Every valid value is quoted and nulls are not, so PostgreSQL reads an
+    empty string as ``''`` and a null as NULL."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    plain = pa.schema([
+        pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+        for f in tbl.schema
+    ])
+    opts = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
+    for big in _batches(tbl):
+        for batch in pa.Table.from_batches([big]).cast(plain).to_batches(COPY_BLOCK_ROWS):
+            buf = io.BytesIO()
+            pacsv.write_csv(batch, buf, opts)
+            copy.write(buf.getbuffer())
+
+
 def load_postgres(dsn: str, tables: dict[str, "pa.Table"]) -> None:
     """(Re)create ``tables`` (name -> pyarrow Table, or a ``RecordBatchReader``, streamed
     into ``COPY``) in schema ``public`` of ``dsn``, in ONE
     transaction: ``DROP TABLE IF EXISTS`` + ``CREATE TABLE`` with PostgreSQL types mapped from
     Arrow (int64 -> bigint, int32/16 -> integer/smallint, float64 -> double precision, float32 ->
     real, string -> text, bool -> boolean, date -> date, timestamp -> timestamp[tz],
-    list<x> -> x[], struct -> jsonb) + ``COPY ... FROM STDIN``. Raises ``psycopg.Error``."""
+    list<x> -> x[], struct -> jsonb) + ``COPY ... FROM STDIN``. Raises ``psycopg.Error``.
+
+    A table of booleans, numbers, strings, dates and timestamps only is copied in bulk: CSV
+    written by pyarrow (:func:`_copy_csv`, no Python per row). A table with any other column
+    (lists, structs, binary, decimals, times, durations) is copied row by row through
+    psycopg's typed COPY (which adapts arrays and ``jsonb``)."""
     import psycopg
     from psycopg import sql
     from psycopg.types.json import Jsonb
@@ -1944,6 +1987,11 @@ def load_postgres(dsn: str, tables: dict[str, "pa.Table"]) -> None:
                 )
                 cur.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, cols))
                 names = sql.SQL(", ").join(sql.Identifier(f.name) for f in tbl.schema)
+                if all(_csv_copyable(f.type) for f in tbl.schema):
+                    stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(ident, names)
+                    with cur.copy(stmt) as copy:
+                        _copy_csv(copy, tbl)
+                    continue
                 json_idx = [i for i, t in enumerate(types) if t == "jsonb"]
                 with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(ident, names)) as copy:
                     copy.set_types([t.split("(")[0] for t in types])
@@ -1981,7 +2029,8 @@ def load_mongo(db: Any, collections: dict[str, "list[dict] | pa.Table"]) -> None
     documents (a list of dicts, or a pyarrow Table or ``RecordBatchReader`` whose rows become
     documents; a reader is inserted batch by batch on a real server). Lists stay
     arrays, nested dicts stay documents; ``date`` values become midnight datetimes (BSON has
-    no date type), Decimal becomes float. Input dicts are not modified."""
+    no date type), Decimal becomes float. Input dicts are not modified. Lists and tables go
+    in batches of :data:`MONGO_BATCH_DOCS` (:func:`insert_batches`)."""
     if getattr(db, "querylab_worker", False):  # in-process fallback: holds every document
         db.load({name: [_mongo_value(d) for d in _documents(docs)]
                  for name, docs in collections.items()})
@@ -1998,7 +2047,7 @@ def load_mongo(db: Any, collections: dict[str, "list[dict] | pa.Table"]) -> None
         prepared = [_mongo_value(d) for d in _documents(docs)]
         db.drop_collection(name)
         if prepared:
-            db[name].insert_many(prepared, ordered=True)
+            insert_batches(db[name], prepared)
         else:
             db.create_collection(name)
 
@@ -2009,3 +2058,14 @@ def _documents(docs: "list[dict] | pa.Table | pa.RecordBatchReader") -> Iterable
     if hasattr(docs, "to_pylist"):
         return docs.to_pylist()
     return (d for batch in docs for d in batch.to_pylist())
+
+
+#: Documents per ``insert_many`` of a bulk load.
+MONGO_BATCH_DOCS = 10_000
+
+
+def insert_batches(collection: Any, docs: list[dict], batch: int = MONGO_BATCH_DOCS) -> None:
+    """Insert ``docs`` into ``collection`` (pymongo or mongomock) in order, ``batch``
+    documents per ``insert_many`` (bulk writes, bounded request size)."""
+    for i in range(0, len(docs), batch):
+        collection.insert_many(docs[i:i + batch], ordered=True)

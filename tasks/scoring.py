@@ -405,7 +405,7 @@ def load_scores(artifacts_root: str, run_id: str) -> pl.DataFrame:
     if not storage.exists(uri):
         raise ScoringError(f"run {run_id!r} has not been scored (missing {uri}): run "
                            f"`querylab rescore --run-id {run_id}`")
-    return pl.from_arrow(storage.read_parquet(uri, artifacts.SCORES))
+    return storage.scan_parquet(uri, artifacts.SCORES).collect(engine="streaming")
 
 
 def scored_trials(trials: pl.DataFrame, scores: pl.DataFrame, run_id: str = "?") -> pl.DataFrame:

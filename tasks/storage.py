@@ -222,6 +222,63 @@ def write_parquet(uri: str, table: pa.Table, schema: pa.Schema | None = None) ->
     return write_bytes(uri, sink.getvalue())
 
 
+def polars_storage_options() -> dict[str, str] | None:
+    """Polars / object_store options for ``s3://`` URIs: the endpoint of ``AWS_ENDPOINT_URL``
+    (MinIO, a test server; plain HTTP allowed for an ``http://`` one) and the region of
+    ``AWS_DEFAULT_REGION``; credentials come from the usual ``AWS_*`` variables. None when
+    neither is set."""
+    opts = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        opts["aws_endpoint_url"] = endpoint
+        if endpoint.startswith("http://"):
+            opts["aws_allow_http"] = "true"
+    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
+    if region:
+        opts["aws_region"] = region
+    return opts or None
+
+
+def scan_parquet(uri: str, schema: pa.Schema | None = None):
+    """A Parquet artifact as a Polars ``LazyFrame`` scanning the file / S3 object itself (no
+    bytes copy, nothing read until collected; projections and filters are pushed into the
+    scan, so a streaming collect holds row groups, not the artifact).
+
+    With ``schema``: the frame has exactly its columns, in its order and types, like
+    :func:`read_parquet` with the same check (``schema_version`` from the file's footer; a
+    column declared ``added_later`` that the file lacks reads as nulls); ArtifactSchemaError
+    naming ``uri`` otherwise. StorageError when the artifact does not exist."""
+    import polars as pl
+
+    from schemas.artifacts import ArtifactSchemaError
+
+    if not exists(uri):
+        raise StorageError(f"{uri}: artifact not found")
+    source = uri if is_s3(uri) else str(_local(uri))
+    opts = polars_storage_options() if is_s3(uri) else None
+    lf = pl.scan_parquet(source, storage_options=opts)
+    if schema is None:
+        return lf
+    meta = pl.read_parquet_metadata(source, storage_options=opts)
+    want = schema.metadata[b"schema_version"].decode()
+    got = meta.get("schema_version")
+    if got is not None and got != want:
+        raise ArtifactSchemaError(f"{uri}: schema_version {got} but querylab reads {want}")
+    present = set(lf.collect_schema().names())
+    dtypes = pl.from_arrow(schema.empty_table()).schema
+    cols, missing = [], []
+    for f in schema:
+        if f.name in present:
+            cols.append(pl.col(f.name).cast(dtypes[f.name]))
+        elif (f.metadata or {}).get(b"added_later"):
+            cols.append(pl.lit(None, dtypes[f.name]).alias(f.name))
+        else:
+            missing.append(f.name)
+    if missing:
+        raise ArtifactSchemaError(f"{uri}: missing columns {missing}")
+    return lf.select(cols)
+
+
 def read_parquet(uri: str, schema: pa.Schema | None = None) -> pa.Table:
     """Read a Parquet artifact as a pyarrow Table (checked against ``schema`` when given)."""
     # ParquetFile, not read_table: one file needs no pyarrow.dataset (whose import pulls in
