@@ -202,6 +202,77 @@ def _evidence(stats: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
+#: Tool calls parsed per slice by the classifier: bounds its memory (about 200 bytes a call)
+#: whatever the size of the run.
+CALLS_PER_SLICE = 2_000_000
+
+_FM_FEATURES = (*EXTRACTION_METHODS, "key_reformat", "adj_close")
+
+
+def _trajectory_evidence(
+    tool_calls: pl.LazyFrame, tid: pl.Expr, bad: pl.DataFrame, codes: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The incorrect trials' per-trial stats (:func:`trial_tool_stats` with ``query_dbs``,
+    one row per ``tid`` with calls) and touched (tid, sid) pairs (``codes``: normalised
+    ``source`` → ``sid``).
+
+    ``tool_calls`` (possibly a scanned artifact, never loaded whole) is read
+    :data:`CALLS_PER_SLICE` rows at a time; each slice keeps the calls of the trials in ``bad``
+    and is parsed eagerly (:func:`call_features`, both cores); the slices' partial results are
+    merged (sums, any-ofs, distinct databases and pairs), so a trial whose calls straddle two
+    slices gets the same figures as in one pass."""
+    lf = tool_calls.select("trial_key", "turn", "tool", "arguments", "success")
+    n = lf.select(pl.len()).collect().item()
+    parts, dbs, touched = [], [], []
+    for offset in range(0, n, CALLS_PER_SLICE):
+        calls = (
+            lf.slice(offset, CALLS_PER_SLICE)
+            .with_columns(tid)
+            .join(bad.lazy(), on="tid", how="semi")
+            .drop("trial_key")
+            .collect(engine="streaming")
+        )
+        features = call_features(calls, _FM_FEATURES, with_db=True).lazy()
+        del calls
+        st, db, pairs = pl.collect_all(
+            [
+                trial_tool_stats(features, per_turn=False),
+                features.filter(pl.col("tool") == "query_db", pl.col("db").is_not_null())
+                .select("tid", "db")
+                .unique(),
+                touched_sources(features).join(codes.lazy(), on="source").select("tid", "sid"),
+            ]
+        )
+        parts.append(st)
+        dbs.append(db)
+        touched.append(pairs)
+        del features
+    empty = trial_tool_stats(
+        call_features(pl.DataFrame(schema=lf.collect_schema()).with_columns(tid).drop("trial_key"),
+                      _FM_FEATURES, with_db=True).lazy(),
+        per_turn=False,
+    ).collect()
+    stats = pl.concat([empty, *parts])
+    flags = [c for c in stats.columns if stats.schema[c] == pl.Boolean]
+    sums = [c for c in stats.columns if c != "tid" and c not in flags]
+    query_dbs = (
+        pl.concat([pl.DataFrame(schema={"tid": stats.schema["tid"], "db": pl.String}), *dbs])
+        .unique()
+        .group_by("tid")
+        .agg(pl.len().cast(pl.Int64).alias("query_dbs"))
+    )
+    stats = (
+        stats.group_by("tid")
+        .agg(*[pl.col(c).sum() for c in sums], *[pl.col(c).any() for c in flags])
+        .join(query_dbs, on="tid", how="left")
+        .with_columns(pl.col("query_dbs").fill_null(0))
+    )
+    pairs = pl.concat(
+        [pl.DataFrame(schema={"tid": stats.schema["tid"], "sid": pl.UInt32}), *touched]
+    ).unique()
+    return stats, pairs
+
+
 def classify_failures(
     trials: pl.DataFrame,
     tool_calls: pl.DataFrame | pl.LazyFrame,
@@ -249,15 +320,6 @@ def classify_failures(
         )
         .collect()
     )
-    calls = (
-        tool_calls.lazy()
-        .with_columns(tid)
-        .join(bad.lazy().select("tid"), on="tid", how="semi")
-        .collect(engine="streaming")  # a scanned artifact: only the incorrect trials' calls
-    )
-    features = call_features(
-        calls, (*EXTRACTION_METHODS, "key_reformat", "adj_close"), with_db=True
-    ).lazy()
 
     # required sources and operations per query, as small integer-coded tables
     req = requirements.with_row_index("qid")
@@ -291,13 +353,8 @@ def classify_failures(
         .with_columns(pl.col("operation").cast(op_enum))
     )
 
-    stats, touched = pl.collect_all(
-        [
-            trial_tool_stats(features, with_dbs=True, per_turn=False),
-            touched_sources(features)
-            .join(codes.lazy().select(pl.col("norm").alias("source"), "sid"), on="source")
-            .select("tid", "sid"),
-        ]
+    stats, touched = _trajectory_evidence(
+        tool_calls.lazy(), tid, bad.select("tid"), codes.select(pl.col("norm").alias("source"), "sid")
     )
     need_src = bad.select("tid", "qid").join(req_src, on="qid")
     missing_src = (
