@@ -57,7 +57,7 @@ from tasks.sandbox import sandbox_notes
 from tasks.scoring import (
     audit_uri,
     full_manifest,
-    load_scores,
+    scan_scores,
     scored_trials,
     summarise,
 )
@@ -97,9 +97,8 @@ def load_trials(artifacts_root: str, run_id: str) -> pl.DataFrame:
 def load_scored_trials(artifacts_root: str, run_id: str) -> pl.DataFrame:
     """A run's trials with their verdicts (:func:`tasks.scoring.scored_trials`): ScoringError
     when the run is not scored or its scores are stale."""
-    return scored_trials(
-        load_trials(artifacts_root, run_id), load_scores(artifacts_root, run_id), run_id
-    )
+    trials = storage.scan_parquet(_trials_uri(artifacts_root, run_id, "trials"), artifacts.TRIALS)
+    return scored_trials(trials, scan_scores(artifacts_root, run_id), run_id)
 
 
 def load_messages(artifacts_root: str, run_id: str) -> pl.DataFrame | None:

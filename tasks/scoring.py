@@ -401,37 +401,56 @@ def summarise(scores: pl.DataFrame) -> dict[str, Any]:
 def load_scores(artifacts_root: str, run_id: str) -> pl.DataFrame:
     """A run's ``scores`` (schema-checked). ScoringError naming the command to run when the
     run has not been scored."""
+    return scan_scores(artifacts_root, run_id).collect(engine="streaming")
+
+
+def scan_scores(artifacts_root: str, run_id: str) -> pl.LazyFrame:
+    """A run's ``scores`` as a lazy scan (schema-checked; nothing read until collected);
+    ScoringError as :func:`load_scores`."""
     uri = scores_uri(artifacts_root, run_id)
     if not storage.exists(uri):
         raise ScoringError(f"run {run_id!r} has not been scored (missing {uri}): run "
                            f"`querylab rescore --run-id {run_id}`")
-    return storage.scan_parquet(uri, artifacts.SCORES).collect(engine="streaming")
+    return storage.scan_parquet(uri, artifacts.SCORES)
 
 
-def scored_trials(trials: pl.DataFrame, scores: pl.DataFrame, run_id: str = "?") -> pl.DataFrame:
+def scored_trials(
+    trials: pl.DataFrame | pl.LazyFrame, scores: pl.DataFrame | pl.LazyFrame, run_id: str = "?"
+) -> pl.DataFrame:
     """``trials`` with the verdict columns of ``scores`` (``verdict``, ``is_correct`` — null
-    for errored trials —, ``reason``, ``audit_flags``) joined on.
+    for errored trials —, ``reason``, ``audit_flags``) joined on, in the order of ``trials``.
 
+    Either may be a lazy scan of the artifact: the join and the staleness check then run as
+    one streaming query (the scored answers are compared in it, never kept).
     Raises ScoringError when the scores are stale: a trial without a score, or scored with
     another answer or terminate reason than it has now (trials re-run after scoring)."""
-    s = scores.select(
+    s = scores.lazy().select(
         "trial_key", "verdict", "is_correct", "reason", "audit_flags",
         pl.col("answer").alias("_scored_answer"),
         pl.col("terminate_reason").alias("_scored_reason"),
     )
-    joined = trials.drop([c for c in ("verdict", "is_correct", "reason", "audit_flags")
-                          if c in trials.columns]).join(s, on="trial_key", how="left")
-    stale = joined.filter(
+    names = trials.collect_schema().names()
+    stale = (
         pl.col("verdict").is_null()
         | (pl.col("_scored_reason") != pl.col("terminate_reason"))
         | pl.col("_scored_answer").ne_missing(pl.col("answer"))
     )
-    if stale.height:
+    joined = (
+        trials.lazy()
+        .drop([c for c in ("verdict", "is_correct", "reason", "audit_flags") if c in names])
+        .join(s, on="trial_key", how="left", maintain_order="left")
+        .with_columns(stale.fill_null(True).alias("_stale"))
+        .drop("_scored_answer", "_scored_reason")
+        .collect(engine="streaming")
+    )
+    n_stale = int(joined["_stale"].sum())
+    if n_stale:
+        first = joined.filter(pl.col("_stale"))["trial_key"][0]
         raise ScoringError(
-            f"run {run_id!r}: the scores are stale for {stale.height} trial(s) (e.g. "
-            f"{stale['trial_key'][0]}): run `querylab rescore --run-id {run_id}`"
+            f"run {run_id!r}: the scores are stale for {n_stale} trial(s) (e.g. "
+            f"{first}): run `querylab rescore --run-id {run_id}`"
         )
-    return joined.drop("_scored_answer", "_scored_reason")
+    return joined.drop("_stale")
 
 
 # --------------------------------------------------------------------------------------------
