@@ -417,7 +417,7 @@ def main() -> None:
     import tempfile
 
     from tasks import storage
-    from tasks.report import load_llm_calls, load_scored_trials, scan_tool_calls
+    from tasks.report import load_scored_trials, scan_llm_calls, scan_tool_calls
 
     root = tempfile.mkdtemp(prefix="querylab-bench-report-")
     try:
@@ -454,7 +454,7 @@ def main() -> None:
 
         times["pass@k + pass^k + CI"], (per_query, *_) = _timed("pass@k + pass^k + CI", passk, r)
         times["cost"], cost = _timed(
-            "cost (llm_calls)", lambda: cost_table(trials, load_llm_calls(root, "bench")), r)
+            "cost (llm_calls)", lambda: cost_table(trials, scan_llm_calls(root, "bench")), r)
         times["failure modes"], (labels, fm) = _timed("failure modes", failures, r)
         times["tool use"], tu = _timed("tool use", lambda: tool_use_table(trials, calls), r)
     finally:

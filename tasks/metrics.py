@@ -331,14 +331,17 @@ def _effort_aggs() -> list[pl.Expr]:
     ]
 
 
-def cost_table(trials: pl.DataFrame, llm_calls: pl.DataFrame | None = None) -> pl.DataFrame:
+def cost_table(
+    trials: pl.DataFrame, llm_calls: pl.DataFrame | pl.LazyFrame | None = None
+) -> pl.DataFrame:
     """Cost and effort per (agent, dataset) plus one ``dataset == "ALL"`` row per agent.
 
     ``trials`` has the ``TRIALS`` columns (agent, dataset, cost_usd in USD, token counts,
     latency_s in seconds, n_llm_calls) and ``verdict`` or ``is_correct``. Every trial counts
     here, errored ones too (they cost money and time): ``trials`` is all of them, ``errored``
     those that errored, ``correct`` the correct ones. ``llm_calls`` (``LLM_CALLS`` columns, optional:
-    a run of offline agents or from before per-call accounting has none) adds ``llm_calls``,
+    a run of offline agents or from before per-call accounting has none; a lazy scan of the
+    artifact is streamed, only its four columns read) adds ``llm_calls``,
     ``response_cache_hit_share`` (share of model calls answered from querylab's response cache),
     ``retries`` (HTTP attempts beyond the first) and ``unpriced_calls`` (calls with ``priced``
     false: no price configured); without it those are null. A row with unpriced calls has
@@ -371,10 +374,16 @@ def cost_table(trials: pl.DataFrame, llm_calls: pl.DataFrame | None = None) -> p
     )
     table = pl.concat([per_ds, per_agent.select(per_ds.columns)])
     if llm_calls is not None:
-        _require(llm_calls, ["trial_key", "cache_hit", "attempts"], "cost_table llm_calls")
-        priced = pl.col("priced") if "priced" in llm_calls.columns else pl.lit(None, pl.Boolean)
-        calls = llm_calls.select("trial_key", "cache_hit", "attempts", priced.alias("priced")).join(
-            trials.select("trial_key", "agent", "dataset"), on="trial_key", how="inner"
+        names = llm_calls.collect_schema().names()
+        missing = [c for c in ("trial_key", "cache_hit", "attempts") if c not in names]
+        if missing:
+            raise ValueError(f"cost_table llm_calls needs columns {missing}; got {names}")
+        priced = pl.col("priced") if "priced" in names else pl.lit(None, pl.Boolean)
+        calls = (
+            llm_calls.lazy()
+            .select("trial_key", "cache_hit", "attempts", priced.alias("priced"))
+            .join(trials.lazy().select("trial_key", "agent", "dataset"), on="trial_key",
+                  how="inner")
         )
         call_aggs = [
             pl.len().cast(pl.Int64).alias("llm_calls"),
@@ -384,8 +393,9 @@ def cost_table(trials: pl.DataFrame, llm_calls: pl.DataFrame | None = None) -> p
         ]
         by_ds = calls.group_by("agent", "dataset").agg(call_aggs)
         by_agent = calls.group_by("agent").agg(call_aggs).with_columns(pl.lit(ALL).alias("dataset"))
+        by = pl.concat([by_ds, by_agent.select(by_ds.collect_schema().names())])
         table = table.join(
-            pl.concat([by_ds, by_agent.select(by_ds.columns)]), on=["agent", "dataset"], how="left"
+            by.collect(engine="streaming"), on=["agent", "dataset"], how="left"
         ).with_columns(
             *[pl.col(c).fill_null(0) for c in ("llm_calls", "retries", "unpriced_calls")]
         )

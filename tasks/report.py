@@ -135,10 +135,17 @@ def scan_tool_calls(artifacts_root: str, run_id: str) -> pl.LazyFrame | None:
 def load_llm_calls(artifacts_root: str, run_id: str) -> pl.DataFrame | None:
     """A run's per-model-call accounting (schema-checked), or None when the run has no
     ``llm_calls.parquet`` (offline agents, or runs from before per-call accounting)."""
+    lf = scan_llm_calls(artifacts_root, run_id)
+    return None if lf is None else lf.collect(engine="streaming")
+
+
+def scan_llm_calls(artifacts_root: str, run_id: str) -> pl.LazyFrame | None:
+    """A run's per-model-call accounting as a lazy scan of ``llm_calls.parquet``
+    (schema-checked; the cost table streams it), or None when the run has none."""
     uri = _trials_uri(artifacts_root, run_id, "llm_calls")
     if not storage.exists(uri):
         return None
-    return storage.scan_parquet(uri, artifacts.LLM_CALLS).collect(engine="streaming")
+    return storage.scan_parquet(uri, artifacts.LLM_CALLS)
 
 
 def resolve_manifests(
@@ -226,7 +233,7 @@ def compute_report_tables(
     trials = load_scored_trials(artifacts_root, run_id)
     # the largest artifact: scanned lazily, streamed by each table's query, never loaded whole
     tool_calls = scan_tool_calls(artifacts_root, run_id)
-    llm_calls = load_llm_calls(artifacts_root, run_id)
+    llm_calls = scan_llm_calls(artifacts_root, run_id)  # streamed by the cost table
     audit = load_audit(artifacts_root, run_id)
     notes = []
     if tool_calls is None:
