@@ -100,11 +100,18 @@ def query_counts(trials: pl.DataFrame) -> pl.DataFrame:
     ``trials`` needs agent, dataset, query_id and ``verdict`` or ``is_correct``.
     """
     _require(trials, list(_QUERY_KEYS), "query_counts")
-    trials = with_verdicts(trials)
-    return trials.group_by(*_QUERY_KEYS).agg(
-        (~_ERRORED).sum().cast(pl.Int32).alias("n"),
-        _CORRECT.sum().cast(pl.Int32).alias("c"),
-        _ERRORED.sum().cast(pl.Int32).alias("n_errored"),
+    verdict = [c for c in ("verdict", "is_correct") if c in trials.columns]
+    trials = with_verdicts(trials.select(*_QUERY_KEYS, *verdict))  # only what is counted
+    # a streaming aggregation: memory is the groups', not a copy of the trials' keys
+    return (
+        trials.lazy()
+        .group_by(*_QUERY_KEYS)
+        .agg(
+            (~_ERRORED).sum().cast(pl.Int32).alias("n"),
+            _CORRECT.sum().cast(pl.Int32).alias("c"),
+            _ERRORED.sum().cast(pl.Int32).alias("n_errored"),
+        )
+        .collect(engine="streaming")
     )
 
 
