@@ -374,12 +374,18 @@ def cost_table(
         ],
         "cost_table",
     )
-    trials = with_verdicts(trials)
+    verdict = [c for c in ("verdict", "is_correct") if c in trials.columns]
+    effort = ["cost_usd", "prompt_tokens", "completion_tokens", "cached_tokens", "latency_s",
+              "n_llm_calls"]
+    keys = trials.select("trial_key", "agent", "dataset")  # for the llm_calls join
+    trials = with_verdicts(trials.select("agent", "dataset", *effort, *verdict)).lazy()
     per_ds = trials.group_by("agent", "dataset").agg(_effort_aggs())
     per_agent = (
         trials.group_by("agent").agg(_effort_aggs()).with_columns(pl.lit(ALL).alias("dataset"))
     )
-    table = pl.concat([per_ds, per_agent.select(per_ds.columns)])
+    table = pl.concat(
+        [per_ds, per_agent.select(per_ds.collect_schema().names())]
+    ).collect(engine="streaming")
     if llm_calls is not None:
         names = llm_calls.collect_schema().names()
         missing = [c for c in ("trial_key", "cache_hit", "attempts") if c not in names]
@@ -389,8 +395,7 @@ def cost_table(
         calls = (
             llm_calls.lazy()
             .select("trial_key", "cache_hit", "attempts", priced.alias("priced"))
-            .join(trials.lazy().select("trial_key", "agent", "dataset"), on="trial_key",
-                  how="inner")
+            .join(keys.lazy(), on="trial_key", how="inner")
         )
         call_aggs = [
             pl.len().cast(pl.Int64).alias("llm_calls"),
