@@ -45,7 +45,6 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
-from prefect import task
 from pydantic import ValidationError
 from sqlglot.errors import SqlglotError
 
@@ -68,6 +67,7 @@ from tasks.instances import (
     load_schema,
     verify_counterexample,
 )
+from tasks.prefect_task import task
 from tasks.result_match import results_match
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,15 @@ log = logging.getLogger(__name__)
 
 class PairsError(ValueError):
     """A pairs file cannot be read; the message names the file and line."""
+
+
+#: Revision of the methods' semantics, part of every batch key.
+FINDER_REVISION = 2
+
+#: Why execution match skips a pair without a database.
+SKIPPED_NO_DB = ("the pair has no database (db): execution match runs both queries on the "
+                 "pair's own database (a SQLite/DuckDB file, a postgresql:// URL or a name under "
+                 "--db-root)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,7 +255,7 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
 
     match = match or MatchOptions()
     if not pair.db:
-        return {"verdict": "skipped", "error": "the pair has no database (db)"}
+        return {"verdict": "skipped", "error": SKIPPED_NO_DB}
     try:
         ref = resolve_db(pair.db, db_root)
     except FileNotFoundError as exc:
@@ -298,8 +307,30 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
             details.update(all_empty=True, warnings=[warning])
             explanation += f"; WARNING: {warning}"
         return {"verdict": "equivalent", "details": details, "explanation": explanation}
+    only1, only2 = _row_differences(rows1, rows2)
+    details.update(result1=_preview(rows1), result2=_preview(rows2), only_in_sql1=only1, only_in_sql2=only2)
+    shown = "; ".join(x for x in (f"only sql1 returns {only1}" if only1 else "",
+                                  f"only sql2 returns {only2}" if only2 else "") if x) \
+        or "the same rows in a different order"
     return {"verdict": "not_equivalent", "verified": True, "details": details,
-            "explanation": f"results differ on {pair.db}: {len(rows1)} vs {len(rows2)} rows"}
+            "explanation": f"results differ on {pair.db} ({len(rows1)} vs {len(rows2)} rows): {shown}"}
+
+
+def _preview(rows: list[tuple], n: int = 5) -> str:
+    more = f", … (+{len(rows) - n})" if len(rows) > n else ""
+    return "[" + ", ".join(repr(tuple(r)) for r in rows[:n]) + more + "]"
+
+
+def _row_differences(rows1: list[tuple], rows2: list[tuple], n: int = 3) -> tuple[str, str]:
+    """Up to ``n`` rows (with multiplicity) one result holds and the other does not, each as
+    text ('' when there are none)."""
+    from collections import Counter
+
+    from tasks.result_match import canonical_rows
+
+    c1, c2 = Counter(canonical_rows(rows1)), Counter(canonical_rows(rows2))
+    a, b = list((c1 - c2).elements()), list((c2 - c1).elements())
+    return (_preview(a, n) if a else ""), (_preview(b, n) if b else "")
 
 
 def evaluate(pair: QueryPair, method: Method, options: EquivalenceOptions,
@@ -419,7 +450,9 @@ def plan_equivalence_batches(pair_ids: list[str], methods: list[str], batch_size
         raise ValueError("no methods given")
     # the artifact schema version is part of the key: batches written by an older version are
     # never combined with new ones
-    opts = (options or EquivalenceOptions()).model_dump_json() + f"|v{eqs.SCHEMA_VERSION}"
+    # ... and so is the version of the methods' semantics (FINDER_REVISION: tie groups,
+    # arbitrary choices, real PostgreSQL), so a resumed run never mixes two of them
+    opts = (options or EquivalenceOptions()).model_dump_json() + f"|v{eqs.SCHEMA_VERSION}|r{FINDER_REVISION}"
     batches = []
     for m in parsed:
         for start in range(0, len(pair_ids), batch_size):
@@ -487,6 +520,10 @@ def run_equivalence_batch(run_id: str, artifacts_root: str, pairs_uri: str, batc
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     logger.info("equivalence batch %s: %d pairs, %s", batch["key"], len(rows), counts)
+    for r in rows:
+        if r["verdict"] == "error":
+            logger.warning("equivalence %s on %s: error: %s", r["method"], r["pair_id"],
+                           (r["error"] or "").splitlines()[0][:200] if r["error"] else "?")
     return storage.write_parquet(out_uri, pa.Table.from_pylist(rows, schema=eqs.EQUIVALENCE),
                                  eqs.EQUIVALENCE)
 
@@ -569,7 +606,13 @@ def label_agreement_table(df: pl.DataFrame) -> pl.DataFrame:
         col = f"label_{notion}"
         if col not in decided.columns:
             continue
-        sub = decided.filter(pl.col(col).is_not_null()).with_columns(
+        own_missing = pl.when(pl.col("notion") == "semantic").then(pl.col("label_semantic")) \
+            .otherwise(pl.col("label_relaxed")).is_null() if {"label_semantic", "label_relaxed"} <= set(
+                decided.columns) else pl.lit(True)
+        # a method is compared with the other notion's labels only where the pair has none of
+        # its own notion (published sets with relaxed labels only)
+        sub = decided.filter(pl.col(col).is_not_null(),
+                             (pl.col("notion") == notion) | own_missing).with_columns(
             pl.col(col).alias("lab"), (pl.col("verdict") == "equivalent").alias("m_eq"))
         if sub.is_empty():
             continue
@@ -614,7 +657,9 @@ def counterexample_table(df: pl.DataFrame) -> pl.DataFrame:
     out = sub.group_by("method").agg(
         pl.col("pair_id").n_unique().cast(pl.Int64).alias("n_pairs"),
         (pl.col("verdict") == "not_equivalent").sum().cast(pl.Int64).alias("flagged"),
-        pl.col("counterexample").is_not_null().sum().cast(pl.Int64).alias("with_counterexample"),
+        (pl.col("counterexample").is_not_null()
+         | ((pl.col("method") == "exec_match") & pl.col("verified").fill_null(False)))
+        .sum().cast(pl.Int64).alias("with_counterexample"),
         pl.col("verified").fill_null(False).sum().cast(pl.Int64).alias("verified"),
     ).with_columns(
         pl.lit(pair_set).alias("pair_set"),
@@ -669,6 +714,40 @@ def _accuracy_wide(acc: pl.DataFrame) -> pl.DataFrame:
     return wide.select(["method", "notion"] + [h for h in order if h in wide.columns]).sort("method")
 
 
+def _problems_section(df: pl.DataFrame, limit: int = 20) -> str:
+    """Markdown naming every errored (pair, method) with its one-line reason, and the reasons
+    methods skipped pairs (counted)."""
+    parts = []
+    errors = df.filter(pl.col("verdict") == "error").sort("pair_id", "method")
+    if not errors.is_empty():
+        lines = [f"- `{r['pair_id']}` × {r['method']}: {_one_line(r['error'])}"
+                 for r in errors.head(limit).iter_rows(named=True)]
+        more = f"\n- … and {errors.height - limit} more (the `error` column of equivalence.parquet)" \
+            if errors.height > limit else ""
+        parts.append(f"{errors.height} errored (pair, method):\n\n" + "\n".join(lines) + more)
+    skipped = df.filter(pl.col("verdict") == "skipped")
+    if not skipped.is_empty():
+        counts = skipped.group_by("method", "error").agg(pl.len().alias("n")).sort("method")
+        parts.append("Skipped:\n\n" + "\n".join(
+            f"- {r['method']}: {r['n']} pair(s) — {_one_line(r['error'])}" for r in counts.iter_rows(named=True)))
+    return "\n\n".join(parts) if parts else "_none_"
+
+
+def _one_line(text: str | None, n: int = 200) -> str:
+    one = " ".join((text or "?").split())
+    return one if len(one) <= n else one[: n - 1] + "…"
+
+
+def _finder_false_counterexamples(df: pl.DataFrame) -> str:
+    """``"k false counterexample(s) on n pair(s) labelled equivalent"`` for the finder ('' when
+    no finder row has an equivalent label)."""
+    eq = df.filter(pl.col("method") == "finder", pl.col("label_semantic") == True)
+    if eq.is_empty():
+        return ""
+    false = eq.filter(pl.col("verdict") == "not_equivalent").height
+    return f"{false} false counterexample(s) on {eq.height} pair(s) labelled equivalent"
+
+
 @task(name="equivalence-tables", persist_result=False)
 def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
     """The tables of a run, as Parquet under ``tables/`` and as ``equivalence.md``.
@@ -711,6 +790,8 @@ def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
                          "see the agreement with the labels below_")
     else:
         accuracy_text = "_no labelled pairs_"
+    problems_text = _problems_section(df)
+    finder_false = _finder_false_counterexamples(df)
     sizes = tables["finder_sizes"][0]
     sizes_text = "_the finder separated no pair_"
     if not sizes.is_empty():
@@ -726,10 +807,12 @@ def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
         f"# SQL equivalence, run `{run_id}`",
         f"{df['pair_id'].n_unique()} pairs × {df['method'].n_unique()} methods = {df.height} rows.",
         "## Verdicts\n\n" + markdown_table(verdicts) + warning,
-        "## Accuracy by hardness\n\nUndecided verdicts (error, error on instance, unparsed, no "
-        "counterexample within budget) count as wrong; the finder never answers *equivalent*, "
-        "so its accuracy on equivalent pairs is 0 by construction (see the counterexample "
-        "table).\n\n" + accuracy_text,
+        "## Errors and skipped pairs\n\n" + problems_text,
+        "## Accuracy by hardness\n\nUndecided verdicts (error, error on instance, "
+        "nondeterministic, unparsed, no counterexample within budget) count as wrong. The finder "
+        "never answers *equivalent* (search is no proof), so on pairs labelled equivalent it is "
+        "wrong by construction; what matters there is that it reports no false counterexample"
+        + (f": {finder_false}" if finder_false else "") + ".\n\n" + accuracy_text,
         "## Agreement with execution match\n\n"
         + (markdown_table(tables["agreement"][0]) if not tables["agreement"][0].is_empty()
            else "_no execution-match decisions to compare with_"),
@@ -738,7 +821,8 @@ def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
         "labels); undecided verdicts are left out.\n\n"
         + (markdown_table(tables["label_agreement"][0]) if not tables["label_agreement"][0].is_empty()
            else "_no decided, labelled pairs_"),
-        "## Counterexamples on the non-equivalent set\n\n"
+        "## Counterexamples on the non-equivalent set\n\nFor execution match the counterexample "
+        "is the pair's own database (it counts when the results differ there).\n\n"
         + (markdown_table(tables["counterexamples"][0]) if not tables["counterexamples"][0].is_empty()
            else "_no non-equivalent pairs_"),
         "## Finder: instance size that separated each pair\n\nRows over all tables of the "
