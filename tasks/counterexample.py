@@ -1189,10 +1189,10 @@ class _Runner:
     gets at most the time left until :attr:`deadline`."""
 
     def __init__(self, box: Sandbox, q1: EngineQuery, q2: EngineQuery, match: MatchOptions,
-                 ordered: bool, fold: bool, deadline: float) -> None:
+                 ordered: bool, fold: bool, deadline: float, abs_tol: float | None = None) -> None:
         self.box, self.q1, self.q2 = box, q1, q2
         self.opts = {"ordered": ordered, "bag": match.bag, "permute_columns": match.permute_columns,
-                     "fold": fold}
+                     "fold": fold, "abs_tol": abs_tol}
         self.deadline = deadline
         self.runs = 0
         self.load_errors = 0
@@ -1380,7 +1380,8 @@ def _find(sql1: str, sql2: str, schema: RelSchema, dialect: str | None, budget: 
             except RecursionError:
                 errors.append(f"{eng}: a query is nested too deeply to write for the engine")
                 continue
-            runner = _Runner(box, q1, q2, match, ordered, cand.mysql, deadline)
+            runner = _Runner(box, q1, q2, match, ordered, cand.mysql, deadline,
+                             cand.abs_tol(reads[0].tree, reads[1].tree))
             empty_outcome = runner.outcomes({t: [] for t in tables})
             bad = [(i + 1, o.error) for i, o in enumerate(empty_outcome) if o.error is not None and not o.timeout]
             if not bad:

@@ -9,8 +9,10 @@ Methods (the ``method`` column):
   only when both queries sort, columns permutable. ``equivalent`` means *the results match on
   this database*, which is how execution accuracy scores pairs (when every compared result is
   empty it is still the verdict, with a warning in ``details`` and the report); a mismatch is
-  a verified counterexample (the database itself); exactly one query failing on the database
-  is ``error_on_instance`` (an error is not a result).
+  a verified counterexample (the database itself) unless an arbitrary choice the SQL leaves to
+  the engine explains it (ties under ORDER BY, LIMIT over ties, ...: ``nondeterministic``, see
+  :func:`tasks.instances.separation`); exactly one query failing on the database is
+  ``error_on_instance`` (an error is not a result).
 - ``finder``: the automatic counterexample finder (:mod:`tasks.counterexample`); verdicts
   ``not_equivalent`` (verified minimal counterexample), ``no_counterexample_within_budget`` or
   ``error_on_instance``; ``details`` holds the size of the instance that separated the pair,
@@ -241,7 +243,9 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
     Returns ``{"verdict", "verified", "explanation", "details", "error"}``: ``equivalent``
     when the results match under ``match`` (row order only when both queries have a
     top-level ORDER BY unless ``match.order`` says otherwise), ``not_equivalent`` when they
-    differ (``verified`` True: the database separates them), ``error_on_instance`` when
+    differ (``verified`` True: the database separates them; ``details`` show the rows only one
+    side returns), ``nondeterministic`` when they differ only as an arbitrary choice the SQL
+    leaves to the engine allows (probes run read-only on the database), ``error_on_instance`` when
     exactly one query fails on the database (an error is not a result, so the database is no
     counterexample), ``error`` when a query does not parse or both fail or the database cannot
     be opened, ``skipped`` without ``db``. Queries are read and normalised by
@@ -271,6 +275,9 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
             return {"verdict": "error", "error": f"sql{n} {exc}"}
     database, engine = _open_database(ref, timeout_s)
     outcomes: list[tuple[list[tuple] | None, str | None]] = []
+    ordered = match.order == "always" or (
+        match.order == "auto" and all(q.tree.args.get("order") is not None for q in texts))
+    sep = None
     try:
         for q in texts:
             try:
@@ -278,11 +285,13 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
                 outcomes.append(([tuple(r[c] for c in res.columns) for r in res.rows], None))
             except (QueryError, SqlglotError, ValueError) as exc:
                 outcomes.append((None, str(exc).splitlines()[0][:300]))
+        (rows1, err1), (rows2, err2) = outcomes
+        same = err1 is None and err2 is None and results_match(
+            rows1, rows2, ordered=ordered, bag=match.bag, permute_columns=match.permute_columns)
+        if err1 is None and err2 is None and not same:
+            sep = _database_separation(database, engine, ref, pair, texts, rows1, rows2, ordered, match)
     finally:
         database.close()
-    (rows1, err1), (rows2, err2) = outcomes
-    ordered = match.order == "always" or (
-        match.order == "auto" and all(q.tree.args.get("order") is not None for q in texts))
     details: dict[str, Any] = {
         "db": pair.db, "engine": engine, "ordered": ordered,
         "rows1": None if rows1 is None else len(rows1),
@@ -296,8 +305,6 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
         return {"verdict": "error_on_instance", "details": details, "error": message,
                 "explanation": message + " — an error is not a result, so the database is no "
                                "counterexample"}
-    same = results_match(rows1, rows2, ordered=ordered, bag=match.bag,
-                         permute_columns=match.permute_columns)
     if same:
         explanation = f"same result on {pair.db} ({len(rows1)} rows)"
         if not rows1 and not rows2:
@@ -307,6 +314,11 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
             details.update(all_empty=True, warnings=[warning])
             explanation += f"; WARNING: {warning}"
         return {"verdict": "equivalent", "details": details, "explanation": explanation}
+    if sep is not None and not sep.certain:
+        details.update(result1=_preview(rows1), result2=_preview(rows2), choices=sep.reason)
+        return {"verdict": "nondeterministic", "details": details,
+                "explanation": f"results differ on {pair.db}, but only as an arbitrary choice of "
+                               f"the SQL allows ({sep.reason}): the database is no counterexample"}
     only1, only2 = _row_differences(rows1, rows2)
     details.update(result1=_preview(rows1), result2=_preview(rows2), only_in_sql1=only1, only_in_sql2=only2)
     shown = "; ".join(x for x in (f"only sql1 returns {only1}" if only1 else "",
@@ -314,6 +326,40 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
         or "the same rows in a different order"
     return {"verdict": "not_equivalent", "verified": True, "details": details,
             "explanation": f"results differ on {pair.db} ({len(rows1)} vs {len(rows2)} rows): {shown}"}
+
+
+def _database_separation(database, engine: str, ref: str, pair: QueryPair, texts, rows1, rows2,
+                         ordered: bool, match: MatchOptions):
+    """:func:`tasks.instances.separation` of two differing results on the pair's database
+    (probes run read-only on it): None when it cannot be decided (then the difference
+    stands, as before)."""
+    from tasks.databases import QueryError
+    from tasks.instances import EngineChoice, Outcome, prepare_query, separation
+
+    schema = None
+    if "://" not in ref:
+        try:
+            schema = RelSchema.from_database(ref)
+        except SchemaError:
+            schema = None
+    choice = EngineChoice(engine, mysql=(pair.dialect or "").lower() == "mysql" and engine != "mysql")
+
+    def run(sql: str) -> Outcome:
+        try:
+            res = database.query(sql, max_rows=10_000_000)
+        except (QueryError, ValueError) as exc:
+            return Outcome(error=str(exc).splitlines()[0][:300])
+        return Outcome(rows=[tuple(r[c] for c in res.columns) for r in res.rows], ncols=len(res.columns))
+
+    try:
+        q1, q2 = (prepare_query(q, schema, choice) for q in texts)
+    except (SqlglotError, ValueError):
+        return None
+    w1 = len(rows1[0]) if rows1 else None
+    w2 = len(rows2[0]) if rows2 else None
+    return separation(run, q1, q2, Outcome(rows=rows1, ncols=w1), Outcome(rows=rows2, ncols=w2),
+                      ordered=ordered, bag=match.bag, permute_columns=match.permute_columns,
+                      fold=choice.mysql, abs_tol=choice.abs_tol(*(q.tree for q in texts)))
 
 
 def _preview(rows: list[tuple], n: int = 5) -> str:
@@ -597,8 +643,10 @@ def agreement_table(df: pl.DataFrame) -> pl.DataFrame:
 def label_agreement_table(df: pl.DataFrame) -> pl.DataFrame:
     """Agreement of each method's decisions with the labels of each notion (see
     :data:`schemas.equivalence.EQUIVALENCE_LABEL_AGREEMENT`): one row per (method, label
-    notion) with at least one decided, labelled pair. Undecided verdicts are left out (the
-    accuracy table counts them as wrong). Empty when no decided pair has any label."""
+    notion) with at least one decided, labelled pair; labels of the other notion than the
+    method's only count on pairs without a label of the method's own (so plain labels, which
+    stand for both notions, give no second row). Undecided verdicts are left out (the accuracy
+    table counts them as wrong). Empty when no decided pair has any label."""
     empty = pl.DataFrame(schema=pl.from_arrow(eqs.EQUIVALENCE_LABEL_AGREEMENT.empty_table()).schema)
     decided = df.filter(pl.col("verdict").is_in(list(DECIDED)))
     parts = []
@@ -816,9 +864,10 @@ def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
         "## Agreement with execution match\n\n"
         + (markdown_table(tables["agreement"][0]) if not tables["agreement"][0].is_empty()
            else "_no execution-match decisions to compare with_"),
-        "## Agreement with the labels\n\nEach method's decisions against the labels of each "
-        "notion (also the other notion's, e.g. a semantic method against relaxed-only "
-        "labels); undecided verdicts are left out.\n\n"
+        "## Agreement with the labels\n\nEach method's decisions against the labels of its "
+        "notion, and against the other notion's labels on pairs that carry none of its own "
+        "(e.g. a semantic method against relaxed-only labels); undecided verdicts are left "
+        "out.\n\n"
         + (markdown_table(tables["label_agreement"][0]) if not tables["label_agreement"][0].is_empty()
            else "_no decided, labelled pairs_"),
         "## Counterexamples on the non-equivalent set\n\nFor execution match the counterexample "

@@ -51,7 +51,7 @@ from tasks.relschema import (  # noqa: F401 - re-exported
     type_category,
 )
 from tasks.relschema import ident as _ident
-from tasks.result_match import compare_results
+from tasks.result_match import compare_results, tolerance
 from tasks.sql_dialects import (
     MYSQL_APPROXIMATION,
     ReadQuery,
@@ -124,6 +124,14 @@ class EngineChoice:
     integer_division: bool = False
     readings: list[str] = field(default_factory=list)
 
+    def abs_tol(self, *trees: exp.Expression) -> float | None:
+        """The absolute tolerance numbers compare with: 1e-4 for MySQL queries that divide or
+        average (MySQL's results keep 4 more decimals, DuckDB's all), else None (the
+        default)."""
+        if self.mysql and any(next(t.find_all(exp.Div, exp.Avg), None) is not None for t in trees):
+            return 1e-4
+        return None
+
 
 def engine_for(dialect: str | None, engine: str = "auto") -> EngineChoice:
     """The engine for a pair's dialect: ``postgres`` → a real PostgreSQL server (DuckDB with
@@ -153,7 +161,16 @@ def engine_for(dialect: str | None, engine: str = "auto") -> EngineChoice:
         return EngineChoice("duckdb")
     if d == "mysql":
         return EngineChoice("duckdb", mysql=True, readings=[MYSQL_APPROXIMATION.format(engine="DuckDB")])
+    if d in _INTEGER_DIVISION:
+        return EngineChoice("duckdb", integer_division=True, readings=[
+            f"{dialect} semantics approximated by DuckDB (with integer division of integers, as "
+            f"{dialect} divides)"])
     return EngineChoice("duckdb", readings=[f"{dialect} semantics approximated by DuckDB"])
+
+
+#: Dialects whose ``/`` divides integers as integers (PostgreSQL runs on its own server).
+_INTEGER_DIVISION = {"tsql", "redshift", "trino", "presto", "athena", "materialize", "risingwave",
+                     "fabric", "dremio"}
 
 
 def _scale_resolver(schema: RelSchema | None):
@@ -224,10 +241,11 @@ def adapt_to_schema(q: ReadQuery, schema: RelSchema | None) -> ReadQuery:
 @dataclass
 class EngineQuery:
     """One query ready for an engine: ``sql`` to run, its :class:`QueryPlan` (the probe and
-    the arbitrary choices its SQL leaves)."""
+    the arbitrary choices its SQL leaves), the ``tree`` it was read as."""
 
     sql: str
     plan: QueryPlan
+    tree: exp.Expression | None = None
 
 
 def prepare_query(q: ReadQuery, schema: RelSchema | None, choice: EngineChoice) -> EngineQuery:
@@ -239,7 +257,7 @@ def prepare_query(q: ReadQuery, schema: RelSchema | None, choice: EngineChoice) 
     bare = engine == "sqlite" or dialect in ("mysql", "sqlite")
     plan = plan_query(q.tree, schema, engine=engine, bare_columns=bare, dialect=dialect,
                       to_sql=lambda t: engine_tree(t, dialect, engine, scale_of).sql(dialect=engine))
-    return EngineQuery(sql, plan)
+    return EngineQuery(sql, plan, q.tree)
 
 
 # --------------------------------------------------------------------------------------------
@@ -315,10 +333,16 @@ class Separation:
 
 def separation(run, q1: EngineQuery, q2: EngineQuery, o1: Outcome, o2: Outcome, *,
                ordered: bool, bag: bool = True, permute_columns: bool = True,
-               fold: bool = False) -> Separation:
+               fold: bool = False, abs_tol: float | None = None) -> Separation:
     """Decide whether the instance currently loaded separates two queries, given their
     outcomes on it. ``run(sql) -> Outcome`` runs a probe on that instance (the sort keys and
-    the rows a top-level LIMIT cuts from, :mod:`tasks.outcomes`) when the results differ."""
+    the rows a top-level LIMIT cuts from, :mod:`tasks.outcomes`) when the results differ.
+    ``fold``: MySQL text comparison; ``abs_tol``: another absolute tolerance for numbers
+    (:meth:`EngineChoice.abs_tol`)."""
+    if abs_tol is not None:
+        with tolerance(abs_tol=abs_tol):
+            return separation(run, q1, q2, o1, o2, ordered=ordered, bag=bag,
+                              permute_columns=permute_columns, fold=fold)
     if o1.error is not None or o2.error is not None:
         return Separation("error", o1.error or o2.error or "")
     if compare_results(o1.rows or [], o2.rows or [], ordered=ordered, bag=bag,
@@ -855,7 +879,8 @@ def verify_counterexample(
                                     "database is no counterexample", error_on_instance=one_sided,
                                     result1=o1.preview(), result2=o2.preview(), rows=n_rows, engine=eng)
             sep = separation(box.run, q1, q2, o1, o2, ordered=ordered, bag=bag,
-                             permute_columns=permute_columns, fold=choice.mysql)
+                             permute_columns=permute_columns, fold=choice.mysql,
+                             abs_tol=choice.abs_tol(reads[0].tree, reads[1].tree))
             if not sep.certain:
                 return Verification(False, choice=sep.reason if sep.kind == "choice" else None,
                                     result1=a1.preview(), result2=a2.preview(), rows=n_rows, engine=eng)

@@ -8,8 +8,9 @@ BY); columns may be permuted, since a column's position carries no meaning.
 Cells are compared after :func:`canonical_value` (``1``, ``1.0``, ``Decimal("1.000")`` and
 ``True`` are the same number; dates and times are ISO strings); two numbers are equal when
 both are integers and equal, or when they are within a relative tolerance of ``REL_TOL`` or an
-absolute one of ``ABS_TOL`` (``math.isclose``) — so ``x * 0.1`` and ``x / 10``, one ulp apart,
-are the same value, however close they fall to a rounding boundary.
+absolute one of ``ABS_TOL`` (``math.isclose``; :func:`tolerance` changes them for a block) —
+so ``x * 0.1`` and ``x / 10``, one ulp apart, are the same value, however close they fall to a
+rounding boundary.
 
 The column-permutation search is bounded: identical columns are interchangeable (tried once),
 only columns with the same bag of values are paired, and the search is a backtracking over
@@ -20,11 +21,13 @@ one-to-one assignments (never a walk over every tuple of candidates); when more 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as dt
 import decimal
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import sqlglot
@@ -39,6 +42,21 @@ REL_TOL = 1e-9
 ABS_TOL = 1e-9
 #: Rows in one group of tolerant float matching solved exactly (larger: sorted pairing only).
 _MATCHING_LIMIT = 400
+
+
+_tolerance: contextvars.ContextVar[tuple[float, float]] = contextvars.ContextVar(
+    "result_match_tolerance", default=(REL_TOL, ABS_TOL))
+
+
+@contextlib.contextmanager
+def tolerance(rel_tol: float = REL_TOL, abs_tol: float = ABS_TOL) -> Iterator[None]:
+    """Compare numbers with another relative / absolute tolerance inside the block (MySQL's
+    4-decimal division results: ``abs_tol=1e-4``)."""
+    token = _tolerance.set((rel_tol, abs_tol))
+    try:
+        yield
+    finally:
+        _tolerance.reset(token)
 
 
 class _NaN:
@@ -132,7 +150,8 @@ def values_equal(a: Any, b: Any) -> bool:
     if _is_num(a) and _is_num(b):
         if isinstance(a, int) and isinstance(b, int):
             return False
-        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+        rel, tol = _tolerance.get()
+        return math.isclose(a, b, rel_tol=rel, abs_tol=tol)
     if isinstance(a, tuple) and isinstance(b, tuple):
         return len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b))
     return False

@@ -633,8 +633,9 @@ MYSQL_APPROXIMATION = (
     "case-insensitively as by MySQL's default *_ci collations (columns declared COLLATE NOCASE, "
     "results compared case-folded), trailing spaces ignored as by PAD SPACE (string constants "
     "compared with a value lose trailing spaces, no generated value ends in a space, results "
-    "compared without them), `/` of exact numbers rounded to the dividend's scale + 4 "
-    "(div_precision_increment); not modelled: accent-insensitive comparison, implicit "
+    "compared without them), `/` of exact numbers rounded to MySQL's result scale (the "
+    "dividend's + 4, div_precision_increment) and numbers compared within 1e-4 when a query "
+    "divides; not modelled: accent-insensitive comparison, implicit "
     "string-to-number conversion ('abc' = 0), integer overflow and zero-date rules — a difference "
     "in these classes can still show")
 
@@ -642,9 +643,10 @@ MYSQL_APPROXIMATION = (
 def mysql_approximation(tree: exp.Expression, scale_of=None) -> exp.Expression:
     """A MySQL query tree rewritten for DuckDB / SQLite so that MySQL's comparisons hold (see
     :data:`MYSQL_APPROXIMATION`): string constants compared with a value lose trailing spaces
-    (PAD SPACE), and ``x / y`` of exact numbers whose value is the result (a select item, a
-    comparison operand) is rounded to ``scale(x) + 4`` decimals. ``scale_of(node)``: the scale
-    of an exact operand (0 for integers), None for approximate or unknown ones."""
+    (PAD SPACE), and the outermost arithmetic expression around ``x / y`` of exact numbers is
+    rounded to MySQL's result scale (a division adds 4 decimals, div_precision_increment; a
+    sum keeps the larger scale, a product adds them). ``scale_of(node)``: the scale of an exact
+    operand (0 for integers), None for approximate or unknown ones."""
     tree = tree.copy()
     comparisons = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ,
                    exp.NullSafeNEQ, exp.In, exp.Between)
@@ -654,16 +656,42 @@ def mysql_approximation(tree: exp.Expression, scale_of=None) -> exp.Expression:
                 lit.replace(exp.Literal.string(lit.this.rstrip(" ")))
     if scale_of is None:
         return tree
-    for div in list(tree.find_all(exp.Div)):
-        parent = div.parent
-        while isinstance(parent, exp.Paren):
-            parent = parent.parent
-        if isinstance(parent, (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg)):
-            continue  # an intermediate value: MySQL keeps more digits there
-        s1, s2 = scale_of(div.this), scale_of(div.expression)
-        if s1 is None or s2 is None:
+    arithmetic = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Paren)
+
+    def scale(node: exp.Expression) -> int | None:
+        """MySQL's result scale of an exact-number expression (None: approximate / unknown)."""
+        if isinstance(node, exp.Paren | exp.Neg):
+            return scale(node.this)
+        if isinstance(node, (exp.Add, exp.Sub, exp.Mod)):
+            a, b = scale(node.this), scale(node.expression)
+            return None if a is None or b is None else max(a, b)
+        if isinstance(node, exp.Mul):
+            a, b = scale(node.this), scale(node.expression)
+            return None if a is None or b is None else a + b
+        if isinstance(node, exp.Div):
+            a, b = scale(node.this), scale(node.expression)
+            return None if a is None or b is None else a + 4
+        if isinstance(node, exp.IntDiv) or isinstance(node, exp.Count):
+            return 0
+        if isinstance(node, (exp.Sum, exp.Max, exp.Min)):
+            return scale(node.this)
+        if isinstance(node, exp.Avg):  # AVG of exact numbers: 4 more decimals, as `/`
+            inner = scale(node.this)
+            return None if inner is None else inner + 4
+        return scale_of(node)
+
+    # the outermost arithmetic around a division keeps MySQL's scale; inside it, MySQL
+    # computes with more digits, as DuckDB does
+    for div in list(tree.find_all(exp.Div, exp.Avg)):
+        top = div
+        while isinstance(top.parent, arithmetic):
+            top = top.parent
+        s_top = scale(top)
+        if s_top is None or top.meta.get("ql_rounded"):
             continue
-        div.replace(exp.Round(this=div.copy(), decimals=exp.Literal.number(s1 + 4)))
+        rounded = exp.Round(this=top.copy(), decimals=exp.Literal.number(s_top))
+        rounded.meta["ql_rounded"] = True
+        top.replace(rounded)
     return tree
 
 

@@ -498,3 +498,28 @@ def test_render_instance_emits_enum_types_for_postgres():
                                 "postgres")
     script = render_instance(schema, {"t": [(1, "ok")]}, "postgres")
     assert script.startswith("CREATE TYPE mood AS ENUM ('sad', 'ok');")
+
+
+def test_execution_match_does_not_call_a_tie_a_counterexample(tmp_path):
+    import sqlite3
+
+    from tasks.equivalence import execution_match
+
+    db = tmp_path / "ties.sqlite"
+    con = sqlite3.connect(db)
+    con.executescript("CREATE TABLE t (id INT PRIMARY KEY, a INT, b INT); "
+                      "INSERT INTO t VALUES (1, 1, 2), (2, 1, 0), (3, 1, 1);")
+    con.commit()
+    con.close()
+
+    def match(sql1, sql2):
+        pair = QueryPair.model_validate({"id": "x", "sql1": sql1, "sql2": sql2, "db": str(db),
+                                         "dialect": "sqlite"})
+        return execution_match(pair, MatchOptions())
+
+    out = match("SELECT a, b FROM t ORDER BY a", "SELECT a, b FROM t ORDER BY a, b")
+    assert out["verdict"] == "nondeterministic" and "tied" in out["explanation"]
+    out = match("SELECT id FROM t ORDER BY a LIMIT 1", "SELECT id FROM t ORDER BY a, id DESC LIMIT 1")
+    assert out["verdict"] == "nondeterministic"
+    out = match("SELECT id FROM t ORDER BY b", "SELECT id FROM t ORDER BY b DESC")
+    assert out["verdict"] == "not_equivalent" and out["verified"]
