@@ -163,8 +163,8 @@ def engine_for(dialect: str | None, engine: str = "auto") -> EngineChoice:
         return EngineChoice("duckdb", mysql=True, readings=[MYSQL_APPROXIMATION.format(engine="DuckDB")])
     if d in _INTEGER_DIVISION:
         return EngineChoice("duckdb", integer_division=True, readings=[
-            f"{dialect} semantics approximated by DuckDB (with integer division of integers, as "
-            f"{dialect} divides)"])
+            (f"{dialect} semantics approximated by DuckDB (with integer division of integers, as "
+            f"{dialect} divides)")])
     return EngineChoice("duckdb", readings=[f"{dialect} semantics approximated by DuckDB"])
 
 

@@ -671,7 +671,7 @@ def mysql_approximation(tree: exp.Expression, scale_of=None) -> exp.Expression:
         if isinstance(node, exp.Div):
             a, b = scale(node.this), scale(node.expression)
             return None if a is None or b is None else a + 4
-        if isinstance(node, exp.IntDiv) or isinstance(node, exp.Count):
+        if isinstance(node, (exp.IntDiv, exp.Count)):
             return 0
         if isinstance(node, (exp.Sum, exp.Max, exp.Min)):
             return scale(node.this)
