@@ -1002,6 +1002,10 @@ class InstanceGenerator:
             return None
         if any(v is _PENDING for v in value):
             return None
+        prefixes = table.key_prefixes.get(names)
+        if prefixes:  # MySQL prefix key: the first n characters must differ
+            value = tuple(str(v)[:prefixes[c.lower()]] if v is not None and c.lower() in prefixes else v
+                          for v, c in zip(value, names))
         return tuple(_fold(v) for v in value) if self.fold else value
 
     def _guided(self, hint: SizeHint) -> Instance:

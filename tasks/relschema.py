@@ -169,8 +169,9 @@ class Table:
     """A table with its keys: ``primary_key`` and ``unique`` column-name tuples
     (``nulls_not_distinct``: UNIQUE keys under which two NULLs collide), ``foreign_keys``,
     ``checks`` (CHECK constraint expressions, as parsed); ``qualifier``: the schema it was
-    declared in (``hr`` of ``hr.emp``). Column names keep their declared spelling; look-ups
-    are case-insensitive."""
+    declared in (``hr`` of ``hr.emp``); ``key_prefixes``: MySQL prefix keys (``UNIQUE
+    (name(10))``: the first 10 characters must differ), lower-case column → length. Column
+    names keep their declared spelling; look-ups are case-insensitive."""
 
     name: str
     columns: list[Column]
@@ -180,6 +181,7 @@ class Table:
     checks: list[exp.Expression] = field(default_factory=list)
     nulls_not_distinct: list[tuple[str, ...]] = field(default_factory=list)
     qualifier: str | None = None
+    key_prefixes: dict[tuple[str, ...], dict[str, int]] = field(default_factory=dict)
 
     def index(self, column: str) -> int:
         """Position of ``column`` (case-insensitive); KeyError naming the table otherwise."""
@@ -393,6 +395,8 @@ class RelSchema:
                 table.unique = [tuple(table.column(c).name for c in u) for u in table.unique]
                 table.nulls_not_distinct = [tuple(table.column(c).name for c in u)
                                             for u in table.nulls_not_distinct]
+                table.key_prefixes = {tuple(table.column(c).name for c in k): v
+                                      for k, v in table.key_prefixes.items()}
             except KeyError as exc:
                 raise SchemaError(f"key names an unknown column: {exc.args[0]}") from None
             for c in table.primary_key:
@@ -804,9 +808,22 @@ def _key_columns(node: exp.Expression | list | None) -> list[str]:
     return out
 
 
+def _note_prefixes(table: Table, cols: Sequence[str], items: Sequence[exp.Expression]) -> None:
+    """Record the MySQL prefix lengths of a key's columns (``name(10)``)."""
+    prefixes = {}
+    for it in items:
+        while isinstance(it, exp.Ordered):
+            it = it.this
+        if isinstance(it, exp.ColumnPrefix) and isinstance(it.expression, exp.Literal):
+            prefixes[it.name.lower()] = int(it.expression.this)
+    if prefixes:
+        table.key_prefixes[tuple(cols)] = prefixes
+
+
 def _add_table_constraint(table: Table, item: exp.Expression, fks: list[_FK], where: str) -> None:
     if isinstance(item, exp.PrimaryKey):
         table.primary_key = tuple(_key_columns(item.expressions))
+        _note_prefixes(table, table.primary_key, item.expressions)
     elif isinstance(item, exp.UniqueColumnConstraint):
         inner = item.this
         if isinstance(inner, (exp.ClusteredColumnConstraint, exp.NonClusteredColumnConstraint)):
@@ -816,6 +833,8 @@ def _add_table_constraint(table: Table, item: exp.Expression, fks: list[_FK], wh
         if not cols:
             raise SchemaError(f"{where}: table {table.name}: UNIQUE without columns: {_short(item.sql(), 60)}")
         table.unique.append(tuple(cols))
+        if inner is not None and not isinstance(inner, (exp.ClusteredColumnConstraint, exp.NonClusteredColumnConstraint)):
+            _note_prefixes(table, cols, inner.expressions)
         if item.args.get("nulls"):
             table.nulls_not_distinct.append(tuple(cols))
     elif isinstance(item, exp.ForeignKey):

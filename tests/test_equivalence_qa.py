@@ -523,3 +523,13 @@ def test_execution_match_does_not_call_a_tie_a_counterexample(tmp_path):
     assert out["verdict"] == "nondeterministic"
     out = match("SELECT id FROM t ORDER BY b", "SELECT id FROM t ORDER BY b DESC")
     assert out["verdict"] == "not_equivalent" and out["verified"]
+
+
+def test_mysql_prefix_keys_bind_the_prefix():
+    schema = RelSchema.from_ddl("CREATE TABLE `t` (`id` int PRIMARY KEY, `ename` varchar(20), "
+                                "UNIQUE KEY uk (`ename`(3)))")
+    assert schema.table("t").unique == [("ename",)] and schema.table("t").key_prefixes == {("ename",): {"ename": 3}}
+    res = find_counterexample("SELECT SUBSTRING(ename, 1, 3) FROM t WHERE ename IS NOT NULL",
+                              "SELECT DISTINCT SUBSTRING(ename, 1, 3) FROM t WHERE ename IS NOT NULL",
+                              schema, dialect="mysql", budget=SMALL)
+    assert res.verdict == "no_counterexample_within_budget", res.summary()
