@@ -38,7 +38,14 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from tasks.outcomes import OutcomeSpace, QueryPlan, build_space, certainly_differ, plan_query
+from tasks.outcomes import (
+    OutcomeSpace,
+    QueryPlan,
+    build_space,
+    certainly_differ,
+    plan_query,
+    resolve_cuts,
+)
 from tasks.relschema import (  # noqa: F401 - re-exported
     Column,
     ForeignKey,
@@ -351,8 +358,9 @@ def separation(run, q1: EngineQuery, q2: EngineQuery, o1: Outcome, o2: Outcome, 
     spaces: list[OutcomeSpace] = []
     for eq, o in ((q1, o1), (q2, o2)):
         plan = eq.plan
-        if plan.opaque:
-            spaces.append(OutcomeSpace(opaque="; ".join(plan.opaque)))
+        why = "; ".join(plan.opaque) or resolve_cuts(plan, run, fold)
+        if why:
+            spaces.append(OutcomeSpace(opaque=why))
             continue
         probe_rows = probe_width = None
         if plan.needs_probe(ordered):
@@ -369,8 +377,8 @@ def separation(run, q1: EngineQuery, q2: EngineQuery, o1: Outcome, o2: Outcome, 
     for n, (eq, s) in enumerate(zip((q1, q2), spaces), start=1):
         if s.opaque:
             reasons.append(f"sql{n}: {s.opaque}")
-        elif eq.plan.choices:
-            reasons.append(f"sql{n}: " + "; ".join(eq.plan.choices[:2]))
+        else:
+            reasons.extend(f"sql{n}: {c}" for c in eq.plan.choices[:2])
     if not reasons:
         reasons.append("the column-order search was undecided" if permute_columns else "undecided")
     return Separation("choice", " | ".join(reasons))

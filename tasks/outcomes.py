@@ -92,7 +92,10 @@ class QueryPlan:
     - ``limit`` / ``offset`` / ``with_ties``: the top-level cut (None: no LIMIT);
     - ``wildcards``: output columns whose values are an engine's choice; ``opaque``: why the
       whole result may vary in a way not modelled (then nothing can be certified);
-    - ``choices``: one line per arbitrary choice the SQL leaves (for notes and verdicts).
+    - ``choices``: one line per arbitrary choice the SQL leaves (for notes and verdicts);
+    - ``cuts``: the plans of uncorrelated subqueries with a LIMIT over no total order: on a
+      given database the query is deterministic when none of their tie groups reaches the cut
+      with different rows (:func:`resolve_cuts`), else opaque there.
     """
 
     probe: str | None = None
@@ -106,6 +109,7 @@ class QueryPlan:
     wildcards: frozenset[int] = frozenset()
     opaque: list[str] = field(default_factory=list)
     choices: list[str] = field(default_factory=list)
+    cuts: list[QueryPlan] = field(default_factory=list)
 
     @property
     def cut(self) -> bool:
@@ -185,6 +189,7 @@ class _Analyzer:
         self.wildcard_exprs: list[exp.Expression] = []
         self.opaque: list[str] = []
         self.choices: list[str] = []
+        self.cuts: list[exp.Select] = []
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -398,9 +403,30 @@ class _Analyzer:
         if keys and (self.covers_outputs(select, keys) or self.total(select, keys)):
             return
         why = "a LIMIT/OFFSET in a subquery without a total ORDER BY"
-        if why + f" ({cut.sql()[:40]})" not in self.opaque:
-            self.opaque.append(f"{why} ({select.sql()[:70]})")
-        self.choices.append(f"{why}: {select.sql()[:70]}")
+        text = select.sql(dialect=self.dialect)[:70]
+        self.choices.append(f"{why}: {text}")
+        if self._correlated(select):
+            self.opaque.append(f"{why}, correlated with the outer query ({text})")
+        else:
+            self.cuts.append(select)  # decided per database: do its ties reach the cut?
+
+    def _correlated(self, select: exp.Select) -> bool:
+        """``select`` may read a column of an enclosing query (then it cannot run alone)."""
+        inner = {t.alias_or_name.lower() for t in select.find_all(exp.Table)} \
+            | {t.name.lower() for t in select.find_all(exp.Table)} \
+            | {q.alias.lower() for q in select.find_all(exp.Subquery) if q.alias}
+        tables = [self._table(t.name) for t in select.find_all(exp.Table)]
+        aliases = {e.alias.lower() for sel in select.find_all(exp.Select) for e in sel.expressions
+                   if isinstance(e, exp.Alias)}
+        for c in select.find_all(exp.Column):
+            if isinstance(c.this, exp.Star):
+                continue
+            if c.table:
+                if c.table.lower() not in inner:
+                    return True
+            elif c.name.lower() not in aliases and not any(t is not None and _has_column(t, c.name) for t in tables):
+                return True
+        return False
 
     def _distinct_on(self, select: exp.Select) -> None:
         d = select.args.get("distinct")
@@ -420,17 +446,52 @@ class _Analyzer:
             self.opaque.append(f"DISTINCT ON in a subquery without a total ORDER BY ({select.sql()[:60]})")
 
     def _bare(self, select: exp.Select) -> None:
+        """MySQL/SQLite bare columns: neither grouped, nor aggregated, nor functionally
+        determined by the groups (a grouped primary key, directly or through join / WHERE
+        equalities, determines its table's columns)."""
         if not self._is_aggregate_select(select):
             return
-        group = {_sql(g) for g in self._group_exprs(select)}
+        group_exprs = self._group_exprs(select)
+        group = {_sql(g) for g in group_exprs}
         sources = self._sources(select)
-        local_aliases = {a for a, _ in sources} if sources else set()
         aliases = {e.alias.lower() for e in select.expressions if isinstance(e, exp.Alias)}
-        pk_grouped = set()
-        group_names = {g.split(".")[-1].strip('"`') for g in group}
+
+        def resolve(c: exp.Column) -> tuple[str, str] | None:
+            if sources is None:
+                return None
+            q = c.table.lower()
+            owners = [a for a, t in sources if (a == q if q else _has_column(t, c.name))]
+            return (owners[0], c.name.lower()) if len(owners) == 1 else None
+
+        parent: dict = {}
+
+        def find(k):
+            parent.setdefault(k, k)
+            while parent[k] != k:
+                parent[k] = parent[parent[k]]
+                k = parent[k]
+            return k
+
+        conditions = [select.args.get("where")] + [j.args.get("on") for j in select.args.get("joins") or []]
+        for cond in conditions:
+            node = cond.this if isinstance(cond, exp.Where) else cond
+            stack = [node] if node is not None else []
+            while stack:  # the conjuncts col = col
+                n = stack.pop()
+                if isinstance(n, (exp.And, exp.Paren)):
+                    stack.extend(x for x in (n.this, n.args.get("expression")) if x is not None)
+                elif isinstance(n, exp.EQ) and isinstance(n.this, exp.Column) and isinstance(n.expression, exp.Column):
+                    a, b = resolve(n.this), resolve(n.expression)
+                    if a and b:
+                        parent[find(a)] = find(b)
+        grouped = {find(k) for g in group_exprs if isinstance(g, exp.Column) and (k := resolve(g))}
+        determined = set()
         for alias, table in sources or []:
-            if table.primary_key and all(c.lower() in group_names for c in table.primary_key):
-                pk_grouped.add(alias)
+            for key in table.keys:
+                if key and (key == table.primary_key or all(table.column(c).not_null for c in key)) \
+                        and all(find((alias, c.lower())) in grouped for c in key):
+                    determined.add(alias)
+        local_aliases = {a for a, _ in sources} if sources else set()
         places = [(e, True) for e in select.expressions]
         for key in ("having", "order"):
             if select.args.get(key) is not None:
@@ -443,19 +504,17 @@ class _Analyzer:
                     continue
                 if c.find_ancestor(exp.AggFunc, exp.Window, exp.Select) is not select:
                     continue  # inside an aggregate or a window function of this SELECT
-                if _sql(c) in group or any(g.split(".")[-1] == _sql(c).split(".")[-1] for g in group):
+                if _sql(c) in group:
                     continue
                 if not is_item and not c.table and c.name.lower() in aliases:
                     continue
-                q = c.table.lower()
-                if sources is not None:
-                    if q and q not in local_aliases:
-                        continue  # an outer query's column: one value here
-                    owners = [a for a, t in sources if (a == q if q else _has_column(t, c.name))]
-                    if not owners:
-                        continue
-                    if owners[0] in pk_grouped:
-                        continue  # functionally dependent on the grouped primary key
+                if sources is not None and c.table and c.table.lower() not in local_aliases:
+                    continue  # an outer query's column: one value here
+                if sources is not None and not c.table and not any(_has_column(t, c.name) for _, t in sources):
+                    continue  # an outer query's column
+                k = resolve(c)
+                if k is not None and (find(k) in grouped or k[0] in determined):
+                    continue  # grouped, or determined by a grouped key
                 self._choice(c, "a bare column (neither grouped nor aggregated: any row of the group)")
                 break
 
@@ -559,6 +618,12 @@ def plan_query(tree: exp.Expression, schema: Any, *, engine: str, bare_columns: 
     an.run()
     plan = QueryPlan(wildcards=frozenset(an.wildcard_items), opaque=list(an.opaque),
                      choices=list(dict.fromkeys(an.choices)))
+    for select in an.cuts:
+        sub = select.copy()
+        if tree.args.get("with") is not None and sub.args.get("with") is None:
+            sub.set("with", tree.args["with"].copy())  # the CTEs it may read
+        plan.cuts.append(plan_query(sub, schema, engine=engine, bare_columns=bare_columns,
+                                    to_sql=to_sql, dialect=dialect))
     if not isinstance(tree, exp.Query):
         return plan
     limit_node = tree.args.get("limit")
@@ -734,6 +799,27 @@ def _free(value: Any, kinds: frozenset[str]) -> bool:
 
 
 Wild = tuple[dict[int, frozenset[str]], dict[int, frozenset[str]]]
+
+
+def resolve_cuts(plan: QueryPlan, run, fold: bool = False) -> str | None:
+    """None when, on the database ``run(sql) -> Outcome`` reads, every subquery LIMIT of
+    ``plan`` (:attr:`QueryPlan.cuts`, recursively) keeps the same rows whichever tied rows it
+    takes; else the reason the query's result depends on a choice there."""
+    for sub in plan.cuts:
+        if sub.opaque or sub.wildcards:
+            return "; ".join(sub.opaque) or "a subquery with a LIMIT and arbitrary values"
+        why = resolve_cuts(sub, run, fold)
+        if why:
+            return why
+        if sub.probe is None:
+            continue
+        out = run(sub.probe)
+        if out.error is not None:
+            return f"the probe of a subquery's LIMIT failed: {out.error}"
+        space = build_space(sub, None, probe_rows=out.rows, probe_width=out.ncols, fold=fold)
+        if space.opaque or not all(take == len(rows) or len(set(rows)) == 1 for rows, take in space.blocks):
+            return "a LIMIT in a subquery keeps one of several different tied rows on this database"
+    return None
 
 
 def _compatible(r: tuple, s: tuple, wild: Wild) -> bool:

@@ -533,3 +533,29 @@ def test_mysql_prefix_keys_bind_the_prefix():
                               "SELECT DISTINCT SUBSTRING(ename, 1, 3) FROM t WHERE ename IS NOT NULL",
                               schema, dialect="mysql", budget=SMALL)
     assert res.verdict == "no_counterexample_within_budget", res.summary()
+
+
+def test_a_column_determined_by_a_grouped_key_is_not_bare():
+    ddl = ("CREATE TABLE hs (id INT PRIMARY KEY, name TEXT, grade INT); "
+           "CREATE TABLE likes (student_id INT, liked_id INT)")
+    res = find("SELECT T2.name FROM likes AS T1 JOIN hs AS T2 ON T1.student_id = T2.id GROUP BY T1.student_id",
+               "SELECT T2.name FROM likes AS T1 JOIN hs AS T2 ON T1.student_id = T2.id GROUP BY T1.student_id "
+               "HAVING COUNT(*) > 1", ddl, "sqlite")
+    assert res.verdict == "not_equivalent", res.summary()  # T2.name is determined by T2.id = student_id
+    res = find("SELECT T2.name FROM likes AS T1 JOIN hs AS T2 ON T1.student_id = T2.id GROUP BY T1.liked_id",
+               "SELECT MIN(T2.name) FROM likes AS T1 JOIN hs AS T2 ON T1.student_id = T2.id GROUP BY T1.liked_id",
+               ddl, "sqlite")
+    assert res.verdict == "nondeterministic" and any("bare column" in c for c in res.choices)
+
+
+def test_a_subquery_limit_is_a_choice_only_where_its_ties_reach_the_cut():
+    ddl = ("CREATE TABLE stadium (stadium_id INT PRIMARY KEY, capacity INT); "
+           "CREATE TABLE concert (id INT PRIMARY KEY, stadium_id INT)")
+    top = "(SELECT stadium_id FROM stadium ORDER BY capacity DESC LIMIT 1)"
+    res = find(f"SELECT COUNT(*) FROM concert WHERE stadium_id = {top}",
+               f"SELECT COUNT(*) FROM concert WHERE stadium_id <> {top}", ddl, "sqlite")
+    assert res.verdict == "not_equivalent" and res.verified  # one stadium: no tie to choose from
+    res = find(f"SELECT COUNT(*) FROM concert WHERE stadium_id = {top}",
+               "SELECT COUNT(*) FROM concert WHERE stadium_id = (SELECT stadium_id FROM stadium "
+               "ORDER BY capacity DESC, stadium_id LIMIT 1)", ddl, "sqlite")
+    assert res.verdict == "nondeterministic", res.summary()
