@@ -86,6 +86,13 @@ from tasks.tools import ToolBox
 req = json.loads(sys.stdin.read())
 
 class FreshProcessToolBox(ToolBox):
+    def _store(self, call_id, value):  # on the host: the next tool call is another process
+        name = super()._store(call_id, value)
+        os.makedirs(os.path.join(str(self.workdir), "vars"), exist_ok=True)
+        with open(os.path.join(str(self.workdir), "vars", name + ".json"), "w") as fh:
+            json.dump(value, fh, default=str)
+        return name
+
     def _tool_execute_python(self, out, code):
         g = {}
         for f in glob.glob(os.path.join(str(self.workdir), "vars", "var_*.json")):

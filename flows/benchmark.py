@@ -8,7 +8,7 @@ from prefect import flow, get_run_logger, tags
 from flows.datasets import dataset_flows, default_datasets
 from flows.stages import datasets_stage, report_stage, score_stage, trials_stage
 from schemas.settings import Settings
-from tasks import runs
+from tasks import local_model, runs
 from tasks.prefect_task import label_flow_run, run_tags
 from tasks.trials import agent_options as check_agent_options
 from tasks.trials import hint_conditions, parse_agent, preflight_agents
@@ -34,6 +34,7 @@ def benchmark(
     limit: int | None = None,
     max_error_share: float = 0.0,
     preflight: bool = True,
+    agent_plans: dict[str, dict] | None = None,
 ) -> dict:
     """Build ``datasets`` (default: :func:`flows.datasets.default_datasets` — the PyPI datasets,
     plus the shared-data ones when ``QUERYLAB_SHARED_DATA`` / ``../shared/data`` exists, with a
@@ -42,7 +43,10 @@ def benchmark(
     :class:`schemas.models.AgentOptions` fields (limits, retries, sampling, cache); ``hints``:
     hint conditions, ``["off"]`` (default, as DAB), ``["on"]`` or both
     (:func:`tasks.trials.plan_batches`); ``query_ids`` / ``limit`` run a subset of each
-    dataset's queries; ``run_id`` default: a new one (scheduled deployments).
+    dataset's queries; ``agent_plans``: per-agent ``datasets`` / ``n_trials``
+    (:class:`schemas.runs.AgentPlan`, e.g. a slow model on one dataset only); ``run_id``
+    default: a new one (scheduled deployments). A ``local:<model>`` server started for the run
+    (by the preflight or the trials) is stopped when the run ends, also on failure.
 
     ``preflight``: before any dataset is built, each LLM agent is checked with one minimal
     real request (:func:`tasks.llm.preflight`); a failure raises AgentConfigError naming agent,
@@ -72,16 +76,18 @@ def benchmark(
         failed = [r for r in preflight_agents(agents, agent_options) if not r.ok]
         if failed:
             raise AgentConfigError("preflight failed: " + "; ".join(r.line() for r in failed))
-    runs.record_benchmark(root, run_id, {
-        "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
-        "agent_options": agent_options or {}, "hints": hint_conditions(hints),
-        "query_ids": list(query_ids or []), "limit": limit, "max_error_share": max_error_share,
-    })
-    with tags(*run_tag_list):
-        manifests = datasets_stage(run_id, root)
-        trials = trials_stage(run_id, root)
-        score = score_stage(run_id, root)
-        report = report_stage(run_id, root)
+    with runs.run_lease(root, run_id):  # one process per run id, across all the stages
+        runs.record_benchmark(root, run_id, {
+            "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
+            "agent_options": agent_options or {}, "hints": hint_conditions(hints),
+            "query_ids": list(query_ids or []), "limit": limit, "max_error_share": max_error_share,
+            "agent_plans": agent_plans or {},
+        })
+        with local_model.serving(), tags(*run_tag_list):  # local servers live until the run ends
+            manifests = datasets_stage(run_id, root)
+            trials = trials_stage(run_id, root)
+            score = score_stage(run_id, root)
+            report = report_stage(run_id, root)
     out = {"run_id": run_id, "manifests": manifests, "trials": trials,
            "score": {k: v for k, v in score.items() if k != "manifests"}, "report": report}
     runs.check_error_share(root, run_id, max_error_share, out)

@@ -83,6 +83,7 @@ def trials_stage(run_id: str, root: str, retry_errors: bool = False) -> dict[str
             run_id, manifests, config.agents, config.n_trials, config.batch_size, root,
             config.agent_options, config.hints, retry_errors=retry_errors,
             query_ids=config.query_ids, limit=config.limit,
+            agent_plans={a: p.model_dump() for a, p in config.agent_plans.items()},
         )
         stage.outputs = dict(out)
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import flow, unmapped
 
 from schemas.settings import Settings
+from tasks import local_model
 from tasks.progress import StageProgress, count_finished_trials
 from tasks.runs import gather
 from tasks.trials import combine_trials, describe_agents, plan_batches, run_trial_batch
@@ -23,6 +24,7 @@ def run_trials(
     retry_errors: bool = False,
     query_ids: list[str] | None = None,
     limit: int | None = None,
+    agent_plans: dict[str, dict] | None = None,
 ) -> dict[str, str]:
     """Check the agents (fails before any trial when one cannot run), run every trial
     (finished batches and checkpointed trials are skipped) and combine the batches.
@@ -32,23 +34,27 @@ def run_trials(
     ones). ``hints``: hint conditions (default ``["off"]``, see
     :func:`tasks.trials.plan_batches`). ``retry_errors``: finished batches re-run their errored
     trials (``api_error`` / ``error``) and keep every other row. ``query_ids`` / ``limit``
-    select a subset of each dataset's queries (:func:`tasks.trials.select_queries`). Progress
-    (trials done, counted from checkpoints) goes to a Prefect progress artifact and the CLI's
-    bar. ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits, retries,
-    sampling, cache, sandbox limits). Returns the URIs of ``trials``, ``tool_calls``,
-    ``llm_calls``, ``messages`` and ``agents`` (agents.json). Trial rows carry no verdict: the
-    score stage (:mod:`tasks.scoring`) judges them.
+    select a subset of each dataset's queries (:func:`tasks.trials.select_queries`);
+    ``agent_plans``: per-agent datasets and trials (:class:`schemas.runs.AgentPlan` dicts).
+    Progress (trials done, counted from checkpoints) goes to a Prefect progress artifact and
+    the CLI's bar. ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits,
+    retries, sampling, cache, sandbox limits). A ``local:<model>`` server is shared by the
+    batches and stopped at the end (:func:`tasks.local_model.serving`). Returns the URIs of
+    ``trials``, ``tool_calls``, ``llm_calls``, ``messages`` and ``agents`` (agents.json). Trial
+    rows carry no verdict: the score stage (:mod:`tasks.scoring`) judges them.
     """
     root = artifacts_root or Settings.from_env().artifacts
-    agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options, hints)
-    batches = plan_batches(manifest_uris, agents, n_trials, batch_size, agent_options, hints,
-                           query_ids=query_ids, limit=limit)
-    keys = [b["key"] for b in batches]
-    total = sum(len(b["items"]) for b in batches)
-    with StageProgress("trials", run_id, total, unit="trials") as progress:
-        progress.poll(lambda: count_finished_trials(root, run_id, batches))
-        futures = run_trial_batch.map(
-            unmapped(run_id), unmapped(root), batches, unmapped(retry_errors)
-        )
-        gather(futures, keys, run_id, "trials")
+    with local_model.serving():
+        agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options, hints)
+        batches = plan_batches(manifest_uris, agents, n_trials, batch_size, agent_options,
+                               hints, query_ids=query_ids, limit=limit,
+                               agent_plans=agent_plans)
+        keys = [b["key"] for b in batches]
+        total = sum(len(b["items"]) for b in batches)
+        with StageProgress("trials", run_id, total, unit="trials") as progress:
+            progress.poll(lambda: count_finished_trials(root, run_id, batches))
+            futures = run_trial_batch.map(
+                unmapped(run_id), unmapped(root), batches, unmapped(retry_errors)
+            )
+            gather(futures, keys, run_id, "trials")
     return {**combine_trials(run_id, root, keys), "agents": agents_uri}

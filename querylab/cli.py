@@ -12,6 +12,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 import traceback
 
 from querylab import UsageError, run_id_or_new
@@ -104,6 +105,67 @@ def run_preflight(agents: list[str], options: dict | None, command: str) -> None
         raise UsageError("preflight failed: " + "; ".join(r.line() for r in failed))
 
 
+def _agent_plans(args: argparse.Namespace, agents: list[str], names: list[str]) -> dict:
+    """``--agent-datasets AGENT=D1,D2`` and ``--agent-trials AGENT=N`` as
+    :class:`schemas.runs.AgentPlan` dicts by agent (UsageError for a bad value or a dataset
+    that is not among the run's ``names``)."""
+    plans: dict[str, dict] = {}
+    for flag, field, values in (("--agent-datasets", "datasets", args.agent_datasets),
+                                ("--agent-trials", "n_trials", args.agent_trials)):
+        for text in values or []:
+            agent, sep, value = text.rpartition("=")
+            if not sep or not agent or not value:
+                raise UsageError(f"{flag} {text!r}: use AGENT=VALUE")
+            if agent not in agents:
+                raise UsageError(f"{flag} {text!r}: {agent} is not one of the agents {agents}")
+            if field == "datasets":
+                chosen = check_datasets([d.strip() for d in value.split(",") if d.strip()])
+                outside = [d for d in chosen if d not in names]
+                if outside:
+                    raise UsageError(f"{flag} {text!r}: {outside} not among the run's datasets "
+                                     f"{names}")
+                plans.setdefault(agent, {})[field] = chosen
+            else:
+                try:
+                    n = int(value)
+                except ValueError:
+                    n = 0
+                if n < 1:
+                    raise UsageError(f"{flag} {text!r}: the trial count must be an integer >= 1")
+                plans.setdefault(agent, {})[field] = n
+    return plans
+
+
+def _print_timings(root: str, run_id: str, trials: dict, total_s: float) -> None:
+    """How long the run took: each stage (wall time, from its stage record), each agent's
+    trials (summed trial time: batches run side by side) and a local model's server load."""
+    from datetime import datetime
+
+    import polars as pl
+
+    from schemas import artifacts
+    from tasks import storage
+    from schemas.runs import BENCHMARK_STAGES
+    from tasks.runs import stage_status
+
+    stages = []
+    for stage in BENCHMARK_STAGES:
+        st = stage_status(root, run_id, stage)
+        if st is not None and st.started_at and st.finished_at:
+            took = (datetime.fromisoformat(st.finished_at)
+                    - datetime.fromisoformat(st.started_at)).total_seconds()
+            stages.append(f"{stage} {took:.1f} s")
+    print(f"time:      {total_s:.1f} s in all ({', '.join(stages)})")
+    if trials.get("trials"):
+        table = pl.from_arrow(storage.read_parquet(trials["trials"], artifacts.TRIALS))
+        loads = {d["agent"]: d["local"]["load_s"] for d in storage.read_json(trials["agents"])
+                 if d.get("local")} if trials.get("agents") else {}
+        for r in table.group_by("agent", maintain_order=True).agg(
+                pl.len().alias("n"), pl.col("latency_s").sum().alias("s")).iter_rows(named=True):
+            load = f", server loaded in {loads[r['agent']]:.1f} s" if r["agent"] in loads else ""
+            print(f"           {r['agent']}: {r['n']} trials, {r['s']:.1f} s summed{load}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``querylab run``: validate the options and check the agents (before Prefect starts),
     run the benchmark flow, print the report. Exit 0; 1 when the oracle failed a query, a
@@ -111,15 +173,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from querylab import cmd_agents
     from schemas.settings import Settings
     from tasks.catalogue import default_datasets
-    from tasks.runs import valid_run_id
+    from tasks.llm import local_entry
+    from tasks.runs import run_lease, valid_run_id
     from tasks.trials import parse_agent
 
+    started = time.monotonic()
     settings = Settings.from_env()
     root = args.artifacts or settings.artifacts
     run_id = valid_run_id(run_id_or_new(args.run_id))
     agents = args.agent or ["oracle"]
     for agent in agents:
-        parse_agent(agent)
+        kind, name = parse_agent(agent)
+        if kind == "local":  # installed? (one line before anything starts)
+            local_entry(name)
     names = check_datasets(args.dataset) or default_datasets(
         lambda m: print(f"querylab run: {m}", file=sys.stderr))
     if args.trials < 1 or args.batch_size < 1:
@@ -128,18 +194,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--limit must be at least 1")
     if not 0.0 <= args.max_error_share <= 1.0:
         raise UsageError("--max-error-share must be between 0 and 1")
+    plans = _agent_plans(args, agents, names)
     check_specs(names, args.query)
     options = cmd_agents.agent_options_from_args(args)
     check_agents_now(agents, options, "run")
     run_preflight(agents, options, "run")
 
     hints = list(dict.fromkeys(args.hints or ["off"]))
-    print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
-          f"hints {'/'.join(hints)}, artifacts in {root}")
-    return _run_benchmark(args, run_id, root, names, agents, options, hints)
+    with run_lease(root, run_id):  # refuses at once (LeaseHeld) when another process runs it
+        print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
+              f"hints {'/'.join(hints)}, artifacts in {root}")
+        return _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started)
 
 
-def _run_benchmark(args, run_id, root, names, agents, options, hints) -> int:
+def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started) -> int:
     _prefect_defaults()
     from flows.benchmark import benchmark
     from querylab.cmd_report import print_report, with_run_details
@@ -155,7 +223,7 @@ def _run_benchmark(args, run_id, root, names, agents, options, hints) -> int:
                 run_id=run_id, datasets=names, agents=agents, n_trials=args.trials,
                 batch_size=args.batch_size, artifacts_root=root, agent_options=options,
                 hints=hints, query_ids=args.query or None, limit=args.limit,
-                max_error_share=args.max_error_share, preflight=False,
+                max_error_share=args.max_error_share, preflight=False, agent_plans=plans,
             )
     except StageFailed as exc:
         print(f"querylab run: {exc}", file=sys.stderr)
@@ -177,6 +245,7 @@ def _run_benchmark(args, run_id, root, names, agents, options, hints) -> int:
         print(f"dataset:   {uri}")
     if error_line:
         print(f"querylab run: {error_line}", file=sys.stderr)
+    _print_timings(root, run_id, out["trials"], time.monotonic() - started)
     return status
 
 
@@ -234,9 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="build datasets, run agent trials, score, print pass@k")
     r.add_argument(
         "--agent", action="append",
-        help="oracle (default), openai:<model> or openai:<model>@<base url> (see `querylab "
-        "models`), replay:<answers.json>; repeat for several agents",
+        help="oracle (default), openai:<model>, openai:<model>@<base url> or local:<model> "
+        "(see `querylab models`), replay:<answers.json>; repeat for several agents",
     )
+    r.add_argument("--agent-datasets", action="append", metavar="AGENT=D1,D2",
+                   help="run AGENT on these datasets only (default: all of the run's); repeat")
+    r.add_argument("--agent-trials", action="append", metavar="AGENT=N",
+                   help="trials per query for AGENT (default: --trials); repeat")
     r.add_argument("--dataset", action="append", help="dataset name (default: all); repeat")
     r.add_argument("--query", action="append", metavar="ID",
                    help="run only this query (<id> or <dataset>/<id>); repeat")

@@ -28,7 +28,9 @@ _FLAGS = [
     ("--python-timeout", "python_timeout_s", float,
      "wall seconds per execute_python call (default 60)"),
     ("--python-memory-mb", "python_memory_mb", int,
-     "address-space limit of execute_python in MiB (default 2048)"),
+     "memory of one execute_python call, all its processes, in MiB (default 2048)"),
+    ("--python-disk-mb", "python_disk_mb", int,
+     "size of a trial's execute_python work directory in MiB (default 1024)"),
 ]
 
 
@@ -39,6 +41,10 @@ def add_agent_options(parser: argparse.ArgumentParser) -> None:
         g.add_argument(flag, dest=f"opt_{dest}", type=kind, default=None, help=text)
     g.add_argument("--cache", dest="opt_cache", choices=["on", "off", "refresh"], default=None,
                    help="response cache: on (default), refresh (ignore hits, store), off")
+    g.add_argument("--unsafe-sandbox", dest="opt_unsafe_sandbox", action="store_true",
+                   default=None,
+                   help="run LLM agents although this machine cannot isolate execute_python "
+                   "(recorded in the run and its report)")
 
 
 def agent_options_from_args(args: argparse.Namespace) -> dict:
@@ -50,23 +56,25 @@ def agent_options_from_args(args: argparse.Namespace) -> dict:
             out[dest] = value
     if getattr(args, "opt_cache", None):
         out["cache"] = args.opt_cache
+    if getattr(args, "opt_unsafe_sandbox", None):
+        out["unsafe_sandbox"] = True
     return out
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     """Print the models table, or check agents as a run does — resolution plus the preflight
     request of each LLM agent (exit 2 with one line per agent that cannot run)."""
-    from tasks.llm import AgentConfigError, load_models_config
+    from tasks.llm import AgentConfigError, load_models_config, local_entry
 
     try:
         if args.check:
             from tasks.trials import check_agents, preflight_agents
 
             described = check_agents(args.check)
-            checks = iter(preflight_agents(args.check))  # one per openai agent, in order
+            checks = iter(preflight_agents(args.check))  # one per LLM agent, in order
             bad = 0
             for desc in described:
-                if desc["kind"] == "openai":
+                if desc["kind"] in ("openai", "local"):
                     r = next(checks)
                     desc["preflight"] = {"ok": r.ok, "problem": r.problem, "warning": r.warning,
                                          "status": r.status, "tools_accepted": r.tools_accepted,
@@ -90,7 +98,13 @@ def cmd_models(args: argparse.Namespace) -> int:
              f"{'context':>9s}  key"
     print(header)
     for m in cfg.models:
-        if m.api_key_env:
+        if m.local is not None:
+            try:
+                local_entry(m.name, cfg)
+                key = "served by querylab"
+            except AgentConfigError:
+                key = "served by querylab: not installed (`make setup`)"
+        elif m.api_key_env:
             have = any(os.environ.get(v) for v in m.api_key_env)
             key = ("set" if have else "missing") + f" ({' / '.join(m.api_key_env)})"
             if not have and not m.api_key_required:
@@ -98,7 +112,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         else:
             key = "not needed"
         p = m.prices
-        print(f"{'openai:' + m.name:42s} {m.provider:10s} {p.input:7.3f} {p.cached_input:7.3f} "
+        label = ("local:" if m.local is not None else "openai:") + m.name
+        print(f"{label:42s} {m.provider:10s} {p.input:7.3f} {p.cached_input:7.3f} "
               f"{p.output:7.3f} {m.context_window:9d}  {key}")
     return 0
 

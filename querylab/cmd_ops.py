@@ -16,6 +16,7 @@ response, then scores and reports again; it exits 1 while errored trials remain 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -135,34 +136,41 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     if not stages:
         print(f"run {args.run_id}: every stage has completed; name one with --stage to re-run it")
         return 0
-    if "trials" in stages:
-        config = runs.benchmark_config(root, args.run_id)
-        run_preflight(config.agents, config.agent_options, "rerun")
-    print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}"
-          + (" (errored trials only)" if retry else "") + f"; artifacts in {root}")
-    from flows.stages import run_stage
-    from tasks.progress import console_progress
+    try:
+        lease = contextlib.ExitStack()
+        lease.enter_context(runs.run_lease(root, args.run_id))  # refuses at once if it is running
+    except runs.RunError as exc:
+        print(f"querylab rerun: {exc}", file=sys.stderr)
+        return 2
+    with lease:  # held until the stages are done (released if preflight fails)
+        if "trials" in stages:
+            config = runs.benchmark_config(root, args.run_id)
+            run_preflight(config.agents, config.agent_options, "rerun")
+        print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}"
+              + (" (errored trials only)" if retry else "") + f"; artifacts in {root}")
+        from flows.stages import run_stage
+        from tasks.progress import console_progress
 
-    if not getattr(args, "debug", False):
-        quiet_tracebacks()
-    status = 0
-    with console_progress(args.progress):
-        for stage in stages:
-            params = {"retry_errors": True} if stage == "trials" and retry else {}
-            try:
-                out = run_stage(stage, args.run_id, root, **params)
-            except runs.RunError as exc:
-                print(f"querylab rerun: {exc}", file=sys.stderr)
-                return 2
-            except Exception as exc:  # noqa: BLE001 - reported in one line, exit status 1
-                print(f"querylab rerun: stage {stage} of run {args.run_id} failed: "
-                      f"{first_line(exc)}", file=sys.stderr)
-                return 1
-            print(f"{stage}: completed")
-            if stage == "report":
-                status = max(status, print_report(with_run_details(out, root, args.run_id)))
-            else:
-                _print_outputs(stage, out)
+        if not getattr(args, "debug", False):
+            quiet_tracebacks()
+        status = 0
+        with console_progress(args.progress):
+            for stage in stages:
+                params = {"retry_errors": True} if stage == "trials" and retry else {}
+                try:
+                    out = run_stage(stage, args.run_id, root, **params)
+                except runs.RunError as exc:
+                    print(f"querylab rerun: {exc}", file=sys.stderr)
+                    return 2
+                except Exception as exc:  # noqa: BLE001 - reported in one line, exit status 1
+                    print(f"querylab rerun: stage {stage} of run {args.run_id} failed: "
+                          f"{first_line(exc)}", file=sys.stderr)
+                    return 1
+                print(f"{stage}: completed")
+                if stage == "report":
+                    status = max(status, print_report(with_run_details(out, root, args.run_id)))
+                else:
+                    _print_outputs(stage, out)
     if "score" in stages:
         record = runs.find_run(root, args.run_id)
         allowed = args.max_error_share if getattr(args, "max_error_share", None) is not None \

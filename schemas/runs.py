@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 #: Bump when a field changes meaning; readers reject other major versions.
 RUN_RECORD_VERSION = "1"
@@ -55,11 +55,21 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
+class AgentPlan(BaseModel):
+    """What one agent of a run runs when it differs from the run's defaults: ``datasets`` (a
+    subset of the run's; None: all) and ``n_trials`` (trials per query; None: the run's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: list[str] | None = Field(default=None, min_length=1)
+    n_trials: int | None = Field(default=None, ge=1)
+
+
 class BenchmarkConfig(BaseModel):
     """The end-to-end run's configuration (what ``querylab run`` was given, datasets resolved).
 
     ``datasets``: dataset names in build order; ``agents``: ``oracle``, ``openai:<model>``
-    (``openai:<model>@<base url>``), ``replay:<file>``; ``n_trials``: trials per (agent,
+    (``openai:<model>@<base url>``), ``local:<model>``, ``replay:<file>``; ``n_trials``: trials per (agent,
     query); ``batch_size``: trials per mapped task; ``agent_options``:
     :class:`schemas.models.AgentOptions` fields; ``hints``: the hint conditions (``off``:
     question and database description only, DAB's default; ``on``: the dataset's hints too,
@@ -67,7 +77,8 @@ class BenchmarkConfig(BaseModel):
     compare both in one run; ``query_ids`` (``<id>`` or ``<dataset>/<id>``; empty: all) and
     ``limit`` (the first N queries of each dataset; None: all) select a subset;
     ``max_error_share``: the share of errored trials a run may have and still succeed
-    (default 0: any errored trial fails the run)."""
+    (default 0: any errored trial fails the run); ``agent_plans``: per-agent datasets and
+    trial counts (:class:`AgentPlan`) for agents of ``agents``."""
 
     datasets: list[str] = Field(min_length=1)
     agents: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
@@ -78,11 +89,23 @@ class BenchmarkConfig(BaseModel):
     query_ids: list[str] = Field(default_factory=list)
     limit: int | None = Field(default=None, ge=1)
     max_error_share: float = Field(default=0.0, ge=0.0, le=1.0)
+    agent_plans: dict[str, AgentPlan] = Field(default_factory=dict)
 
     @field_validator("hints")
     @classmethod
     def _distinct_hints(cls, v: list[str]) -> list[str]:
         return list(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _plans_match(self) -> BenchmarkConfig:
+        for agent, plan in self.agent_plans.items():
+            if agent not in self.agents:
+                raise ValueError(f"agent_plans names {agent!r}, which is not one of the agents")
+            unknown = [d for d in plan.datasets or [] if d not in self.datasets]
+            if unknown:
+                raise ValueError(f"agent_plans[{agent!r}] names datasets {unknown} that the run "
+                                 f"does not build (it builds {self.datasets})")
+        return self
 
 
 class RunRecord(BaseModel):

@@ -24,6 +24,8 @@ class Settings(BaseModel):
     - ``openai_base_url`` / ``openai_api_key``: ``QUERYLAB_OPENAI_BASE_URL`` (falls back to
       ``OPENAI_BASE_URL``) and ``QUERYLAB_OPENAI_API_KEY`` (falls back to ``OPENAI_API_KEY``) for
       ``openai:<model>`` agents. The key is never written to an artifact or a log.
+    - ``statement_timeout_ms``: ``QUERYLAB_STATEMENT_TIMEOUT_MS``, the time limit of one agent
+      query on any engine (default 30000); a longer query is stopped and is a tool error.
     """
 
     artifacts: str = "./artifacts"
@@ -32,6 +34,7 @@ class Settings(BaseModel):
     mongo_uri: str | None = None
     openai_base_url: str | None = None
     openai_api_key: str | None = Field(default=None, repr=False)
+    statement_timeout_ms: int = Field(default=30_000, ge=1)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -54,4 +57,6 @@ class Settings(BaseModel):
         values["mongo_uri"] = get("QUERYLAB_MONGO_URI")
         values["openai_base_url"] = get("QUERYLAB_OPENAI_BASE_URL", "OPENAI_BASE_URL")
         values["openai_api_key"] = get("QUERYLAB_OPENAI_API_KEY", "OPENAI_API_KEY")
+        if get("QUERYLAB_STATEMENT_TIMEOUT_MS"):
+            values["statement_timeout_ms"] = get("QUERYLAB_STATEMENT_TIMEOUT_MS")
         return cls(**values)

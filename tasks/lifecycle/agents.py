@@ -182,7 +182,7 @@ class OpenAIAgent(Agent):
         except llm.AgentConfigError as exc:
             raise AgentConfigError(str(exc)) from None
         self.model = model
-        self.label = f"openai:{model}"
+        self.label = llm.model_label(model)
         self.config = config
         self.resolved = resolved
         self.chat = llm.ChatModel(resolved, config.agent_options(), cache)
@@ -219,14 +219,15 @@ def check_agent_spec(spec: str) -> None:
     """Raise :class:`AgentConfigError` unless ``spec`` is ``oracle``, ``openai:<model>`` or
     ``replay:<path>`` with an existing file (checked before any work is mapped)."""
     kind, _, arg = spec.partition(":")
-    if spec == "oracle" or (kind == "openai" and arg):
+    if spec == "oracle" or llm.model_spec_name(spec) is not None:
         return
     if kind == "replay" and arg:
         if not Path(arg).is_file():
             raise AgentConfigError(f"{arg}: replay file not found (a .jsonl file)")
         return
     raise AgentConfigError(
-        f"unknown agent {spec!r}; use 'oracle', 'openai:<model>' or 'replay:<file.jsonl>'"
+        f"unknown agent {spec!r}; use 'oracle', 'openai:<model>', 'local:<model>' or "
+        "'replay:<file.jsonl>'"
     )
 
 
@@ -253,4 +254,4 @@ def make_agent(
         return ReplayAgent(arg)
     config = config or LifecycleConfig()
     cache = llm.ResponseCache(artifacts_root, config.cache) if artifacts_root else None
-    return OpenAIAgent(arg, settings or Settings.from_env(), config, cache)
+    return OpenAIAgent(llm.model_spec_name(spec), settings or Settings.from_env(), config, cache)

@@ -23,7 +23,9 @@ Endpoints:
 
 A script is either a list of steps consumed in order, or a callable
 ``responder(request_body: dict, index: int) -> step``. Steps are built with the
-helpers :func:`tool_calls`, :func:`message`, :func:`error` and :func:`delay`.
+helpers :func:`tool_calls`, :func:`message`, :func:`error` and :func:`delay`; hostile-model
+tests shape the reply themselves with :func:`raw_tool_calls` (tool-call objects sent verbatim:
+any id, type or nesting) and :func:`raw` (any response body, e.g. invalid UTF-8).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ __all__ = [
     "error",
     "is_preflight",
     "message",
+    "raw",
+    "raw_tool_calls",
+    "RawStep",
     "sigkill_after_requests",
     "tool_calls",
 ]
@@ -120,9 +125,18 @@ class DelayStep:
     then: "Step"
 
 
-Step = Union[ToolCallsStep, MessageStep, ErrorStep, DelayStep]
+@dataclass(frozen=True)
+class RawStep:
+    """A 200 response whose body is ``body`` as is (bytes), or the completion JSON built around
+    ``message`` (a dict sent verbatim as ``choices[0].message``)."""
+
+    body: bytes | None = None
+    message: dict[str, Any] | None = None
+
+
+Step = Union[ToolCallsStep, MessageStep, ErrorStep, DelayStep, RawStep]
 Responder = Callable[[dict[str, Any], int], Step]
-_STEP_TYPES = (ToolCallsStep, MessageStep, ErrorStep, DelayStep)
+_STEP_TYPES = (ToolCallsStep, MessageStep, ErrorStep, DelayStep, RawStep)
 
 
 def _normalise_usage(usage: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -185,6 +199,20 @@ def tool_calls(
         checked.append((call[0], call[1]))
     return ToolCallsStep(calls=tuple(checked), content=content, usage=_normalise_usage(usage),
                          reasoning=reasoning)
+
+
+def raw_tool_calls(calls: Sequence[Any], content: Any = None) -> RawStep:
+    """Step: an assistant turn whose ``tool_calls`` list is ``calls`` sent verbatim (JSON
+    encoded as given: ids of any length or type, arguments that are objects, numbers or huge
+    strings, lone surrogates as ``\\udxxx`` escapes, ...)."""
+    return RawStep(message={"role": "assistant", "content": content, "tool_calls": list(calls)})
+
+
+def raw(body: bytes) -> RawStep:
+    """Step: a 200 ``application/json`` response with exactly these bytes as its body."""
+    if not isinstance(body, bytes):
+        raise ValueError("raw() takes bytes")
+    return RawStep(body=body)
 
 
 def message(
@@ -485,7 +513,11 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
         def _send_json(
             self, status: int, payload: Any, headers: Mapping[str, str] | None = None
         ) -> None:
-            data = json.dumps(payload).encode("utf-8")
+            self._send_bytes(status, json.dumps(payload).encode("utf-8"), headers)
+
+        def _send_bytes(
+            self, status: int, data: bytes, headers: Mapping[str, str] | None = None
+        ) -> None:
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -570,6 +602,19 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
                     ra = step.retry_after
                     headers["Retry-After"] = str(int(ra)) if float(ra).is_integer() else str(ra)
                 self._send_json(step.status, step.body, headers)
+                return
+            if isinstance(step, RawStep):
+                if step.body is not None:
+                    self._send_bytes(200, step.body)
+                    return
+                completion = {
+                    "id": f"chatcmpl-scripted-{index}", "object": "chat.completion",
+                    "created": int(time.time()), "model": body.get("model") or server.model_id,
+                    "choices": [{"index": 0, "message": step.message,
+                                 "finish_reason": "tool_calls", "logprobs": None}],
+                    "usage": dict(DEFAULT_USAGE),
+                }
+                self._send_json(200, completion)
                 return
             self._send_json(200, server._completion(step, body, index))
 
