@@ -355,9 +355,12 @@ def _database_separation(database, engine: str, ref: str, pair: QueryPair, texts
 
     def run(sql: str) -> Outcome:
         try:
-            res = database.query(sql, max_rows=10_000_000)
+            res = database.query(sql, max_rows=10_000_000, max_result_bytes=EXEC_MATCH_BYTES,
+                                 max_value_bytes=EXEC_MATCH_BYTES)
         except (QueryError, ValueError) as exc:
             return Outcome(error=str(exc).splitlines()[0][:300])
+        if res.truncated or res.cut_values:
+            return Outcome(error=f"the probe's result is larger than {EXEC_MATCH_BYTES >> 20} MiB")
         return Outcome(rows=[tuple(r[c] for c in res.columns) for r in res.rows], ncols=len(res.columns))
 
     try:
