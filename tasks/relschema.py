@@ -778,6 +778,14 @@ def _add_column(table: Table, item: exp.ColumnDef, fks: list[_FK], where: str) -
             fks.append(((item.name,), *_reference(ck)))
         elif isinstance(ck, exp.CheckColumnConstraint) and ck.this is not None:
             table.checks.append(ck.this.copy())
+        elif isinstance(ck, exp.GeneratedAsIdentityColumnConstraint) and ck.args.get("expression"):
+            # MySQL / DuckDB ``GENERATED ALWAYS AS (expr)`` without VIRTUAL / STORED: sqlglot
+            # reads it as an identity clause holding the expression (a virtual generated column)
+            expr = ck.args["expression"]
+            while isinstance(expr, exp.Paren):
+                expr = expr.this
+            col.generated = expr.copy()
+            col.stored = False
         elif isinstance(ck, exp.ComputedColumnConstraint):
             expr = ck.this
             while isinstance(expr, exp.Paren):

@@ -274,6 +274,23 @@ def test_generated_columns_keep_their_expression():
         assert res.verdict == "not_equivalent" and "(id, a, b)" in res.counterexample
 
 
+@pytest.mark.parametrize("dialect,ddl", [
+    ("duckdb", "CREATE TABLE t (id int PRIMARY KEY, a int NOT NULL, b int NOT NULL, c int GENERATED ALWAYS AS (a + b))"),
+    ("mysql", "CREATE TABLE `t` (`id` int PRIMARY KEY, `a` int NOT NULL, `b` int NOT NULL, "
+              "`c` int GENERATED ALWAYS AS (`a` + `b`))"),
+])
+def test_generated_columns_without_virtual_or_stored_keep_their_expression(dialect, ddl):
+    """``GENERATED ALWAYS AS (expr)`` with neither VIRTUAL nor STORED (DuckDB's usual form,
+    MySQL's default VIRTUAL) is a generated column, not an identity clause to skip."""
+    schema = RelSchema.from_ddl(ddl, dialect)
+    assert schema.table("t").column("c").generated is not None
+    res = find_counterexample("SELECT id, c FROM t", "SELECT id, a + b FROM t", schema, dialect=dialect,
+                              budget=SMALL)
+    assert res.verdict != "not_equivalent", res.summary()
+    assert RelSchema.from_ddl("CREATE TABLE t (id int GENERATED ALWAYS AS IDENTITY, a int)",
+                              "postgres").table("t").column("id").generated is None
+
+
 # -- M1-M9 ----------------------------------------------------------------------------------------------
 
 
