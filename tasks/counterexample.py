@@ -1343,7 +1343,7 @@ def _find(sql1: str, sql2: str, schema: RelSchema, dialect: str | None, budget: 
     result.type_errors = list(analysis.type_errors)
     ordered = match.order == "always" or (
         match.order == "auto" and all(q.tree.args.get("order") is not None for q in reads))
-    first = engine_for(dialect, engine)
+    first = engine_for(shown, engine)
     result.engine = first.engine
     domains = build_domains(schema, analysis, fold=first.mysql)
     tables = analysis.tables

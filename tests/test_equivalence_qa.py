@@ -422,6 +422,8 @@ def test_readings_name_the_dialect_and_the_engine(capsys):
           "--max-instances", "20"])
     out = capsys.readouterr().out
     assert "read as mysql, not calcite" in out
+    assert "calcite semantics approximated by DuckDB" in out and " semantics approximated" not in out.replace(
+        "calcite semantics", "")
     main(["equivalence", "find", "--dialect", "sqlite", "--schema", "CREATE TABLE t (a INT)",
           "--sql1", "SELECT a FROM t", "--sql2", "SELECT a FROM t", "--max-instances", "20"])
     assert "engine: sqlite" in capsys.readouterr().out
