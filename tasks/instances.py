@@ -409,7 +409,12 @@ def literal(value: Any, engine: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-_ENGINE_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, sqlite3.Error)
+class UniqueIndexViolation(Exception):
+    """An instance breaks a unique index on expressions or a partial one
+    (:class:`tasks.relschema.UniqueIndex`), checked after it loads."""
+
+
+_ENGINE_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, sqlite3.Error, UniqueIndexViolation)
 
 
 def _pg_errors() -> tuple[type[BaseException], ...]:
@@ -594,10 +599,22 @@ class Sandbox:
         self._current = {}
         try:
             self.execute_all(statements)
+            self._check_unique_indexes(changed)
         except BaseException:
             self._loaded = set(self.tables)  # unknown state: empty everything next time
             raise
         self._current = want
+
+    def _check_unique_indexes(self, tables: Sequence[str]) -> None:
+        """Raise UniqueIndexViolation when a loaded table breaks one of its unique indexes on
+        expressions / partial ones (no engine here declares both forms)."""
+        for t in tables:
+            for ux in self.schema.tables[t].unique_indexes:
+                sql = ux.violation_sql(self._names[t], self.engine)
+                cur = self.con.execute(sql)
+                if cur.fetchone() is not None:
+                    raise UniqueIndexViolation(f"the rows of {self.schema.tables[t].name} break the "
+                                               f"unique index {ux.name}")
 
     def execute_all(self, statements: Sequence[str]) -> None:
         """Run DDL/DML statements in the engine's dialect, in one transaction when the engine
@@ -725,6 +742,11 @@ def render_instance(schema: RelSchema, instance: Mapping[str, Sequence[tuple]],
     out += [schema.create_sql(n, dialect, tables=names, qualified=True) + ";" for n in names]
     deferred, notes = schema.deferred_fk_sql(names, dialect, qualified=True)
     out += [f"-- {note}" for note in notes]
+    for n in names:
+        for ux in schema.tables[n].unique_indexes:
+            ddl = ux.create_sql(schema.sql_name(schema.tables[n], dialect, True), dialect) + ";"
+            out.append(f"-- {ddl} (DuckDB has no partial index; the finder checks it)"
+                       if ux.where is not None and sqlglot_dialect(dialect) == "duckdb" else ddl)
     inserts = []
     for n in names:
         rows = instance.get(n) or []

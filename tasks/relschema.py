@@ -165,13 +165,42 @@ class ForeignKey:
 
 
 @dataclass
+class UniqueIndex:
+    """``CREATE UNIQUE INDEX name ON table (keys) [WHERE where]`` whose keys are expressions or
+    which is partial: no two rows satisfying ``where`` with every key non-NULL have equal keys.
+    Enforced by :meth:`tasks.instances.Sandbox.load` with :meth:`violation_sql` (no engine
+    builds both forms: DuckDB has no partial index)."""
+
+    name: str
+    keys: list[exp.Expression]
+    where: exp.Expression | None = None
+
+    def violation_sql(self, table_sql: str, dialect: str | None) -> str:
+        """A query returning a row when the table (``table_sql``, already quoted) breaks it."""
+        keys = [k.sql(dialect=dialect) for k in self.keys]
+        conds = [f"({k}) IS NOT NULL" for k in keys]
+        if self.where is not None:
+            conds.append(f"({self.where.sql(dialect=dialect)})")
+        return (f"SELECT 1 FROM {table_sql} WHERE {' AND '.join(conds)} GROUP BY {', '.join(keys)} "
+                "HAVING COUNT(*) > 1 LIMIT 1")
+
+    def create_sql(self, table_sql: str, dialect: str | None) -> str:
+        """The index as DDL in ``dialect``."""
+        where = f" WHERE {self.where.sql(dialect=dialect)}" if self.where is not None else ""
+        return (f"CREATE UNIQUE INDEX {ident(self.name, dialect)} ON {table_sql} "
+                f"({', '.join(k.sql(dialect=dialect) for k in self.keys)}){where}")
+
+
+@dataclass
 class Table:
     """A table with its keys: ``primary_key`` and ``unique`` column-name tuples
     (``nulls_not_distinct``: UNIQUE keys under which two NULLs collide), ``foreign_keys``,
     ``checks`` (CHECK constraint expressions, as parsed); ``qualifier``: the schema it was
     declared in (``hr`` of ``hr.emp``); ``key_prefixes``: MySQL prefix keys (``UNIQUE
-    (name(10))``: the first 10 characters must differ), lower-case column → length. Column
-    names keep their declared spelling; look-ups are case-insensitive."""
+    (name(10))``: the first 10 characters must differ), lower-case column → length;
+    ``unique_indexes``: unique indexes a key tuple cannot say (on expressions such as
+    ``lower(s)``, or partial ``WHERE ...``), as :class:`UniqueIndex`. Column names keep their
+    declared spelling; look-ups are case-insensitive."""
 
     name: str
     columns: list[Column]
@@ -182,6 +211,7 @@ class Table:
     nulls_not_distinct: list[tuple[str, ...]] = field(default_factory=list)
     qualifier: str | None = None
     key_prefixes: dict[tuple[str, ...], dict[str, int]] = field(default_factory=dict)
+    unique_indexes: list[UniqueIndex] = field(default_factory=list)
 
     def index(self, column: str) -> int:
         """Position of ``column`` (case-insensitive); KeyError naming the table otherwise."""
@@ -753,6 +783,7 @@ def _like(table: Table, item: exp.LikeProperty, raw: dict, where: str) -> None:
             table.primary_key = other.primary_key
         table.unique.extend(other.unique)
         table.nulls_not_distinct.extend(other.nulls_not_distinct)
+        table.unique_indexes.extend(other.unique_indexes)
 
 
 def _add_column(table: Table, item: exp.ColumnDef, fks: list[_FK], where: str) -> None:
@@ -905,19 +936,23 @@ def _unique_index(st: exp.Create, raw: dict, notes: list[str]) -> None:
         raise SchemaError(f"CREATE UNIQUE INDEX not understood: {st.sql()[:100]}")
     if target.name.lower() not in raw:
         raise SchemaError(f"CREATE UNIQUE INDEX on unknown table {target.name}")
-    if params.args.get("where") is not None:
-        notes.append(f"schema DDL: partial unique index {index.name} on {target.name} not "
-                     "enforced (its rows are not all distinct)")
+    table: Table = raw[target.name.lower()][0]
+    keys = [c.this if isinstance(c, exp.Ordered) else c for c in params.args.get("columns") or []]
+    where = params.args.get("where")
+    where = where.this if isinstance(where, exp.Where) else where
+    if where is not None or not all(isinstance(k, exp.Column) for k in keys):
+        # on expressions (lower(s)) or partial: checked on every instance the finder loads
+        for node in [*keys, where]:
+            for c in (node.find_all(exp.Column) if node is not None else ()):
+                if c.name.lower() not in {col.name.lower() for col in table.columns}:
+                    raise SchemaError(f"CREATE UNIQUE INDEX {index.name} on {table.name}: no column "
+                                      f"{c.name}")
+        table.unique_indexes.append(UniqueIndex(index.name or f"{table.name}_uidx",
+                                                [k.copy() for k in keys],
+                                                where.copy() if where is not None else None))
         return
-    cols = []
-    for c in params.args.get("columns") or []:
-        inner = c.this if isinstance(c, exp.Ordered) else c
-        if not isinstance(inner, exp.Column):
-            notes.append(f"schema DDL: unique index {index.name} on an expression not enforced")
-            return
-        cols.append(inner.name)
-    if cols:
-        raw[target.name.lower()][0].unique.append(tuple(cols))
+    if keys:
+        table.unique.append(tuple(k.name for k in keys))
 
 
 def _alter_table(st: exp.Alter, text: str, raw: dict) -> None:

@@ -291,6 +291,30 @@ def test_generated_columns_without_virtual_or_stored_keep_their_expression(diale
                               "postgres").table("t").column("id").generated is None
 
 
+@pytest.mark.parametrize("dialect", ["duckdb", "sqlite", "postgres"])
+def test_unique_indexes_on_expressions_and_partial_ones_bind_the_instances(dialect, pg_server_url):
+    """``CREATE UNIQUE INDEX ... (lower(s))`` and ``... (a) WHERE a > 0`` restrict the rows: an
+    instance breaking them is no database of the schema, so no counterexample may use one."""
+    expr = RelSchema.from_ddl("CREATE TABLE t (id int PRIMARY KEY, s text); "
+                              "CREATE UNIQUE INDEX u ON t (lower(s))", dialect)
+    assert [ux.name for ux in expr.table("t").unique_indexes] == ["u"]
+    res = find_counterexample("SELECT lower(s) FROM t WHERE s IS NOT NULL",
+                              "SELECT DISTINCT lower(s) FROM t WHERE s IS NOT NULL", expr, dialect=dialect,
+                              budget=SMALL)
+    assert res.verdict != "not_equivalent", res.summary()
+    part = RelSchema.from_ddl("CREATE TABLE t (id int PRIMARY KEY, a int); "
+                              "CREATE UNIQUE INDEX u ON t (a) WHERE a > 0", dialect)
+    res = find_counterexample("SELECT a FROM t WHERE a > 0", "SELECT DISTINCT a FROM t WHERE a > 0", part,
+                              dialect=dialect, budget=SMALL)
+    assert res.verdict != "not_equivalent", res.summary()
+    # outside the index's WHERE duplicates are allowed, and the script states the index
+    res = find_counterexample("SELECT a FROM t", "SELECT DISTINCT a FROM t", part, dialect=dialect, budget=FAST)
+    assert res.verdict == "not_equivalent" and res.verified
+    assert "UNIQUE INDEX u ON t (a) WHERE a > 0" in res.counterexample
+    with pytest.raises(SchemaError, match="no column z"):
+        RelSchema.from_ddl("CREATE TABLE t (a int); CREATE UNIQUE INDEX u ON t (lower(z))", dialect)
+
+
 # -- M1-M9 ----------------------------------------------------------------------------------------------
 
 
