@@ -265,8 +265,9 @@ class RelSchema:
                  query_dialect: str | None = None) -> RelSchema:
         """Read the tables of a schema script: ``CREATE TABLE`` (every clause, see the module
         docstring), ``CREATE TYPE ... AS ENUM``, ``CREATE UNIQUE INDEX`` (a UNIQUE key) and
-        ``ALTER TABLE`` adding columns or constraints; other statements (INSERT, DROP, SET,
-        PRAGMA, plain indexes, ...) do not change the schema and are skipped.
+        ``ALTER TABLE`` adding columns or constraints, ``DROP TABLE`` (of a table created before
+        it); other statements (INSERT, SET, PRAGMA, plain indexes, ...) do not change the schema
+        and are skipped.
 
         Each statement is parsed with ``dialect`` (the DDL's own, when known), else with the
         dialect its text points to (backticks → MySQL, ...), else with ``query_dialect`` (the
@@ -309,6 +310,11 @@ class RelSchema:
                              "(a query reading it is an error naming it)")
             elif isinstance(tree, exp.Alter) and (tree.args.get("kind") or "").upper() == "TABLE":
                 _alter_table(tree, st.text, raw)
+            elif isinstance(tree, exp.Drop) and (tree.args.get("kind") or "").upper() == "TABLE":
+                # DROP TABLE [IF EXISTS] t after its CREATE: t is not in the schema
+                for dropped in tree.args.get("tables") or [tree.this]:
+                    if isinstance(dropped, exp.Table) and raw.pop(dropped.name.lower(), None) is not None:
+                        notes.append(f"schema DDL: table {dropped.name} dropped by {where}")
         if not raw:
             raise SchemaError("schema DDL has no CREATE TABLE statement")
         schema = cls._finish(list(raw.values()), types)
@@ -713,6 +719,9 @@ def _table_from_create(st: exp.Create, raw: dict, where: str, notes: list[str]) 
     target = st.this
     props = st.args.get("properties")
     like = [p for p in (props.expressions if props is not None else []) if isinstance(p, exp.LikeProperty)]
+    if any(isinstance(p, exp.InheritsProperty) for p in (props.expressions if props is not None else [])):
+        raise SchemaError(f"{where}: INHERITS is not read (the child holds the parent's columns too, "
+                          "and a query on the parent also reads the child's rows)")
     if isinstance(target, exp.Table) and like:
         # MySQL: CREATE TABLE b LIKE a copies columns, keys and CHECKs (not foreign keys)
         table = Table(target.name, [], qualifier=target.args.get("db").name if target.args.get("db") else None)

@@ -211,10 +211,17 @@ def test_untyped_sqlite_columns_are_columns():
     ('CREATE TABLE "T" ("A" int, "a" int)', "given twice"),
     ("CREATE TABLE t (id int, a int); ALTER TABLE t RENAME TO u", "ALTER TABLE t"),
     ("CREATE TABLE t (id int, m mystery)", "which the schema does not define"),
+    ("CREATE TABLE p (id int, a int NOT NULL); CREATE TABLE c (b int) INHERITS (p)", "INHERITS is not read"),
 ])
 def test_schema_clauses_not_understood_are_errors_naming_them(ddl, message):
     with pytest.raises(SchemaError, match=message):
         RelSchema.from_ddl(ddl)
+
+
+def test_a_dropped_table_is_not_in_the_schema():
+    schema = RelSchema.from_ddl("DROP TABLE IF EXISTS t; CREATE TABLE t (id int PRIMARY KEY); "
+                                "CREATE TABLE old (a int); DROP TABLE old", "postgres")
+    assert list(schema.tables) == ["t"] and any("table old dropped" in n for n in schema.notes)
 
 
 def test_key_syntax_of_every_dialect_is_read():
