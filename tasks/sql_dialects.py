@@ -162,19 +162,24 @@ _USING_INDEX_TYPE = re.compile(
     r"((?:PRIMARY\s+KEY|UNIQUE(?:\s+(?:KEY|INDEX))?|KEY|INDEX)(?:\s+(?:`[^`]*`|\"[^\"]*\"|\w+))??)"
     r"\s+USING\s+(?:BTREE|HASH)\s*\(", re.IGNORECASE)
 _CONFLICT_CLAUSE = re.compile(r"\s+ON\s+CONFLICT\s+(?:ROLLBACK|ABORT|FAIL|IGNORE|REPLACE)\b", re.IGNORECASE)
+_CLUSTERING = re.compile(r"\b(PRIMARY\s+KEY|UNIQUE)\s+(?:NON)?CLUSTERED\b", re.IGNORECASE)
 _KEY_LIST = re.compile(r"\b(PRIMARY\s+KEY|UNIQUE)\s*\(([^()]*)\)", re.IGNORECASE)
 
 
 def normalise_ddl(text: str) -> tuple[str, list[str]]:
     """Rewrite clauses of one DDL statement that sqlglot does not read but that do not change
     which rows a table may hold: MySQL's index type before the key columns (``PRIMARY KEY
-    USING BTREE (id)``), SQLite's conflict clauses (``ON CONFLICT REPLACE``) and sort orders /
+    USING BTREE (id)``), T-SQL's ``PRIMARY KEY [NON]CLUSTERED``, SQLite's conflict clauses (``ON CONFLICT REPLACE``) and sort orders /
     collations inside PRIMARY KEY / UNIQUE column lists (``PRIMARY KEY (id DESC)``). Returns
     the text and one line per kind of change made (empty when nothing changed)."""
     changes = []
     out = _USING_INDEX_TYPE.sub(lambda m: m.group(1) + " (", text)
     if out != text:
         changes.append("index type (USING BTREE / HASH) before the key columns ignored (no effect on the rows)")
+    text, out = out, _CLUSTERING.sub(lambda m: m.group(1), out)
+    if out != text:
+        changes.append("T-SQL CLUSTERED / NONCLUSTERED after PRIMARY KEY / UNIQUE ignored (index "
+                       "storage, no effect on the rows)")
     text, out = out, _CONFLICT_CLAUSE.sub("", out)
     if out != text:
         changes.append("SQLite conflict clauses (ON CONFLICT ...) ignored (they change how INSERT "

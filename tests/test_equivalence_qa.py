@@ -230,6 +230,10 @@ def test_key_syntax_of_every_dialect_is_read():
     ts = RelSchema.from_ddl("CREATE TABLE t (id int NOT NULL, x int, CONSTRAINT pk PRIMARY KEY CLUSTERED "
                             "(id ASC), UNIQUE NONCLUSTERED (x))", "tsql")
     assert ts.table("t").primary_key == ("id",) and ts.table("t").unique == [("x",)]
+    for ddl in ("CREATE TABLE t (id int NOT NULL, x int, PRIMARY KEY NONCLUSTERED (id))",
+                "CREATE TABLE t (id int NOT NULL PRIMARY KEY CLUSTERED, x int UNIQUE NONCLUSTERED)"):
+        unnamed = RelSchema.from_ddl(ddl, "tsql").table("t")
+        assert unnamed.primary_key == ("id",) and unnamed.unique in ([], [("x",)])
     ex = RelSchema.from_ddl("CREATE TABLE r (id int PRIMARY KEY, a int, EXCLUDE USING btree (a WITH =))", "postgres")
     assert ex.table("r").unique == [("a",)]
     nn = RelSchema.from_ddl("CREATE TABLE t (a int, UNIQUE NULLS NOT DISTINCT (a))", "postgres")
