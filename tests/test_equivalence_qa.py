@@ -114,6 +114,23 @@ def test_now_is_one_instant_for_both_queries():
     assert res.verdict == "not_equivalent"  # a frozen now() still has a boundary
 
 
+def test_every_spelling_of_now_is_the_same_instant(tmp_path):
+    """DuckDB's ``get_current_timestamp()`` / ``current_localtimestamp()`` are ``now()`` too,
+    in the finder and in execution match."""
+    for other in ("get_current_timestamp()", "current_localtimestamp()"):
+        res = find("SELECT id, current_timestamp FROM t", f"SELECT id, {other} FROM t", budget=SMALL)
+        assert res.verdict == "no_counterexample_within_budget", res.summary()
+    db = tmp_path / "now.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1), (2)")
+    con.close()
+    from tasks.equivalence import execution_match
+
+    row = execution_match(QueryPair(id="now", sql1="SELECT id, current_timestamp FROM t",
+                                    sql2="SELECT id, get_current_timestamp() FROM t", dialect="duckdb", db=str(db)))
+    assert row["verdict"] == "equivalent", row
+
+
 def test_random_is_never_a_counterexample():
     res = find("SELECT id, random() FROM t", "SELECT id, random() FROM t", budget=SMALL)
     assert res.verdict != "not_equivalent"
