@@ -166,16 +166,50 @@ _CLUSTERING = re.compile(r"\b(PRIMARY\s+KEY|UNIQUE)\s+(?:NON)?CLUSTERED\b", re.I
 _KEY_LIST = re.compile(r"\b(PRIMARY\s+KEY|UNIQUE)\s*\(([^()]*)\)", re.IGNORECASE)
 
 
+_CHECK_START = re.compile(r"(,\s*)?(?:\bCONSTRAINT\s+(?:`[^`]*`|\"[^\"]*\"|\w+)\s+)?\bCHECK\s*\(", re.IGNORECASE)
+_NOT_ENFORCED = re.compile(r"\s*NOT\s+ENFORCED\b", re.IGNORECASE)
+
+
+def _drop_unenforced_checks(text: str) -> str:
+    """MySQL's ``[CONSTRAINT c] CHECK (...) NOT ENFORCED`` removed (MySQL does not check it,
+    and sqlglot does not read it); a table-level one takes its leading comma along."""
+    out, pos = [], 0
+    for m in _CHECK_START.finditer(text):
+        if m.start() < pos:
+            continue
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            if text[i] == "'":  # skip a string literal
+                j = text.find("'", i + 1)
+                i = len(text) if j < 0 else j
+            elif text[i] == "(":
+                depth += 1
+            elif text[i] == ")":
+                depth -= 1
+            i += 1
+        tail = _NOT_ENFORCED.match(text, i)
+        if depth or tail is None:
+            continue
+        out.append(text[pos:m.start()])
+        out.append(" " if m.group(1) is None else "")
+        pos = tail.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
 def normalise_ddl(text: str) -> tuple[str, list[str]]:
     """Rewrite clauses of one DDL statement that sqlglot does not read but that do not change
     which rows a table may hold: MySQL's index type before the key columns (``PRIMARY KEY
-    USING BTREE (id)``), T-SQL's ``PRIMARY KEY [NON]CLUSTERED``, SQLite's conflict clauses (``ON CONFLICT REPLACE``) and sort orders /
+    USING BTREE (id)``), T-SQL's ``PRIMARY KEY [NON]CLUSTERED``, MySQL's ``CHECK (...) NOT ENFORCED`` (not checked, dropped), SQLite's conflict clauses (``ON CONFLICT REPLACE``) and sort orders /
     collations inside PRIMARY KEY / UNIQUE column lists (``PRIMARY KEY (id DESC)``). Returns
     the text and one line per kind of change made (empty when nothing changed)."""
     changes = []
     out = _USING_INDEX_TYPE.sub(lambda m: m.group(1) + " (", text)
     if out != text:
         changes.append("index type (USING BTREE / HASH) before the key columns ignored (no effect on the rows)")
+    text, out = out, _drop_unenforced_checks(out)
+    if out != text:
+        changes.append("MySQL CHECK ... NOT ENFORCED ignored (MySQL does not check it)")
     text, out = out, _CLUSTERING.sub(lambda m: m.group(1), out)
     if out != text:
         changes.append("T-SQL CLUSTERED / NONCLUSTERED after PRIMARY KEY / UNIQUE ignored (index "

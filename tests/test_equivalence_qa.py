@@ -251,6 +251,9 @@ def test_key_syntax_of_every_dialect_is_read():
                 "CREATE TABLE t (id int NOT NULL PRIMARY KEY CLUSTERED, x int UNIQUE NONCLUSTERED)"):
         unnamed = RelSchema.from_ddl(ddl, "tsql").table("t")
         assert unnamed.primary_key == ("id",) and unnamed.unique in ([], [("x",)])
+    lax = RelSchema.from_ddl("CREATE TABLE t (id int PRIMARY KEY, a int CHECK (a > (1)) NOT ENFORCED, "
+                             "CONSTRAINT c CHECK (a > 0) NOT ENFORCED, CHECK (a < 9) ENFORCED)", "mysql")
+    assert [c.sql() for c in lax.table("t").checks] == ["a < 9"] and any("NOT ENFORCED" in n for n in lax.notes)
     ex = RelSchema.from_ddl("CREATE TABLE r (id int PRIMARY KEY, a int, EXCLUDE USING btree (a WITH =))", "postgres")
     assert ex.table("r").unique == [("a",)]
     nn = RelSchema.from_ddl("CREATE TABLE t (a int, UNIQUE NULLS NOT DISTINCT (a))", "postgres")
