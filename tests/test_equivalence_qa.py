@@ -307,8 +307,8 @@ def test_generated_columns_keep_their_expression():
 
 @pytest.mark.parametrize("dialect,ddl", [
     ("duckdb", "CREATE TABLE t (id int PRIMARY KEY, a int NOT NULL, b int NOT NULL, c int GENERATED ALWAYS AS (a + b))"),
-    ("mysql", "CREATE TABLE `t` (`id` int PRIMARY KEY, `a` int NOT NULL, `b` int NOT NULL, "
-              "`c` int GENERATED ALWAYS AS (`a` + `b`))"),
+    ("mysql", ("CREATE TABLE `t` (`id` int PRIMARY KEY, `a` int NOT NULL, `b` int NOT NULL, "
+               "`c` int GENERATED ALWAYS AS (`a` + `b`))")),
 ])
 def test_generated_columns_without_virtual_or_stored_keep_their_expression(dialect, ddl):
     """``GENERATED ALWAYS AS (expr)`` with neither VIRTUAL nor STORED (DuckDB's usual form,
