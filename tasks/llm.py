@@ -151,8 +151,10 @@ class ResolvedModel:
     ``local`` for a server querylab runs), ``overridden_base_url`` (the models table's URL the
     named endpoint replaced, else None), ``tool_protocol`` (``native``, ``json_schema`` or
     ``auto``), ``cache_base_url`` (what the response-cache key uses instead of ``base_url``: a
-    local server's port-free identity; None: ``base_url``) and ``local`` (a local server's
-    description, else None)."""
+    local server's port-free identity; None: ``base_url``), ``local`` (a local server's
+    description, else None) and ``max_concurrency`` (trials of this model in flight at once:
+    the models table's ``max_concurrency``, a local model's ``parallel`` slots by default;
+    None: no cap of its own, see :mod:`tasks.concurrency`)."""
 
     name: str
     model_id: str
@@ -168,6 +170,7 @@ class ResolvedModel:
     tool_protocol: str = "native"
     cache_base_url: str | None = None
     local: dict | None = None
+    max_concurrency: int | None = None
 
     def describe(self) -> dict:
         """JSON-able description without the key (for ``agents.json``)."""
@@ -183,6 +186,7 @@ class ResolvedModel:
             "context_window": self.context_window,
             "sampling": self.sampling,
             "tool_protocol": self.tool_protocol,
+            "max_concurrency": self.max_concurrency,
             **({"local": self.local} if self.local is not None else {}),
         }
 
@@ -290,6 +294,7 @@ def resolve_model(
             base_url_source=source or "table",
             overridden_base_url=table_url if named and named != table_url else None,
             tool_protocol=entry.tool_protocol,
+            max_concurrency=entry.max_concurrency,
         )
     if not generic_key and not named:
         raise AgentConfigError(
@@ -358,6 +363,7 @@ def _resolve_local(name: str, config: ModelsConfig) -> ResolvedModel:
         tool_protocol=entry.tool_protocol,
         cache_base_url=server.identity,
         local=server.describe(),
+        max_concurrency=entry.max_concurrency or entry.local.parallel,
     )
 
 

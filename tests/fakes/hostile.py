@@ -246,7 +246,7 @@ def run_payloads(payloads: list[Payload], server: ScriptedOpenAIServer, agent: s
     batch = {"key": key, "agent": agent, "manifest_uri": manifest_uri,
              "items": [[query_id, t] for t in range(len(payloads))], "options": opts}
     first = server.request_count
-    run_batch("hostile", root, batch)
+    run_batch("hostile", root, batch, max_concurrency=1)  # in order: the responder counts
     trials = pl.read_parquet(batch_uri(root, "hostile", key, "trials")).sort("trial").to_dicts()
     calls = pl.read_parquet(batch_uri(root, "hostile", key, "tool_calls")).sort(
         "trial_key", "call_index").to_dicts()
@@ -428,6 +428,10 @@ def sqlite_payloads(table: str = "listings") -> list[Payload]:
          refused("not allowed", "not authorized", "no such function")),
         ("writefile", f"SELECT writefile('{m3}', 'x')",
          all_of(refused("not allowed", "no such function"), no_file(m3))),
+        ("fts3_tokenizer pointer leak", "SELECT hex(fts3_tokenizer('simple')) AS p",
+         refused("not authorized")),
+        ("fts3_tokenizer overwrite", "SELECT fts3_tokenizer('simple', zeroblob(8)) AS p",
+         refused("not authorized")),
         ("zeroblob(40000000) x 5", f"SELECT zeroblob(40000000) AS z FROM {FIVE}", cut_or_out_of_memory()),
         ("randomblob of 1 GB", "SELECT randomblob(1000000000) AS r", refused("too big", "memory")),
         ("printf of 1 GB", "SELECT printf('%.*c', 1000000000, 'x') AS p", bounded(1 << 20, "too big", "memory")),
