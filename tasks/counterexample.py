@@ -1426,6 +1426,7 @@ def _search(result: FinderResult, runner: _Runner, schema: RelSchema, tables: li
     gen = InstanceGenerator(schema, tables, domains, budget, analysis.hints, fold=chosen.mysql)
     seen: set = set()
     tried = misses = rejected = failed_checks = 0
+    uncertifiable: str | None = None
     last_check_error = ""
     shrink_s = 0.0
     exhausted = False
@@ -1485,6 +1486,9 @@ def _search(result: FinderResult, runner: _Runner, schema: RelSchema, tables: li
             else:
                 failed_checks += 1
                 last_check_error = check.error
+                if check.error.startswith("CHECK constraints of table"):
+                    uncertifiable = check.error
+                    break  # no database can be certified on this engine: stop searching
             continue
         if stop():
             result.notes.append("shrinking stopped at the time limit: the counterexample is "
@@ -1541,6 +1545,10 @@ def _search(result: FinderResult, runner: _Runner, schema: RelSchema, tables: li
     if failed_checks:
         result.notes.append(f"{failed_checks} candidate(s) could not be verified: {last_check_error} "
                             "(not counted as counterexamples)")
+    if uncertifiable is not None and result.verdict != "not_equivalent":
+        result.verdict = "error"
+        result.error = (f"the queries differ on an instance, but {uncertifiable} (the pair needs an "
+                        "engine that evaluates them)")
     if result.hit_time_limit:
         result.notes.append(f"the search stopped at its time limit ({budget.time_limit_s:g} s) "
                             f"after {tried} of {budget.max_instances} instance(s)")

@@ -346,6 +346,16 @@ def test_unique_indexes_on_expressions_and_partial_ones_bind_the_instances(diale
         RelSchema.from_ddl("CREATE TABLE t (a int); CREATE UNIQUE INDEX u ON t (lower(z))", dialect)
 
 
+def test_a_check_the_engine_cannot_evaluate_certifies_no_counterexample():
+    """A CHECK the engine cannot create (a function it lacks) is not enforced: a database the
+    queries differ on may break it, so it is no counterexample — the verdict is an error naming
+    the CHECK, never a verified not_equivalent."""
+    schema = RelSchema.from_ddl("CREATE TABLE t (id INT PRIMARY KEY, a INT, CHECK (nosuchfn(a) > 0))", "duckdb")
+    res = find_counterexample("SELECT id FROM t WHERE a > 0", "SELECT id FROM t", schema, dialect="duckdb",
+                              budget=FAST)
+    assert res.verdict == "error" and "CHECK constraints of table t" in res.error and not res.verified
+
+
 # -- M1-M9 ----------------------------------------------------------------------------------------------
 
 
