@@ -39,8 +39,8 @@ def equivalence(
     root = artifacts_root or Settings.from_env().artifacts
     opts = EquivalenceOptions.model_validate(options or {})
     prepared = prepare_pairs(pairs_path, run_id, root)
-    batches = plan_equivalence_batches(prepared["ids"], methods or DEFAULT_METHODS, batch_size, opts,
-                                       pairs_uri=prepared["pairs_uri"])
+    batches = plan_equivalence_batches(prepared["ids"], methods or DEFAULT_METHODS, batch_size,
+                                       opts, pairs_uri=prepared["pairs_uri"])
     futures = run_equivalence_batch.map(
         unmapped(run_id), unmapped(root), unmapped(prepared["pairs_uri"]), batches,
         unmapped(opts.model_dump(mode="json")),

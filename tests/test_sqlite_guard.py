@@ -41,7 +41,8 @@ def hostile(tmp_path: Path) -> dict[str, str]:
     """Name → a statement the guard must refuse (each would write, attach or load code)."""
     return {
         "attach": f"ATTACH DATABASE '{tmp_path / 'attached.db'}' AS x",
-        "attach_in_cte": f"WITH q AS (SELECT 1) SELECT * FROM q; ATTACH '{tmp_path / 'a2.db'}' AS y",
+        "attach_after_cte": (f"WITH q AS (SELECT 1) SELECT * FROM q; "
+                             f"ATTACH '{tmp_path / 'a2.db'}' AS y"),
         "delete_through_cte": "WITH doomed AS (SELECT a FROM t) DELETE FROM t WHERE a IN doomed",
         "insert_through_cte": "WITH r(x) AS (SELECT 99) INSERT INTO t(a) SELECT x FROM r",
         "update_through_cte": "WITH r AS (SELECT 1) UPDATE t SET a = 0",
