@@ -156,18 +156,25 @@ class ReadGate:
         """``sql`` (a statement of the harness) tagged so no untrusted query shares it."""
         return self.tag + sql
 
+    @contextmanager
+    def read_only(self, timeout_ms: float, steps: int = PROGRESS_STEPS) -> Iterator[Guard]:
+        """The block's statements run as untrusted queries: only reads are authorised, under
+        :func:`guarded` (limits, ``timeout_ms``); fetch with :func:`fetch_rows`."""
+        self.reading = True
+        try:
+            with guarded(self.conn, timeout_ms, steps=steps, authorize=False) as guard:
+                yield guard
+        finally:
+            self.reading = False
+
     def query(self, sql: str, timeout_ms: float, *,
               max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
               steps: int = PROGRESS_STEPS) -> list[tuple]:
         """:func:`run_query` on the gate's connection (same limits and errors)."""
         if sql.startswith(self.tag):  # cannot happen unless the token leaked: refuse
             raise sqlite3.DatabaseError("not authorized: a harness statement")
-        self.reading = True
-        try:
-            with guarded(self.conn, timeout_ms, steps=steps, authorize=False):
-                return fetch_rows(self.conn.execute(sql), max_result_bytes)
-        finally:
-            self.reading = False
+        with self.read_only(timeout_ms, steps):
+            return fetch_rows(self.conn.execute(sql), max_result_bytes)
 
 
 def open_read_only(path: str | Path) -> sqlite3.Connection:
