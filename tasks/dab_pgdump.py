@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,8 +46,11 @@ _SKIPPABLE = re.compile(
     re.IGNORECASE,
 )
 _COPY_FROM_STDIN = re.compile(r"^\s*COPY\b.*\bFROM\s+STDIN\b", re.IGNORECASE | re.DOTALL)
-#: Seconds one statement of a dump may run.
+#: Seconds one statement of a dump may run, and the whole restore. Enforced by querylab (a
+#: watchdog cancels the statement), not only by ``statement_timeout``: a dump's own
+#: ``SET statement_timeout = 0`` (pg_dump writes one) cannot lift them.
 DUMP_STATEMENT_TIMEOUT_S = 600
+DUMP_TOTAL_TIMEOUT_S = 3600
 
 
 def split_sql_dump(text: str, source: str | Path = "dump") -> Iterator[tuple[int, str, str | None]]:
@@ -193,10 +197,11 @@ def _restore(dsn: str, sql_file: Path) -> int:
 
     text = sql_file.read_text(encoding="utf-8", errors="replace")
     skipped = 0
-    with psycopg.connect(dsn, autocommit=False) as conn:
+    with psycopg.connect(dsn, autocommit=False) as conn, _Watchdog(conn) as dog:
         conn.execute(f"SET statement_timeout = '{DUMP_STATEMENT_TIMEOUT_S}s'")
         for line, stmt, data in split_sql_dump(text, sql_file):
             skippable = bool(_SKIPPABLE.match(_strip_sql_comments(stmt)))
+            dog.statement_started()
             try:
                 with conn.transaction():
                     with conn.cursor() as cur:
@@ -206,13 +211,65 @@ def _restore(dsn: str, sql_file: Path) -> int:
                             with cur.copy(stmt) as copy:
                                 copy.write(data.encode())
             except psycopg.Error as exc:
+                if dog.fired:
+                    raise DabImportError(sql_file, f"line {line}: {dog.fired} (in: "
+                                                   f"{stmt[:120]!r})") from None
                 if skippable:
                     skipped += 1
                     continue
                 msg = exc.diag.message_primary if exc.diag and exc.diag.message_primary else str(exc)
                 raise DabImportError(sql_file, f"line {line}: {msg} (in: {stmt[:120]!r})") from None
+            finally:
+                dog.statement_ended()
         conn.commit()
     return skipped
+
+
+class _Watchdog:
+    """Cancels the running statement of ``conn`` when it has run longer than
+    :data:`DUMP_STATEMENT_TIMEOUT_S` or the restore longer than :data:`DUMP_TOTAL_TIMEOUT_S`;
+    ``fired`` then says which limit (None before)."""
+
+    def __init__(self, conn) -> None:
+        import threading
+
+        self.conn, self.fired = conn, None
+        self._t0 = time.monotonic()
+        self._stmt_t0: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="dab-dump-watchdog",
+                                        daemon=True)
+
+    def __enter__(self) -> "_Watchdog":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def statement_started(self) -> None:
+        self._stmt_t0 = time.monotonic()
+
+    def statement_ended(self) -> None:
+        self._stmt_t0 = None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            now, started = time.monotonic(), self._stmt_t0
+            if started is None or self.fired:
+                continue
+            if now - started > DUMP_STATEMENT_TIMEOUT_S:
+                self.fired = (f"a statement ran longer than {DUMP_STATEMENT_TIMEOUT_S} s "
+                              "(querylab's limit; a dump cannot lift it)")
+            elif now - self._t0 > DUMP_TOTAL_TIMEOUT_S:
+                self.fired = f"the restore ran longer than {DUMP_TOTAL_TIMEOUT_S} s"
+            else:
+                continue
+            try:
+                self.conn.cancel_safe(timeout=10)
+            except Exception:  # noqa: BLE001 - the statement may have just ended
+                pass
 
 
 @contextmanager

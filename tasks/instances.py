@@ -68,6 +68,7 @@ from tasks.sql_dialects import (
     strip_qualifiers,
 )
 from tasks.sql_dialects import engine_sql as _engine_sql
+from tasks.sqlite_guard import ReadGate, fetch_rows
 
 Instance = dict[str, list[tuple]]
 
@@ -479,6 +480,7 @@ class Sandbox:
             self._watchdog.start()
         elif engine == "sqlite":
             self.con = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            self._gate = ReadGate(self.con)  # queries read only; the harness loads
             if constraints:
                 self.con.execute("PRAGMA foreign_keys = ON")
         else:
@@ -547,7 +549,7 @@ class Sandbox:
                 self._deadline = None
 
     def _exec(self, sql: str) -> None:
-        self.con.execute(sql)
+        self.con.execute(self._gate.trusted(sql) if self.engine == "sqlite" else sql)
 
     def close(self) -> None:
         """Close the connection (and drop the scratch database this sandbox made)."""
@@ -611,7 +613,7 @@ class Sandbox:
         for t in tables:
             for ux in self.schema.tables[t].unique_indexes:
                 sql = ux.violation_sql(self._names[t], self.engine)
-                cur = self.con.execute(sql)
+                cur = self.con.execute(self._gate.trusted(sql) if self.engine == "sqlite" else sql)
                 if cur.fetchone() is not None:
                     raise UniqueIndexViolation(f"the rows of {self.schema.tables[t].name} break the "
                                                f"unique index {ux.name}")
@@ -664,21 +666,23 @@ class Sandbox:
     def run(self, sql: str, timeout_s: float | None = None) -> Outcome:
         """Run one query (in the engine's dialect) and fetch every row; errors and timeouts
         (``timeout_s``, default and at most the sandbox's per-query limit) become an
-        :class:`Outcome` with ``error`` (and ``timeout``)."""
+        :class:`Outcome` with ``error`` (and ``timeout``). On SQLite the query runs under
+        :class:`tasks.sqlite_guard.ReadGate`: only reads are authorised (no ATTACH, no write,
+        no PRAGMA), interrupted after the limit, the result bounded in bytes."""
         limit = self.query_timeout_s if timeout_s is None else max(0.05, min(timeout_s, self.query_timeout_s))
-        if self.engine == "sqlite":
-            deadline = time.monotonic() + limit
-            self.con.set_progress_handler(lambda: int(time.monotonic() > deadline), 20_000)
+        if self.engine == "sqlite":  # the guarded executor: reads only, time and byte limits
+            if sql.startswith(self._gate.tag):  # cannot happen unless the token leaked
+                return Outcome(error="not authorized: a harness statement")
+            guard = None
             try:
-                cur = self.con.execute(sql)
-                rows = [tuple(r) for r in cur.fetchall()]
+                with self._gate.read_only(limit * 1000, steps=20_000) as guard:
+                    cur = self.con.execute(sql)
+                    rows = fetch_rows(cur)
                 return Outcome(rows=rows, ncols=len(cur.description or ()))
             except (sqlite3.Error, ValueError, OverflowError) as exc:
-                timed_out = time.monotonic() > deadline
+                timed_out = guard is not None and guard.timed_out
                 return Outcome(error=_short(exc) if not timed_out else f"timed out after {limit:.1f} s",
                                timeout=timed_out)
-            finally:
-                self.con.set_progress_handler(None, 0)
         if self.engine == "postgres":
             ms = max(1, int(limit * 1000))
             try:

@@ -238,3 +238,21 @@ def test_a_validator_cannot_change_its_ground_truth_for_the_next_trial(shop, tmp
                                          support=v["support"])
         assert ok is False and reason == "Hopper"
     assert (shop / "query2" / "ground_truth.csv").read_text() == "answer\nHopper\n"
+
+
+@pytest.mark.parametrize("lift", ["SET statement_timeout = 0;",
+                                  "SELECT pg_catalog.set_config('statement_timeout', '0', false);"])
+def test_a_dump_cannot_lift_the_statement_time_limit(tmp_path, settings, monkeypatch, lift):
+    """A dump's own ``SET statement_timeout = 0`` (QA12 minor 3) does not let a statement run
+    past querylab's limit: the watchdog cancels it and the import fails naming the line."""
+    import time
+
+    from tasks import dab_pgdump
+
+    monkeypatch.setattr(dab_pgdump, "DUMP_STATEMENT_TIMEOUT_S", 1)
+    f = tmp_path / "slow.sql"
+    f.write_text(f"{lift}\nSELECT pg_sleep(60);\nCREATE TABLE ok (a int);\n")
+    start = time.monotonic()
+    with pytest.raises(DabImportError, match=r"line 2: a statement ran longer than 1 s"):
+        read_postgres_dump(f, settings)
+    assert time.monotonic() - start < 30
