@@ -118,7 +118,7 @@ def _text(content: str | None) -> str:
         return ""
     try:
         return json.dumps(json.loads(content), ensure_ascii=False, default=str)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return content
 
 
@@ -129,17 +129,22 @@ def _excerpt(text: str, start: int, end: int) -> str:
 
 def _calls(message: dict) -> list[dict]:
     try:
-        return json.loads(message.get("tool_calls") or "[]") or []
-    except ValueError:
+        calls = json.loads(message.get("tool_calls") or "[]") or []
+    except (ValueError, RecursionError):
         return []
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
 
 
 def _arguments(call: dict) -> dict:
+    """A tool call's arguments as a dict; text that is not a JSON object (malformed, a list,
+    nested deeper than the JSON decoder recurses: hostile model output) is ``{"_raw": text}``,
+    so the checks still read it."""
+    raw = call.get("arguments") or ""
     try:
-        args = json.loads(call.get("arguments") or "{}")
-    except ValueError:
-        return {"_raw": call.get("arguments") or ""}
-    return args if isinstance(args, dict) else {"_raw": str(args)}
+        args = json.loads(raw or "{}")
+    except (ValueError, RecursionError):
+        return {"_raw": raw}
+    return args if isinstance(args, dict) else {"_raw": raw}
 
 
 class Values:
@@ -229,11 +234,7 @@ def audit_trial(
                 steps.append((m["index"], c.get("name") or "", _arguments(c)))
     if not messages and tool_calls:
         for c in tool_calls:
-            try:
-                args = json.loads(c["arguments"] or "{}")
-            except ValueError:
-                args = {"_raw": c["arguments"]}
-            steps.append((None, c["tool"], args if isinstance(args, dict) else {"_raw": str(args)}))
+            steps.append((None, c["tool"], _arguments(c)))
 
     for index, tool, args in steps:
         if tool == "execute_python":

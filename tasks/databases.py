@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "QueryError",
+    "DatabaseUnavailable",
     "ColumnInfo",
     "TableInfo",
     "QueryResult",
@@ -109,6 +110,13 @@ class QueryError(Exception):
     table or collection, an engine error while running the query, a timeout. ``str(err)`` is a
     short, human-readable message (at most a few lines).
     """
+
+
+class DatabaseUnavailable(Exception):
+    """The database server could not be reached or dropped the connection (refused, shut
+    down, restarted, network gone): an infrastructure failure, not the query's. The trial that
+    hit it is errored (no verdict, retried with ``--retry-errors``), never shown to the model
+    as a query error it could be scored on. ``str(err)`` names the database and the cause."""
 
 
 @dataclass
@@ -1216,6 +1224,9 @@ class PostgresDatabase(_SQLDatabase):
             return conn
         try:
             conn = psycopg.connect(self._conninfo(), autocommit=False)
+        except psycopg.OperationalError as e:  # the server: refused, starting up, shut down
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL database {self.name!r}: {_short(e)}") from None
         except psycopg.Error as e:
             raise QueryError(f"Cannot connect to PostgreSQL database {self.name!r}: {_short(e)}") from None
         conn.read_only = True
@@ -1225,6 +1236,15 @@ class PostgresDatabase(_SQLDatabase):
         return conn
 
     def _run(self, fn, sql: str | None = None, offset: int = 0):
+        """``fn(conn)`` on this thread's connection; a connection the server dropped while it
+        was idle (a restart, an administrator) is replaced once and ``fn`` run again (harmless:
+        every query is read-only); when the server is still gone, DatabaseUnavailable."""
+        try:
+            return self._run_once(fn, sql, offset)
+        except DatabaseUnavailable:
+            return self._run_once(fn, sql, offset)
+
+    def _run_once(self, fn, sql: str | None = None, offset: int = 0):
         import psycopg
 
         conn = self._conn()
@@ -1235,6 +1255,10 @@ class PostgresDatabase(_SQLDatabase):
                 raise QueryError(f"Query timed out after {self.statement_timeout_ms} ms.") from None
             raise QueryError(f"PostgreSQL error: {_pg_message(e, sql, offset)}") from None
         except psycopg.Error as e:
+            if _pg_connection_lost(e, conn):
+                raise DatabaseUnavailable(
+                    f"PostgreSQL database {self.name!r}: the server connection failed: "
+                    f"{_short(e)}") from None
             raise QueryError(f"PostgreSQL error: {_pg_message(e, sql, offset)}") from None
         except MemoryError:
             raise QueryError("PostgreSQL error: the result does not fit in memory") from None
@@ -1462,9 +1486,27 @@ def mongo_run_local(db: Any, q: dict, limits: ResultLimits, timeout_ms: int | No
     return builder.result()
 
 
-def _mongo_error(e: Exception, timeout_ms: int) -> QueryError:
-    if isinstance(e, QueryError):
+def _pg_connection_lost(e: Exception, conn) -> bool:
+    """True when a psycopg error is the server connection failing (the server shut down,
+    crashed, restarted or became unreachable) rather than the query: the connection is broken
+    or closed afterwards, or the server said it is shutting down (SQLSTATE class 57P: admin /
+    crash shutdown, cannot connect now) or the connection failed (class 08)."""
+    import psycopg
+
+    state = getattr(e, "sqlstate", None) or ""
+    if state.startswith(("57P", "08")):
+        return True
+    return isinstance(e, psycopg.OperationalError) and bool(
+        getattr(conn, "broken", False) or getattr(conn, "closed", False))
+
+
+def _mongo_error(e: Exception, timeout_ms: int) -> Exception:
+    if isinstance(e, QueryError | DatabaseUnavailable):
         return e
+    if type(e).__name__ in ("ServerSelectionTimeoutError", "AutoReconnect", "NetworkTimeout",
+                            "ConnectionFailure", "NotPrimaryError"):
+        # a real MongoDB server that cannot be reached: infrastructure, not the query
+        return DatabaseUnavailable(f"MongoDB server unavailable: {_short(e)}")
     if type(e).__name__ == "ExecutionTimeout":
         return QueryError(f"Query timed out after {timeout_ms} ms.")
     if isinstance(e, RecursionError):

@@ -566,6 +566,14 @@ class LLMCallRecord:
     priced: bool = True
 
 
+def _waited(what: str) -> str:
+    """The error of a trial whose wall time ran out waiting for the model API (a hang, a
+    timeout, a ``Retry-After`` longer than the time left): infrastructure, so the trial is
+    errored (``api_error``) and retried with ``--retry-errors``, never scored incorrect."""
+    return (f"the model API did not answer before the trial's wall time ran out ({what}); "
+            "errored, not scored: retry with --retry-errors (or raise --trial-timeout)")
+
+
 class _EmptyResponse(Exception):
     """A 200 response without choices (treated as a non-retryable API error)."""
 
@@ -985,12 +993,15 @@ class ChatModel:
         kwargs: dict[str, Any] = {"model": r.model_id, "messages": messages, **params}
         if tools:
             kwargs["tools"] = tools
+        last_error: str | None = None  # the infrastructure failure being retried
         while True:
             record.attempts += 1
             timeout = self.options.request_timeout_s
             if deadline is not None:
                 timeout = min(timeout, deadline - time.monotonic())
                 if timeout <= 0:
+                    if last_error is not None:  # the wall time ran out waiting for the API
+                        return self._fail(record, start, "api_error", _waited(last_error))
                     return self._fail(record, start, "max_wall_time", "trial wall time exhausted")
             try:
                 # client.post is what chat.completions.create ends in (same HTTP, auth, error
@@ -1007,10 +1018,12 @@ class ChatModel:
                     raise _EmptyResponse("the response has no choices")
                 break
             except _SlotWaitTimeout:
+                # waiting for a slot is infrastructure (other trials hold them): errored
                 return self._fail(
-                    record, start, "max_wall_time",
+                    record, start, "api_error",
                     f"no slot of the model's Prefect concurrency/rate limits before the trial's "
-                    f"wall time ran out ({model_limit_names(r.name)})",
+                    f"wall time ran out ({', '.join(model_limit_names(r.name))}); the trial is "
+                    "errored, not scored",
                 )
             except ValueError as exc:  # a body that is not JSON / UTF-8: not retried
                 return self._fail(record, start, "api_error",
@@ -1022,6 +1035,12 @@ class ChatModel:
                 retryable, ra, msg = classify_error(exc)
                 if not retryable:
                     return self._fail(record, start, "api_error", msg)
+                if deadline is not None and isinstance(exc, openai.APITimeoutError) and \
+                        timeout < self.options.request_timeout_s and \
+                        time.monotonic() + 0.05 >= deadline:
+                    # the request was cut at the trial's deadline while the API had not answered
+                    return self._fail(record, start, "api_error", _waited(msg))
+                last_error = msg
                 if record.attempts > self.options.max_retries:
                     return self._fail(
                         record, start, "api_error",
@@ -1035,9 +1054,8 @@ class ChatModel:
                     )
                 wait = self.backoff_s(record.attempts, ra)
                 if deadline is not None and time.monotonic() + wait >= deadline:
-                    return self._fail(
-                        record, start, "max_wall_time", f"{msg}; no wall time left to retry"
-                    )
+                    what = f"{msg}; Retry-After {ra:g} s" if ra is not None else msg
+                    return self._fail(record, start, "api_error", _waited(what))
                 log.info("model call %s failed (%s); retry %d in %.2f s",
                          r.model_id, msg, record.attempts, wait)
                 self.sleep(wait)

@@ -1,0 +1,324 @@
+"""The QA findings on issue 13 (honest scores), each replayed as its attack through the real
+ReAct loop over real HTTP (the scripted OpenAI-compatible server) and asserted blocked or
+honest: failures the model causes are the agent's (scored), infrastructure failures are
+errored (no verdict), tool-call ids are echoed to the API only in a form any OpenAI-compatible
+endpoint accepts, the answer key stays out of reach, shotgun answers fail, paid calls are
+all counted. The reports are /work/team/qa/issue13-reports.md (C = critical, M = major)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import os
+
+import polars as pl
+import pytest
+
+from tasks import storage
+from tasks.report import report_run
+from tasks.scoring import score_run
+from tasks.trials import combine_trials, run_trial_batch
+from tests.fakes.openai_server import (
+    ScriptedOpenAIServer,
+    delay,
+    error,
+    is_preflight,
+    message,
+    raw_tool_calls,
+    tool_calls,
+)
+from tests.test_honest_scores import model  # noqa: F401 - a fixture
+from tests.test_hostile_tools import movies_uri, stocks_uri  # noqa: F401 - fixtures
+from tests.test_operations import scripted_model  # noqa: F401 - a fixture
+
+STOCKS_Q = "nasdaq_top_volume_2012"  # ground truth: Facebook
+MOVIES_Q = "spielberg_box_office"
+_OPENAI_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
+
+
+def run_batch(root: str, run_id: str, manifest_uri: str, agent: str, items: list,
+              key: str = "b", options: dict | None = None, score: bool = True) -> dict:
+    """One batch through the real trial task, combined, scored and reported (every stage
+    after the trials must cope with what the model sent). Returns the trial rows (dicts by
+    trial index) and the score summary."""
+    batch = {"key": key, "agent": agent, "manifest_uri": manifest_uri, "items": items,
+             "options": options or {}}
+    run_trial_batch.fn(run_id, root, batch)
+    storage.write_json(storage.join(root, "runs", run_id, "trials", "manifests.json"),
+                       [manifest_uri])
+    combine_trials.fn(run_id, root, [key])
+    out: dict = {}
+    _dbg = os.environ.get("QA13_DEBUG")
+    if score:
+        out["summary"] = score_run(run_id, root)
+        report_run(run_id, root)
+        scores = pl.read_parquet(out["summary"]["scores"])
+        out["scores"] = {r["trial"]: r for r in scores.iter_rows(named=True)}
+    trials = pl.read_parquet(storage.join(root, "runs", run_id, "trials", "trials.parquet"))
+    out["trials"] = {r["trial"]: r for r in trials.iter_rows(named=True)}
+    out["messages"] = pl.read_parquet(storage.join(root, "runs", run_id, "trials",
+                                                   "messages.parquet"))
+    out["llm_calls"] = pl.read_parquet(storage.join(root, "runs", run_id, "trials",
+                                                    "llm_calls.parquet"))
+    if _dbg:
+        for t, r in out["trials"].items():
+            print("TRIAL", run_id, t, r["terminate_reason"], (r["error"] or "")[:300])
+        print("TOOL", [c[:200] for c in out["messages"].filter(pl.col("role") == "tool")["content"]])
+    return out
+
+
+def _turns(body: dict) -> int:
+    return sum(1 for m in body["messages"] if m["role"] == "assistant")
+
+
+def _question(body: dict) -> str:
+    return body["messages"][1]["content"]
+
+
+def _fn(name: str, args) -> dict:
+    return {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}
+
+
+# -- C4: the model cannot make its own failures "errored" ----------------------------------------
+
+
+def _openai_like(responder):
+    """A responder that, like OpenAI, refuses (HTTP 400) any request whose history holds a
+    tool-call id longer than 40 characters or outside ``[A-Za-z0-9_-]``."""
+
+    def respond(body, index):
+        for i, m in enumerate(body["messages"]):
+            ids = [tc["id"] for tc in m.get("tool_calls") or []]
+            ids += [m["tool_call_id"]] if m.get("tool_call_id") is not None else []
+            for cid in ids:
+                if not (isinstance(cid, str) and _OPENAI_ID.fullmatch(cid)):
+                    return error(400, f"Invalid 'messages[{i}].tool_calls[0].id': string too "
+                                      f"long. Expected a string with maximum length 40, but "
+                                      f"got a string with length {len(str(cid))} instead.")
+        return responder(body, index)
+
+    return respond
+
+
+def test_odd_tool_call_ids_are_replaced_before_they_are_echoed(tmp_path, stocks_uri, model):
+    """C4: ids of 64 and 300 characters, with spaces and non-ASCII, duplicated within a turn:
+    an OpenAI-like endpoint 400s on any of them in the history, so before the fix the trial
+    was errored (and left out of pass@1). querylab echoes stable short ids instead, keeps the
+    original in the transcript, and the trial is scored; a re-run is answered from the cache
+    (the replacement ids are the same)."""
+    odd = ["x" * 64, "c" * 300, "id with spaces ü", "x" * 64]
+
+    def responder(body, index):
+        n = _turns(body)
+        if n == 0:
+            return raw_tool_calls([
+                {"id": odd[0], "type": "function", "function": _fn("list_db", {})},
+                {"id": odd[1], "type": "function",
+                 "function": _fn("list_db", {"db": "listings"})},
+                {"id": odd[2], "type": "function", "function": _fn("query_db", {
+                    "db": "listings", "query": "SELECT company FROM listings WHERE listing "
+                                               "LIKE 'NASDAQ:%'"})},
+                {"id": odd[3], "type": "function", "function": _fn("list_db", {})},
+            ])
+        if n == 1:
+            return raw_tool_calls([{"id": "call_ok-1", "type": "function",
+                                    "function": _fn("list_db", {})}])
+        return tool_calls(("return_answer", {"answer": "Facebook"}))
+
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(_openai_like(responder)) as srv:
+        agent = model(srv)
+        out = run_batch(root, "ids", stocks_uri, agent, [[STOCKS_Q, 0]])
+        assert srv.errors == []
+        sent = [tc["id"] for r in srv.requests for m in r["messages"]
+                for tc in m.get("tool_calls") or []]
+        n_requests = srv.request_count
+        again = run_batch(root, "ids-again", stocks_uri, agent, [[STOCKS_Q, 0]])
+        assert srv.request_count == n_requests  # same ids, same requests: all cache hits
+    t = out["trials"][0]
+    assert t["terminate_reason"] == "return_answer" and out["scores"][0]["verdict"] == "correct"
+    assert again["scores"][0]["verdict"] == "correct"
+    assert sent and all(_OPENAI_ID.fullmatch(c) for c in sent)
+    msgs = out["messages"].sort("index")
+    first = json.loads(msgs.filter(pl.col("role") == "assistant")["tool_calls"][0])
+    ids = [c["id"] for c in first]
+    assert len(set(ids)) == 4 and all(_OPENAI_ID.fullmatch(c) for c in ids)
+    assert [c.get("original_id", "")[:20] for c in first] == [o[:20] for o in odd]
+    assert first[1]["original_id"].endswith("[300 characters]")
+    second = json.loads(msgs.filter(pl.col("role") == "assistant")["tool_calls"][1])
+    assert second == [{"id": "call_ok-1", "name": "list_db", "arguments": "{}"}]  # kept as is
+    tool_ids = msgs.filter(pl.col("role") == "tool")["tool_call_id"].to_list()
+    assert tool_ids[:4] == ids and tool_ids[4] == "call_ok-1"
+
+
+def test_model_caused_crashes_are_the_agents_not_errored(tmp_path, stocks_uri, model):
+    """C4 (crash part) and M4: a 300-character id, arguments nested 100,000 deep and lone
+    surrogates in the reply text or in return_answer's argument used to crash the harness (or
+    the score step) and make the trial errored. Now each is a tool error or a clean answer,
+    the trial is scored, and score, audit and report all run."""
+
+    def responder(body, index):
+        n = _turns(body)
+        if n == 0:  # trials of a batch run one after the other: count their first calls
+            state["k"] = state.get("k", -1) + 1
+        k = state["k"]
+        if k == 0:  # a 300-character id, then the answer
+            if n == 0:
+                return raw_tool_calls([{"id": "c" * 300, "type": "function",
+                                        "function": _fn("list_db", {})}])
+            return tool_calls(("return_answer", {"answer": "Apple"}))
+        if k == 1:  # arguments nested 100,000 deep
+            if n == 0:
+                return tool_calls(("query_db", "[" * 100_000 + "]" * 100_000))
+            return tool_calls(("return_answer", {"answer": "Facebook"}))
+        if k == 2:  # a lone surrogate in the reply text
+            return message("Facebook \ud800")
+        return tool_calls(("return_answer", '{"answer": "Facebook \\ud800"}'))
+
+    state: dict = {}
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(responder) as srv:
+        out = run_batch(root, "crash", stocks_uri, model(srv), [[STOCKS_Q, t] for t in range(4)])
+    reasons = {t: r["terminate_reason"] for t, r in out["trials"].items()}
+    assert reasons == {0: "return_answer", 1: "return_answer", 2: "no_tool_call",
+                       3: "return_answer"}
+    verdicts = {t: r["verdict"] for t, r in out["scores"].items()}
+    assert verdicts == {0: "incorrect", 1: "correct", 2: "correct", 3: "correct"}
+    assert out["summary"]["errored"] == 0
+    assert out["trials"][3]["answer"] == "Facebook \ufffd"
+
+
+# -- M1: infrastructure failures are errored, not incorrect --------------------------------------
+
+
+def test_wall_time_used_up_waiting_for_the_model_is_errored(tmp_path, stocks_uri, model):
+    """M1: an endpoint that hangs past the trial's wall time, and a 429 whose Retry-After is
+    longer than the wall time left, used to end the trial ``max_wall_time`` (scored incorrect,
+    FM5). The wait was for the API, so the trial is errored (``api_error``) with a reason
+    saying so; the agent's own use of the wall time stays ``max_wall_time``."""
+
+    def responder(body, index):
+        if _turns(body) == 0:
+            state["k"] = state.get("k", -1) + 1
+        k = state["k"]
+        if k == 0:
+            return delay(4, message("late"))
+        if k == 1:
+            return error(429, retry_after=30)
+        if _turns(body) == 0:  # the agent spends its own wall time in a cell
+            return tool_calls(("execute_python", {"code": "import time; time.sleep(5)"}))
+        return tool_calls(("return_answer", {"answer": "Facebook"}))
+
+    state: dict = {}
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(responder) as srv:
+        out = run_batch(root, "wall", stocks_uri, model(srv), [[STOCKS_Q, t] for t in range(3)],
+                        options={"max_wall_time_s": 1.5, "max_retries": 5})
+    t = out["trials"]
+    assert [t[i]["terminate_reason"] for i in range(3)] == ["api_error", "api_error",
+                                                             "max_wall_time"]
+    assert [out["scores"][i]["verdict"] for i in range(3)] == ["errored", "errored", "incorrect"]
+    assert "wall time ran out" in t[0]["error"] and "timed out" in t[0]["error"]
+    assert "Retry-After 30" in t[1]["error"] and "--retry-errors" in t[1]["error"]
+    assert t[1]["latency_s"] < 3  # it did not sleep 30 s for nothing
+
+
+def test_database_server_failure_mid_trial_is_errored(tmp_path, movies_uri, model,
+                                                      pg_server_url, movies_manifest):
+    """M1: the PostgreSQL server dropping the agent's connection mid-trial (terminated by an
+    administrator, then refusing connections) used to be shown to the model as a query error
+    ("server closed the connection unexpectedly") and the trial scored incorrect (FM3). It is
+    an infrastructure failure: the trial is errored and says why. A connection dropped while
+    idle is replaced once, transparently (the server is back): that trial is scored."""
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from tasks.engines import _physical_name
+
+    dbname = _physical_name(movies_manifest, "boxoffice")
+    admin = make_conninfo(**{**conninfo_to_dict(pg_server_url), "dbname": "postgres"})
+
+    def kill_agents(block: bool) -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            if block:
+                conn.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS false')
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                         "datname = %s AND pid <> pg_backend_pid()", (dbname,))
+
+    query = ("query_db", {"db": "boxoffice", "query": "SELECT count(*) AS n FROM revenue"})
+
+    def responder(body, index):
+        n = _turns(body)
+        if n == 0:
+            state["k"] = state.get("k", -1) + 1
+            return tool_calls(query)
+        if n == 1:  # the first query answered; now the server goes away
+            kill_agents(block=state["k"] == 0)
+            return tool_calls(query)
+        return tool_calls(("return_answer", {"answer": "I could not query the database."}))
+
+    state: dict = {}
+    root = str(tmp_path / "art")
+    try:
+        with ScriptedOpenAIServer(responder) as srv:
+            agent = model(srv)
+            out = run_batch(root, "pg-down", movies_uri, agent, [[MOVIES_Q, 0]], score=False)
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+            back = run_batch(root, "pg-back", movies_uri, agent, [[MOVIES_Q, 1]], key="c",
+                             score=False)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'ALTER DATABASE "{dbname}" ALLOW_CONNECTIONS true')
+    t = out["trials"][0]
+    assert t["terminate_reason"] == "error", t
+    assert t["error"].startswith("database unavailable (query_db)"), t["error"]
+    assert "not currently accepting connections" in t["error"]
+    # the model never saw the failure as a query result to be scored on
+    shown = out["messages"].filter(pl.col("role") == "tool")["content"].to_list()
+    assert "database unavailable" in shown[-1] and len(shown) == 2
+    assert back["trials"][1]["terminate_reason"] == "return_answer"  # reconnected once
+
+
+def test_sandbox_failure_is_errored_but_a_full_work_directory_is_the_agents(
+        tmp_path, stocks_uri, model, monkeypatch):
+    """M1: the sandbox itself failing (its session process killed under the trial) used to
+    come back to the model as "execute_python could not run" and the trial was scored. It is
+    infrastructure: errored. A cell that fills its own work directory stays a tool error."""
+    from tasks.tools import ToolBox
+
+    sessions = []
+    real = ToolBox.python_session
+
+    def spy(self):
+        s = real(self)
+        sessions.append(s)
+        return s
+
+    monkeypatch.setattr(ToolBox, "python_session", spy)
+    fill = ("with open('big', 'wb') as f:\n    f.write(b'x' * (40 << 20))\n"
+            "with open('big2', 'wb') as f:\n    f.write(b'x' * (40 << 20))")
+
+    def responder(body, index):
+        n = _turns(body)
+        if n == 0:
+            state["k"] = state.get("k", -1) + 1
+            return tool_calls(("execute_python", {"code": "print(1)" if state["k"] == 0
+                                                  else fill}))
+        if n == 1 and state["k"] == 0:  # the sandbox session dies under the trial
+            os.kill(sessions[-1].pid, signal.SIGKILL)
+            return tool_calls(("execute_python", {"code": "print(2)"}))
+        return tool_calls(("return_answer", {"answer": "Facebook"}))
+
+    state: dict = {}
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(responder) as srv:
+        out = run_batch(root, "sbx", stocks_uri, model(srv), [[STOCKS_Q, 0], [STOCKS_Q, 1]],
+                        options={"python_disk_mb": 64})
+    t = out["trials"]
+    assert t[0]["terminate_reason"] == "error" and "sandbox unavailable" in t[0]["error"], t[0]
+    assert out["scores"][0]["verdict"] == "errored"
+    assert t[1]["terminate_reason"] == "return_answer" and out["scores"][1]["verdict"] == "correct"
+    full = out["messages"].filter(pl.col("role") == "tool", pl.col("trial_key").str.ends_with("|1"))
+    assert "No space left" in full["content"][0] or "work directory" in full["content"][0]
