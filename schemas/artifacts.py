@@ -122,7 +122,9 @@ TOOL_CALLS = artifact_schema(
 #: text when the API returned one (``reasoning_content`` / ``reasoning``); ``tool_calls`` JSON
 #: ``[{"id", "name", "arguments"}]`` of an assistant message; ``tool_call_id`` / ``tool_name`` of a
 #: tool result; ``content_chars`` the length of ``content``; ``full_size`` the length in
-#: characters of the full tool result (``tool_calls.result_size``; null for other roles).
+#: characters of the full tool result (``tool_calls.result_size``; null for other roles);
+#: ``runtime_events`` JSON of what an ``execute_python`` cell's run-time audit hook reported
+#: (file accesses outside its work directory, network and process events; null when none).
 #: Oracle trials record the question, each reference step as an assistant tool call and its
 #: result; replay trials the question and the recorded answer.
 MESSAGES = artifact_schema(
@@ -140,6 +142,7 @@ MESSAGES = artifact_schema(
         pa.field("tool_name", pa.string()),
         pa.field("content_chars", pa.int64(), nullable=False),
         pa.field("full_size", pa.int64()),
+        added_later(pa.field("runtime_events", pa.string())),
     ],
 )
 

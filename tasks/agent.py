@@ -87,20 +87,25 @@ class Transcript:
     def add(self, role: str, turn: int, content: str | None = None, *,
             reasoning: str | None = None, tool_calls: list[dict] | None = None,
             tool_call_id: str | None = None, tool_name: str | None = None,
-            full_size: int | None = None) -> None:
-        """Append one message; ``tool_calls`` as ``[{"id", "name", "arguments"}]``."""
+            full_size: int | None = None, runtime_events: list | None = None) -> None:
+        """Append one message; ``tool_calls`` as ``[{"id", "name", "arguments"}]``;
+        ``runtime_events`` what an execute_python cell's audit hook reported (stored as
+        JSON)."""
         self.rows.append({
             "index": len(self.rows), "turn": turn, "role": role, "content": content,
             "reasoning": reasoning,
             "tool_calls": json.dumps(tool_calls, ensure_ascii=False) if tool_calls else None,
             "tool_call_id": tool_call_id, "tool_name": tool_name,
             "content_chars": len(content or ""), "full_size": full_size,
+            "runtime_events": (json.dumps(runtime_events, ensure_ascii=False, default=str)
+                               if runtime_events else None),
         })
 
     def tool_result(self, turn: int, out: ToolOutcome) -> None:
-        """Append a tool result exactly as the model saw it, with the full result's size."""
+        """Append a tool result exactly as the model saw it, with the full result's size (and
+        a cell's run-time audit events)."""
         self.add("tool", turn, out.content, tool_call_id=out.call_id, tool_name=out.tool,
-                 full_size=out.result_size)
+                 full_size=out.result_size, runtime_events=out.runtime_events)
 
 
 def reasoning_text(msg) -> str | None:

@@ -202,6 +202,48 @@ def compute_ground_truth(
     return truth
 
 
+def derive_scoring(
+    spec: DatasetSpec, canonical: dict[str, pa.Table], spec_file: str | Path = "<spec>"
+) -> dict[str, dict]:
+    """What the scorer needs per query id, derived from the spec and the *unperturbed* tables:
+    ``{"ground_truth", "validator", "reference", "requires"}`` (the private scoring file's
+    entries, :mod:`tasks.scoring`). The validator is the spec's, with an ``items`` validator's
+    ``options_sql`` evaluated into ``options`` (column 0, as strings). Raises SpecError naming
+    the field (see :func:`compute_ground_truth`)."""
+    truth = compute_ground_truth(spec, canonical, spec_file)
+    con = None
+    out: dict[str, dict] = {}
+    for i, q in enumerate(spec.queries):
+        validator = q.validator.model_dump()
+        if q.validator.options_sql:
+            if con is None:
+                con = duckdb.connect()
+                for name, tbl in canonical.items():
+                    con.register(name, tbl)
+            try:
+                rows = con.sql(q.validator.options_sql).fetchall()
+            except duckdb.Error as exc:
+                raise SpecError(spec_file, f"queries[{i}].validator.options_sql",
+                                str(exc).splitlines()[0]) from exc
+            options = list(q.validator.options or []) + [str(r[0]) for r in rows
+                                                         if r[0] is not None]
+            validator["options"] = list(dict.fromkeys(options))
+        missing = []
+        if validator.get("options") is not None and isinstance(truth[q.id], list):
+            have = {" ".join(o.casefold().split()) for o in validator["options"]}
+            missing = [t for t in truth[q.id] if " ".join(t.casefold().split()) not in have]
+        if missing:
+            raise SpecError(spec_file, f"queries[{i}].validator.options",
+                            f"the ground truth {missing} is not among the options")
+        out[q.id] = {
+            "ground_truth": truth[q.id],
+            "validator": validator,
+            "reference": [st.model_dump() for st in q.reference],
+            "requires": q.requires.model_dump(),
+        }
+    return out
+
+
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
          "fourteen fifteen sixteen seventeen eighteen nineteen").split()
 _TENS = "- - twenty thirty forty fifty sixty seventy eighty ninety".split()
@@ -477,7 +519,7 @@ def build_dataset_artifacts(
     manifest_uri = storage.join(prefix, "manifest.json")
     if not force and is_current_dataset(manifest_uri):
         return manifest_uri
-    truth = compute_ground_truth(spec, canonical, spec_file)
+    scoring = derive_scoring(spec, canonical, spec_file)
     canonical_uris = {
         name: storage.write_parquet(storage.join(prefix, "canonical", f"{name}.parquet"), tbl)
         for name, tbl in canonical.items()
@@ -523,16 +565,6 @@ def build_dataset_artifacts(
         "schema_description": describe_schema(spec, databases),
         "databases": databases,
         "canonical": canonical_uris,
-        "queries": [
-            {
-                "id": q.id,
-                "question": q.question,
-                "validator": q.validator.model_dump(),
-                "reference": [s.model_dump() for s in q.reference],
-                "requires": q.requires.model_dump(),
-                "ground_truth": truth[q.id],
-            }
-            for q in spec.queries
-        ],
+        "queries": [{"id": q.id, "question": q.question, **scoring[q.id]} for q in spec.queries],
     }
     return split_manifest(manifest_uri, manifest)

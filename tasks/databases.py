@@ -74,6 +74,7 @@ __all__ = [
     "PostgresDatabase",
     "MongoDatabase",
     "check_read_only_sql",
+    "resolve_unicode_escapes",
     "parse_mongo_query",
     "check_read_only_mongo",
     "embedded_postgres_url",
@@ -493,6 +494,49 @@ def _parse_error_message(e: Exception) -> str:
     return _short(f"{desc}{where}{near}", max_lines=2)
 
 
+_U_ESCAPED = re.compile(
+    r"""(?is)\bU&(?P<q>["'])(?P<body>(?:(?!(?P=q)).|(?P=q)(?P=q))*)(?P=q)"""
+    r"""(?:\s*UESCAPE\s*'(?P<esc>[^'])')?""")
+
+
+def resolve_unicode_escapes(sql: str) -> str:
+    """``sql`` with PostgreSQL's Unicode-escaped identifiers and strings (``U&"pg\\005fread"``,
+    ``U&'\\0041'``, ``UESCAPE '!'``) written out as the plain quoted identifiers and strings
+    the engine reads them as, so a parser that does not know the syntax (sqlglot reads
+    ``U & "..."``) sees the real names. Malformed escapes are left as they are (the engine
+    refuses them)."""
+    if "&" not in sql:
+        return sql
+
+    def decode(m: re.Match) -> str:
+        q, body, esc = m["q"], m["body"].replace(m["q"] * 2, m["q"]), m["esc"] or "\\"
+        out, i = [], 0
+        while i < len(body):
+            c = body[i]
+            if c != esc:
+                out.append(c)
+                i += 1
+                continue
+            if body[i + 1:i + 2] == esc:
+                out.append(esc)
+                i += 2
+            elif body[i + 1:i + 2] == "+" and re.fullmatch(r"[0-9A-Fa-f]{6}", body[i + 2:i + 8]):
+                out.append(chr(int(body[i + 2:i + 8], 16)))
+                i += 8
+            elif re.fullmatch(r"[0-9A-Fa-f]{4}", body[i + 1:i + 5]):
+                out.append(chr(int(body[i + 1:i + 5], 16)))
+                i += 5
+            else:
+                return m.group(0)
+        text = "".join(out)
+        return q + text.replace(q, q * 2) + q
+
+    try:
+        return _U_ESCAPED.sub(decode, sql)
+    except (ValueError, OverflowError):
+        return sql
+
+
 def check_read_only_sql(sql: str, dialect: str) -> None:
     """Refuse anything but ONE read-only query, by parsing ``sql`` with sqlglot.
 
@@ -514,6 +558,8 @@ def check_read_only_sql(sql: str, dialect: str) -> None:
         raise ValueError(f"unknown SQL dialect {dialect!r}; expected one of {_SQL_DIALECTS}")
     if not isinstance(sql, str) or not sql.strip():
         raise QueryError("Refused: empty query; send one SELECT statement.")
+    if dialect == "postgres":  # U&"..." names: checked as the engine reads them
+        sql = resolve_unicode_escapes(sql)
     try:
         statements = [s for s in sqlglot.parse(sql, read=dialect)  # a trailing comment after
                       if s is not None and not isinstance(s, getattr(exp, "Semicolon", ()))]  # ';'

@@ -155,6 +155,11 @@ class CellResult:
     process-count limit; ``error``: a one-line explanation when the cell failed, else None;
     ``sandbox_failed``: the sandbox itself failed (it stopped answering, refused the request,
     or could not set the cell up), not the cell's code — infrastructure, not the agent's;
+    ``audit_events``: what the cell's run-time audit hook reported (file-system accesses
+    outside its work directory, network and process events; see
+    :func:`tasks.sandbox_zygote._install_audit_hook`) and ``audit_complete`` whether the
+    channel ended with querylab's end marker (False: the cell closed or redirected it, or was
+    killed);
     ``duration_s`` wall seconds, ``cpu_s`` CPU seconds of the whole tree (cgroup), ``max_rss_kb``
     peak memory of the tree in KiB (cgroup; the main process's when there is none).
     """
@@ -173,6 +178,8 @@ class CellResult:
     oom_killed: bool = False
     pids_limit_hit: bool = False
     sandbox_failed: bool = False
+    audit_events: list = field(default_factory=list)
+    audit_complete: bool = True
 
     @property
     def ok(self) -> bool:
@@ -464,6 +471,8 @@ class Session:
             error=None, duration_s=reply["duration_s"], cpu_s=reply["cpu_s"] or 0.0,
             max_rss_kb=reply["max_rss_kb"], cpu_exceeded=reply["cpu_exceeded"],
             oom_killed=reply["oom_killed"], pids_limit_hit=reply["pids_limit_hit"],
+            audit_events=list(reply.get("audit") or []),
+            audit_complete=bool(reply.get("audit_complete", True)),
         )
         if reply.get("setup_error"):
             res.error = f"execute_python could not start the cell: {reply['setup_error']}"

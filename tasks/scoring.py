@@ -43,7 +43,7 @@ from tasks.validate import check_answer
 log = logging.getLogger("querylab.scoring")
 
 #: Bump when a verdict rule changes (recorded in every ``scores`` row and ``summary.json``).
-SCORER_VERSION = "2"
+SCORER_VERSION = "3"
 #: Version of the public/private dataset layout; older manifests are rebuilt.
 MANIFEST_VERSION = 2
 #: Terminate reasons of infrastructure or harness failures: such a trial has no verdict.
@@ -184,11 +184,14 @@ def _first_line(text: str | None, limit: int = 300) -> str:
     return (text or "").strip().splitlines()[0][:limit] if (text or "").strip() else ""
 
 
-def score_rows(trials: Iterable[dict], scorings: dict[str, dict]) -> list[dict]:
+def score_rows(trials: Iterable[dict], scorings: dict[str, dict],
+               questions: dict[tuple[str, str], str] | None = None) -> list[dict]:
     """One ``scores`` row per trial (see :data:`schemas.artifacts.SCORES`).
 
     ``trials``: trial rows (``TRIALS`` columns); ``scorings``: dataset name → its scoring file
-    (:func:`load_scoring`). An errored trial (:data:`ERRORED_REASONS`) is not validated.
+    (:func:`load_scoring`); ``questions``: (dataset, query id) → question text (the validators
+    tell numbers the question names apart from candidate answers; :func:`load_questions`). An
+    errored trial (:data:`ERRORED_REASONS`) is not validated.
     Raises ScoringError for a trial whose dataset or query has no scoring entry, or whose
     ``dataset_version`` differs from the scoring file's."""
     digests: dict[tuple[str, str], str] = {}
@@ -224,7 +227,8 @@ def score_rows(trials: Iterable[dict], scorings: dict[str, dict]) -> list[dict]:
             why = _first_line(t.get("error")) or "no error message"
             row["reason"] = f"errored ({t['terminate_reason']}): {why}"
         else:
-            v = check_answer(t["answer"], query.get("ground_truth"), query["validator"])
+            v = check_answer(t["answer"], query.get("ground_truth"), query["validator"],
+                             (questions or {}).get(key))
             row["verdict"] = "correct" if v.ok else "incorrect"
             row["is_correct"] = v.ok
             row["reason"] = v.reason
@@ -236,7 +240,8 @@ def score_frame(trials: pl.DataFrame, manifest_uris: list[str]) -> pl.DataFrame:
     """``trials`` (a ``TRIALS`` frame, e.g. one batch's) with their verdicts joined on
     (``verdict``, ``is_correct``, ``reason``), scored with the manifests' scoring files —
     the score step without writing anything (no audit). For checks and tests."""
-    rows = score_rows(trials.iter_rows(named=True), load_scorings(manifest_uris))
+    rows = score_rows(trials.iter_rows(named=True), load_scorings(manifest_uris),
+                      load_questions(manifest_uris))
     return scored_trials(trials, scores_frame(rows))
 
 
@@ -302,6 +307,25 @@ def run_manifest_uris(
     return uris
 
 
+def load_questions(manifest_uris: list[str]) -> dict[tuple[str, str], str]:
+    """(dataset, query id) → question, from the public manifests (the first of a name wins)."""
+    out: dict[tuple[str, str], str] = {}
+    for uri in manifest_uris:
+        m = storage.read_json(uri)
+        for q in m.get("queries", []):
+            out.setdefault((m["name"], q["id"]), q.get("question") or "")
+    return out
+
+
+def load_engines(manifest_uris: list[str]) -> dict[str, dict[str, str]]:
+    """Dataset → database → engine, from the public manifests."""
+    out: dict[str, dict[str, str]] = {}
+    for uri in manifest_uris:
+        m = storage.read_json(uri)
+        out.setdefault(m["name"], {n: d.get("engine", "") for n, d in m["databases"].items()})
+    return out
+
+
 def load_scorings(manifest_uris: list[str]) -> dict[str, dict]:
     """Dataset name → scoring file for each manifest (the first manifest of a name wins)."""
     out: dict[str, dict] = {}
@@ -333,14 +357,16 @@ def score_run(
     trials = pl.from_arrow(storage.read_parquet(uri_t, artifacts.TRIALS))
     manifests = run_manifest_uris(artifacts_root, run_id, trials, manifest_uris)
     scorings = load_scorings(manifests)
-    rows = score_rows(trials.iter_rows(named=True), scorings)
+    questions = load_questions(manifests)
+    rows = score_rows(trials.iter_rows(named=True), scorings, questions)
     messages_uri = trials_uri(artifacts_root, run_id, "messages")
     tool_calls_uri = trials_uri(artifacts_root, run_id, "tool_calls")
     messages = (pl.from_arrow(storage.read_parquet(messages_uri, artifacts.MESSAGES))
                 if storage.exists(messages_uri) else None)
     tool_calls = (pl.from_arrow(storage.read_parquet(tool_calls_uri, artifacts.TOOL_CALLS))
                   if storage.exists(tool_calls_uri) else None)
-    findings = audit_run(trials, messages, tool_calls, scorings)
+    findings = audit_run(trials, messages, tool_calls, scorings, questions,
+                         load_engines(manifests))
     flags: dict[str, int] = {}
     for f in findings:
         flags[f["trial_key"]] = flags.get(f["trial_key"], 0) + 1

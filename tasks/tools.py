@@ -258,7 +258,10 @@ class ToolOutcome:
 
     ``content`` is the text the model sees; ``value`` the full result kept as ``var_<call_id>``;
     ``result_size`` the length in characters of the full JSON result; ``duration_s`` seconds.
-    ``answer`` is set only by ``return_answer``. ``harness_error``: the tool failed because
+    ``answer`` is set only by ``return_answer``. ``runtime_events``: what an
+    ``execute_python`` cell's run-time audit hook reported (see
+    :attr:`tasks.sandbox.CellResult.audit_events`; ``{"e": "_incomplete"}`` last when the cell
+    cut its audit channel). ``harness_error``: the tool failed because
     of querylab, not the agent (an unexpected exception); the agent loop ends the trial.
     """
 
@@ -273,6 +276,7 @@ class ToolOutcome:
     duration_s: float = 0.0
     answer: str | None = None
     harness_error: bool = False
+    runtime_events: list | None = None
 
     @property
     def is_final(self) -> bool:
@@ -544,6 +548,9 @@ class ToolBox:
         # any other SandboxError (the sandbox failing, not the cell) ends the trial errored
         if res.sandbox_failed:
             raise SandboxError(res.error or "the sandbox failed")
+        killed = res.timed_out or res.cpu_exceeded or res.oom_killed or res.signal is not None
+        out.runtime_events = list(res.audit_events) + (
+            [] if res.audit_complete or killed else [{"e": "_incomplete"}])
         if res.error:
             return self._fail(out, res.error)
         shown: dict[str, Any] = {"stdout": res.stdout}

@@ -322,3 +322,181 @@ def test_sandbox_failure_is_errored_but_a_full_work_directory_is_the_agents(
     assert t[1]["terminate_reason"] == "return_answer" and out["scores"][1]["verdict"] == "correct"
     full = out["messages"].filter(pl.col("role") == "tool", pl.col("trial_key").str.ends_with("|1"))
     assert "No space left" in full["content"][0] or "work directory" in full["content"][0]
+
+
+# -- C1, C2, C3: the answer key is out of reach, and attempts are seen at run time -------------
+
+
+def _flags(root: str, run_id: str) -> dict[int, set[str]]:
+    audit = pl.read_parquet(storage.join(root, "runs", run_id, "score", "audit.parquet"))
+    out: dict[int, set[str]] = {}
+    for row in audit.iter_rows(named=True):
+        out.setdefault(int(row["trial_key"].rsplit("|", 1)[1]), set()).add(row["check"])
+    return out
+
+
+def test_postgres_read_of_the_answer_key_is_refused_and_flagged(tmp_path, movies_uri, model):
+    """C1 (VERIFY) and C3: the QA's stealth query — ``U&"pg\\005fread\\005ffile"`` of
+    ``'scor' || 'ing.json'`` with the ground truth cut out by a regular expression — used to
+    return the ground truth (agents were superusers) with zero audit findings. It is refused
+    (by the parser, which now reads U& names as the engine does, and by the engine: a
+    SELECT-only role), ``rolsuper`` is false, and the audit flags the file function and the
+    answer-key name however they are spelled."""
+    scoring_dir = movies_uri[: -len("manifest.json")]
+    steal = ("SELECT substring(U&\"pg\\005fread\\005ffile\"('" + scoring_dir + "scor' || "
+             "'ing.json') from 'spielberg_box_office\": \\{\\s*\"ground_tr' || 'uth\": "
+             "([0-9.]+)') AS total")
+    who = ("SELECT current_user AS u, (SELECT rolsuper FROM pg_roles WHERE rolname = "
+           "current_user) AS su")
+
+    def responder(body, index):
+        n = _turns(body)
+        if n == 0:
+            return tool_calls(("query_db", {"db": "boxoffice", "query": steal}))
+        if n == 1:
+            return tool_calls(("query_db", {"db": "boxoffice", "query": who}))
+        return tool_calls(("return_answer", {"answer": "unknown"}))
+
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(responder) as srv:
+        out = run_batch(root, "pg-steal", movies_uri, model(srv), [[MOVIES_Q, 0]])
+    tools = out["messages"].filter(pl.col("role") == "tool")["content"].to_list()
+    assert "not allowed" in tools[0] or "permission denied" in tools[0], tools[0]
+    assert json.loads(tools[1])["preview"][0]["su"] is False
+    assert out["scores"][0]["verdict"] == "incorrect"
+    assert {"path_outside_workdir", "answer_key_access"} <= _flags(root, "pg-steal")[0]
+    # the engine alone refuses it too (the parser check is the second layer)
+    from schemas.settings import Settings
+    from tasks.engines import open_database
+
+    db = open_database(storage.read_json(movies_uri), "boxoffice", Settings.from_env())
+    from tasks.databases import QueryError
+
+    with pytest.raises(QueryError, match="permission denied"):
+        db._execute(steal, 10)
+
+
+def test_a_cell_cannot_read_or_forge_the_scoring_file_and_is_seen_doing_it(
+        tmp_path, stocks_uri, model, settings):
+    """C2 (VERIFY) and C3: the QA's cells walked the artifact root (a path built from
+    ``os.sep`` pieces), read ``scoring.json`` (named ``'scor' + 'ing.json'``) and rewrote it with
+    a forged ground truth, and planted a file under the artifact root — with zero audit
+    findings. The sealed sandbox shows none of it (the scoring file is unchanged, nothing is
+    planted); the run-time audit hook reports the walk and the read attempts, so the trial is
+    flagged ``runtime_path_access`` and ``answer_key_access`` though its code names no path."""
+    import hashlib
+
+    scoring = stocks_uri[: -len("manifest.json")] + "scoring.json"
+    before = hashlib.sha256(open(scoring, "rb").read()).hexdigest()
+    parts = [p for p in settings.artifacts.split("/") if p]
+    forge = ("import os, json\nroot = os.sep + os.path.join(" + ", ".join(map(repr, parts)) + ")\n"
+             "found = 0\nfor d, _, fs in os.walk(root):\n    for f in fs:\n"
+             "        if f.startswith('scor') and f.endswith('.json'):\n"
+             "            p = os.path.join(d, f); s = json.load(open(p))\n"
+             "            s['queries']['nyse_drawdown_2008']['ground' + '_truth'] = 12.3\n"
+             "            json.dump(s, open(p, 'w')); found += 1\n"
+             "try:\n    open(os.path.join(root, 'PWNED_BY_CELL'), 'w').write('x')\n"
+             "except OSError as e:\n    print('blocked:', type(e).__name__)\n"
+             "try:\n    open(os.sep.join(['', 'srv', 'scor' + 'ing.json']))\n"
+             "except OSError:\n    pass\nprint('found', found)")
+
+    def responder(body, index):
+        if _turns(body) == 0:
+            return tool_calls(("execute_python", {"code": forge}))
+        return tool_calls(("return_answer", {"answer": "12.3"}))
+
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(responder) as srv:
+        out = run_batch(root, "forge", stocks_uri, model(srv), [["nyse_drawdown_2008", 0]])
+    shown = json.loads(out["messages"].filter(pl.col("role") == "tool")["content"][0])
+    assert "found 0" in shown["stdout"] and "blocked" in shown["stdout"]
+    assert hashlib.sha256(open(scoring, "rb").read()).hexdigest() == before
+    assert not os.path.exists(os.path.join(settings.artifacts, "PWNED_BY_CELL"))
+    assert out["scores"][0]["verdict"] == "incorrect"
+    flags = _flags(root, "forge")[0]
+    assert {"runtime_path_access", "answer_key_access"} <= flags, flags
+    events = json.loads(out["messages"].filter(pl.col("role") == "tool")["runtime_events"][0])
+    walked = [e for e in events if e["e"] == "os.scandir"]
+    assert walked and walked[0]["p"] == settings.artifacts.rstrip("/") and not walked[0]["x"]
+    assert any(e["e"] == "open" and e["p"].endswith("/srv/scoring.json") for e in events)
+    audit = pl.read_parquet(storage.join(root, "runs", "forge", "score", "audit.parquet"))
+    assert audit.filter(pl.col("check") == "runtime_path_access")["evidence"][0].startswith(
+        "at run time: os.scandir")
+
+
+def test_network_and_process_attempts_are_seen_at_run_time(tmp_path, stocks_uri, model):
+    """C3: a cell that hides its network and process use behind ``__import__`` and
+    ``getattr`` (no ``import socket`` for the text rules to see) is flagged from what it did."""
+    code = ("s = __import__('so' + 'cket')\ntry:\n    s.create_connection(('10.1.2.3', 80), 0.2)\n"
+            "except OSError:\n    pass\nsp = __import__('sub' + 'process')\n"
+            "getattr(sp, 'run')(['true'])\nprint('done')")
+
+    def responder(body, index):
+        if _turns(body) == 0:
+            return tool_calls(("execute_python", {"code": code}))
+        return tool_calls(("return_answer", {"answer": "Facebook"}))
+
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(responder) as srv:
+        run_batch(root, "net", stocks_uri, model(srv), [[STOCKS_Q, 0]])
+    flags = _flags(root, "net")[0]
+    assert {"runtime_network", "runtime_process"} <= flags, flags
+    assert "network_attempt" not in flags  # the text rules alone would have missed it
+
+
+# -- C5: shotgun answers -------------------------------------------------------------------------
+
+
+def test_shotgun_answers_are_wrong_and_flagged(tmp_path, stocks_uri, model):
+    """C5: "Candidates: 0.0 0.5 … 100.0" used to be correct for a number query (one of them
+    was within the tolerance) and "Apple, Facebook, Google, IBM, Microsoft" for a which-company
+    query (the right one is among them). Both are wrong now, with a reason, and flagged; a
+    plain answer that mentions the question's own year still passes."""
+    shotgun = "Candidates: " + " ".join(f"{x / 2:.1f}" for x in range(201))
+    answers = {"apple_2005_volatility": [shotgun, "Apple's 2005 volatility was 38.76%."],
+               STOCKS_Q: ["Apple, Facebook, Google, IBM, Microsoft", "Facebook"]}
+
+    def responder(body, index):
+        if _turns(body) == 0:
+            state["k"] = state.get("k", -1) + 1
+        qid, t = state["plan"][state["k"]]
+        return tool_calls(("return_answer", {"answer": answers[qid][t]}))
+
+    state: dict = {"plan": [(q, t) for q in answers for t in (0, 1)]}
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(responder) as srv:
+        agent = model(srv)
+        for i, qid in enumerate(answers):
+            run_batch(root, "shotgun", stocks_uri, agent, [[qid, 0], [qid, 1]], key=f"b{i}",
+                      score=False)
+    combine_trials.fn("shotgun", root, ["b0", "b1"])
+    summary = score_run("shotgun", root)
+    scores = {(r["query_id"], r["trial"]): r
+              for r in pl.read_parquet(summary["scores"]).iter_rows(named=True)}
+    vol, nasdaq = scores[("apple_2005_volatility", 0)], scores[(STOCKS_Q, 0)]
+    assert vol["verdict"] == "incorrect" and "200 candidate numbers" in vol["reason"]  # 1 is in the question
+    assert nasdaq["verdict"] == "incorrect" and "4 other option(s)" in nasdaq["reason"]
+    assert scores[("apple_2005_volatility", 1)]["verdict"] == "correct"
+    assert scores[(STOCKS_Q, 1)]["verdict"] == "correct"
+    audit = pl.read_parquet(summary["audit"]).filter(pl.col("check") == "shotgun_answer")
+    assert sorted(k.split("|")[2] for k in audit["trial_key"]) == sorted(
+        ["apple_2005_volatility", STOCKS_Q])
+
+
+def test_thousands_separators_need_groups_of_three():
+    """C5: "1,24" was read as 124 (correct for a truth of 124); separators now need groups
+    of three, so it reads as 1 and 24."""
+    from tasks.validate import check_answer, numbers_in
+
+    v = {"kind": "number", "decimals": 0}
+    assert numbers_in("1,24") == [1, 24] and numbers_in("9,090,303,780") == [9090303780]
+    assert numbers_in("1,2345 and 12,345.5") == [1, 2345, 12345.5]
+    assert not check_answer("1,24", 124.0, v).ok and check_answer("124", 124.0, v).ok
+    assert check_answer("1,240 films", 1240.0, v).ok
+    # per query: max_candidates; the question's own numbers are not candidates
+    lots = "In 2005: 1, 2, 3, 38.8"
+    assert check_answer(lots, 38.76, {"kind": "number", "decimals": 1},
+                        "In 2005, round to 1 decimal").ok
+    assert not check_answer(lots, 38.76, {"kind": "number", "decimals": 1}).ok
+    assert not check_answer(lots, 38.76, {"kind": "number", "decimals": 1, "max_candidates": 2},
+                            "In 2005, round to 1 decimal").ok
