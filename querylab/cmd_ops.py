@@ -55,6 +55,10 @@ def register(subparsers) -> None:
     rs.add_argument("--run-id", required=True)
     rs.add_argument("--manifest", action="append",
                     help="dataset manifest URI to score with (repeat; default: the run's)")
+    rs.add_argument("--scoring", choices=["spec", "recorded"], default="spec",
+                    help="spec (default): re-derive ground truth and validators from the "
+                    "current dataset spec (refused when its data version differs from the "
+                    "run's); recorded: the datasets' scoring files as they are")
     rs.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     rs.set_defaults(func=cmd_rescore)
 
@@ -187,16 +191,21 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
-    """``querylab rescore``: re-apply the validators (as they are now) to a run's stored
-    answers, rewrite ``score/`` and the report, and say how many verdicts changed. No model
-    is called and no Prefect server started. Exit 1 when the oracle failed a query or errored
-    trials are above the run's allowed share, 2 for bad input."""
+    """``querylab rescore``: re-derive each dataset's scoring from its current spec (when the
+    data version the trials saw is unchanged; ``--scoring recorded``: the scoring files as
+    they are), re-apply it to the run's stored answers, rewrite ``score/`` and the report, and
+    say which scoring it used, what changed and how many verdicts changed. No model is called
+    and no Prefect server started. Exit 1 when the oracle failed a query or errored trials are
+    above the run's allowed share; 2 for bad input and for a refused rescore (a changed data
+    version), which writes nothing and leaves the run's stage records as they were."""
     import polars as pl
 
     from querylab.cmd_report import print_report, with_run_details
     from tasks import runs, storage
     from tasks.report import report_run
     from tasks.scoring import SCORER_VERSION, score_run, scores_uri
+
+    from tasks.rescore import RescoreRefused, apply_rescore, plan_rescore
 
     root = _root(args)
     runs.valid_run_id(args.run_id)
@@ -205,12 +214,23 @@ def cmd_rescore(args: argparse.Namespace) -> int:
         before = pl.read_parquet(storage.read_bytes(scores_uri(root, args.run_id)),
                                  columns=["trial_key", "verdict"])
     record = runs.find_run(root, args.run_id)
+    try:  # everything checked before anything is written: a refusal records nothing
+        plans = plan_rescore(args.run_id, root, args.manifest or None,
+                             getattr(args, "scoring", "spec"))
+    except RescoreRefused as exc:
+        print(f"querylab rescore: {exc}", file=sys.stderr)
+        return 2
+
+    def score() -> dict:
+        apply_rescore(plans)
+        return score_run(args.run_id, root, args.manifest or None)
+
     if record is not None:
         with runs.stage_run(root, args.run_id, "score") as stage:
-            out = score_run(args.run_id, root, args.manifest or None)
+            out = score()
             stage.outputs = {k: v for k, v in out.items() if k != "manifests"}
     else:
-        out = score_run(args.run_id, root, args.manifest or None)
+        out = score()
     after = pl.read_parquet(storage.read_bytes(out["scores"]), columns=["trial_key", "verdict"])
     changed = None
     if before is not None:
@@ -219,6 +239,12 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     print(f"rescored run {args.run_id} (scorer {SCORER_VERSION}): {out['trials']} trials, "
           f"{out['correct']} correct, {out['incorrect']} incorrect, {out['errored']} errored; "
           + ("first scoring" if changed is None else f"{changed.height} verdict(s) changed"))
+    for plan in plans:
+        print(f"  {plan.line()}")
+        for change in plan.changes[:10]:
+            print(f"    {change}")
+        if len(plan.changes) > 10:
+            print(f"    ... ({len(plan.changes)} in all)")
     if changed is not None:
         for row in changed.head(10).iter_rows(named=True):
             print(f"  {row['trial_key']}: {row['verdict_before']} -> {row['verdict']}")

@@ -55,8 +55,8 @@ from tasks.report_html import Figure, Section, Table, markdown_table, render_htm
 from tasks.sandbox import sandbox_notes
 from tasks.scoring import (
     audit_uri,
-    full_manifest,
     load_scores,
+    run_full_manifests,
     scored_trials,
     summarise,
 )
@@ -238,7 +238,8 @@ def compute_report_tables(
     uris_m, more = resolve_manifests(artifacts_root, run_id, run_queries, manifest_uris)
     notes += more
     notes += sandbox_notes(artifacts_root, run_id)
-    manifests = [full_manifest(u) for u in uris_m]  # scorer side: requirements, questions
+    # scorer side (requirements, questions), with the scoring the run was scored with
+    manifests = run_full_manifests(artifacts_root, run_id, uris_m)
     requirements = (
         requirements_from_manifests(manifests)
         if manifests
@@ -365,7 +366,7 @@ def judge_failure_modes(
     calls = load_tool_calls(artifacts_root, run_id)
     if calls is None:
         calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table())
-    manifests = [full_manifest(u) for u in manifest_uris]  # question and ground truth
+    manifests = run_full_manifests(artifacts_root, run_id, manifest_uris)  # question, truth
     try:
         judged = judge_failures(
             labels, trials, calls, manifests, chat, name, limit, done, rejudge=failed
@@ -482,7 +483,7 @@ def build_document(
     labels = _read(u["failure_labels"], rs.FAILURE_LABELS)
     trials = load_scored_trials(artifacts_root, run_id)
     audit = load_audit(artifacts_root, run_id)
-    manifests = [full_manifest(m) for m in tables.get("manifests", [])]
+    manifests = run_full_manifests(artifacts_root, run_id, tables.get("manifests", []))
     texts = _query_texts(manifests)
     c = tables["counts"]
     conf = round(tables.get("confidence", 0.95) * 100)

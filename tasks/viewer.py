@@ -59,7 +59,7 @@ def viewer_data(run_id: str, artifacts_root: str, manifest_uris: list[str] | Non
     — the report's, or computed by the same rules —, audit findings, the datasets' questions
     and ground truths). ScoringError when the run is not scored."""
     from tasks.report import load_audit, load_messages, load_scored_trials, resolve_manifests
-    from tasks.scoring import full_manifest
+    from tasks.scoring import run_full_manifests
 
     trials = load_scored_trials(artifacts_root, run_id)
     run_queries = {
@@ -67,8 +67,7 @@ def viewer_data(run_id: str, artifacts_root: str, manifest_uris: list[str] | Non
     }
     uris, _ = resolve_manifests(artifacts_root, run_id, run_queries, manifest_uris)
     queries = {}
-    for uri in uris:
-        m = full_manifest(uri)
+    for m in run_full_manifests(artifacts_root, run_id, uris):  # the scoring it was scored with
         for q in m.get("queries", []):
             queries.setdefault((m["name"], q["id"]), q)
     labels = {r["trial_key"]: r for r in _labels(run_id, artifacts_root, trials, uris)
@@ -123,7 +122,7 @@ def _labels(run_id: str, artifacts_root: str, trials: pl.DataFrame,
     (:func:`tasks.failure_modes.classify_failures`)."""
     from tasks.failure_modes import classify_failures, requirements_from_manifests
     from tasks.report import load_tool_calls, report_uri
-    from tasks.scoring import full_manifest
+    from tasks.scoring import run_full_manifests
 
     uri = report_uri(artifacts_root, run_id, "failure_labels.parquet")
     incorrect = set(trials.filter(pl.col("verdict") == "incorrect")["trial_key"])
@@ -136,7 +135,8 @@ def _labels(run_id: str, artifacts_root: str, trials: pl.DataFrame,
         from schemas import artifacts
 
         calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table())
-    requirements = requirements_from_manifests([full_manifest(u) for u in manifest_uris])
+    requirements = requirements_from_manifests(
+        run_full_manifests(artifacts_root, run_id, manifest_uris))
     return classify_failures(trials, calls, requirements)
 
 

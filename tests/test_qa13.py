@@ -500,3 +500,115 @@ def test_thousands_separators_need_groups_of_three():
     assert not check_answer(lots, 38.76, {"kind": "number", "decimals": 1}).ok
     assert not check_answer(lots, 38.76, {"kind": "number", "decimals": 1, "max_candidates": 2},
                             "In 2005, round to 1 decimal").ok
+
+
+# -- tamper-evident scoring; rescore after a spec fix (newcomer High 2, Medium 3) ----------------
+
+
+@pytest.fixture
+def own_stocks(tmp_path, settings):
+    """stocks built into an artifact root of the test's own (its scoring may be changed)."""
+    from tasks.build import build_dataset_artifacts
+    from tasks.engines import ensure_loaded
+    from tasks.spec import spec_path
+
+    root = str(tmp_path / "own")
+    uri = build_dataset_artifacts.fn(str(spec_path("stocks")), root)
+    manifest = storage.read_json(uri)
+    for db in manifest["databases"]:
+        ensure_loaded(manifest, db, settings)
+    return root, uri
+
+
+def _spec_copy(tmp_path, edit) -> str:
+    """A copy of data/stocks.yaml (with its CSV) changed by ``edit(text) -> text``."""
+    import shutil
+
+    from tasks.spec import DATA_DIR
+
+    d = tmp_path / f"spec{len(list(tmp_path.glob('spec*')))}"
+    d.mkdir()
+    shutil.copy(DATA_DIR / "stocks_companies.csv", d)
+    (d / "stocks.yaml").write_text(edit((DATA_DIR / "stocks.yaml").read_text()))
+    return d / "stocks.yaml"
+
+
+def test_scoring_is_tamper_evident_and_rescore_follows_the_spec(tmp_path, own_stocks, model,
+                                                                monkeypatch, capsys):
+    """C2 follow-up and newcomer High 2 / Medium 3. The manifest records the scoring file's
+    digest at build time: a hand-edited (or forged) scoring.json is refused at score time
+    instead of silently changing this run and every later one. A spec fix is the way: with
+    the data version unchanged `querylab rescore` re-derives the ground truth from the
+    canonical tables, says what it used and what changed, and records the new digest; an
+    earlier run keeps showing the scoring it was decided on. A changed data version is a
+    one-line refusal that writes nothing (the run is not marked failed)."""
+    import tasks.spec
+    from querylab.cli import main
+    from tasks import runs
+    from tasks.scoring import load_scoring, pinned_scoring_uri, scoring_uri
+    from tasks.viewer import viewer_data
+    from tests.test_honest_scores import fixed_ground_truth
+
+    root, uri = own_stocks
+    runs.record_benchmark(root, "spec-fix", {"datasets": ["stocks"], "agents": ["oracle"]})
+    state: dict = {}
+
+    def responder(body, index):
+        if _turns(body) == 0:
+            state.setdefault("k", []).append(1)
+        return tool_calls(("return_answer", {"answer": "Facebook" if len(state["k"]) % 2
+                                              else "Apple"}))
+
+    with ScriptedOpenAIServer(responder) as srv:
+        agent = model(srv)
+        run_batch(root, "spec-fix", uri, agent, [[STOCKS_Q, 0], [STOCKS_Q, 1]])
+        run_batch(root, "older", uri, agent, [[STOCKS_Q, 0]], key="o")
+    capsys.readouterr()
+    digest = storage.read_json(uri)["scoring_digest"]
+
+    # hand-editing the scoring file: refused, one line, nothing recorded as failed
+    original = storage.read_bytes(scoring_uri(uri))
+    forged = storage.read_json(scoring_uri(uri))
+    forged["queries"][STOCKS_Q]["ground_truth"] = ["Apple"]
+    storage.write_json(scoring_uri(uri), forged)
+    assert main(["rescore", "--run-id", "spec-fix", "--artifacts", root]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "edited by hand or tampered with" in err[0], err
+    assert runs.stage_status(root, "spec-fix", "score") is None  # nothing recorded
+    with pytest.raises(Exception, match="tampered"):
+        score_run("spec-fix", root)
+    storage.write_bytes(scoring_uri(uri), original)
+
+    # a spec fix with the same data version: re-derived, reported, recorded
+    fixed = _spec_copy(tmp_path, lambda t: fixed_ground_truth(t, STOCKS_Q, "SELECT 'Apple'"))
+    real = tasks.spec.spec_path
+    monkeypatch.setattr(tasks.spec, "spec_path", lambda n: fixed if n == "stocks" else real(n))
+    assert main(["rescore", "--run-id", "spec-fix", "--artifacts", root]) == 0
+    out = capsys.readouterr().out
+    assert "2 verdict(s) changed" in out
+    assert f"re-derived from {fixed}: {digest} -> " in out and "1 query(ies) changed" in out
+    assert f'{STOCKS_Q}: ground_truth ["Facebook"] -> ["Apple"]' in out
+    new = storage.read_json(uri)["scoring_digest"]
+    assert new != digest and runs.score_summary(root, "spec-fix")["scoring"] == {"stocks": new}
+    assert load_scoring(uri)["queries"][STOCKS_Q]["ground_truth"] == ["Apple"]
+    assert storage.exists(pinned_scoring_uri(uri, digest))  # the old scoring is kept
+    # the older run was scored with the old digest: its viewer still shows that ground truth
+    assert runs.score_summary(root, "older")["scoring"] == {"stocks": digest}
+    shown = viewer_data("older", root)["trials"][0]
+    assert shown["ground_truth"] == "Facebook" and shown["verdict"] == "correct"
+
+    # a changed data version (a question edited): refused before anything is written
+    moved = _spec_copy(tmp_path, lambda t: t.replace("which had the highest average daily",
+                                                     "which had the largest average daily"))
+    monkeypatch.setattr(tasks.spec, "spec_path", lambda n: moved if n == "stocks" else real(n))
+    before = runs.stage_status(root, "spec-fix", "score")
+    assert main(["rescore", "--run-id", "spec-fix", "--artifacts", root]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ran on data version" in err[0] and "now gives" in err[0], err
+    after = runs.stage_status(root, "spec-fix", "score")
+    assert (after.status, after.attempt) == (before.status, before.attempt) == ("completed", 1)
+    assert runs.list_runs(root)[0]["status"] != "failed"
+    # --scoring recorded: the scoring files as they are (no spec involved)
+    assert main(["rescore", "--run-id", "spec-fix", "--artifacts", root, "--scoring",
+                 "recorded"]) == 0
+    assert "its recorded scoring file: unchanged" in capsys.readouterr().out
