@@ -90,10 +90,14 @@ def check_agents_now(agents: list[str], options: dict | None, command: str) -> l
     return described
 
 
-def run_preflight(agents: list[str], options: dict | None, command: str) -> None:
+def run_preflight(agents: list[str], options: dict | None, command: str,
+                  record: tuple[str, str] | None = None) -> list:
     """Check every LLM agent with one minimal real request (:func:`tasks.trials.preflight_agents`)
     before anything is built; UsageError with one line per failing agent (agent, endpoint,
-    problem). Warnings (a rate limit at the check) are printed."""
+    problem). Warnings (a rate limit at the check) are printed. ``record``: ``(artifacts root,
+    run id)`` to record the checks with (:func:`tasks.runs.record_preflight`: they are paid
+    requests; a failed check of a run that never started is not recorded). Returns the
+    results."""
     from tasks.trials import preflight_agents
 
     results = preflight_agents(agents, options)
@@ -103,6 +107,11 @@ def run_preflight(agents: list[str], options: dict | None, command: str) -> None
     failed = [r for r in results if not r.ok]
     if failed:
         raise UsageError("preflight failed: " + "; ".join(r.line() for r in failed))
+    if record is not None:
+        from tasks.runs import record_preflight
+
+        record_preflight(record[0], record[1], results)
+    return results
 
 
 def _agent_plans(args: argparse.Namespace, agents: list[str], names: list[str]) -> dict:
@@ -174,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from schemas.settings import Settings
     from tasks.catalogue import default_datasets
     from tasks.llm import local_entry
-    from tasks.runs import run_lease, valid_run_id
+    from tasks.runs import record_preflight, run_lease, valid_run_id
     from tasks.trials import parse_agent
 
     started = time.monotonic()
@@ -198,10 +207,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_specs(names, args.query)
     options = cmd_agents.agent_options_from_args(args)
     check_agents_now(agents, options, "run")
-    run_preflight(agents, options, "run")
+    checks = run_preflight(agents, options, "run")
 
     hints = list(dict.fromkeys(args.hints or ["off"]))
     with run_lease(root, run_id):  # refuses at once (LeaseHeld) when another process runs it
+        record_preflight(root, run_id, checks)
         print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
               f"hints {'/'.join(hints)}, artifacts in {root}")
         return _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started)
@@ -319,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument("--max-error-share", type=float, default=0.0, metavar="X",
-                   help="share of errored trials (api_error / error) the run may have and still "
-                   "exit 0 (default 0)")
+                   help="share of each agent's trials that may error (api_error / error) with "
+                   "the run still exiting 0 (default 0)")
     r.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,
         help="progress bar (default: when stderr is a terminal)",

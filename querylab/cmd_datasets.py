@@ -335,6 +335,7 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
     from querylab.cli import check_agents_now, quiet_tracebacks, run_preflight
     from querylab.cmd_report import print_report, with_run_details
     from tasks.dab_import import DabImportError, find_dab_datasets
+    from schemas.settings import Settings
     from tasks.runs import TrialsErrored, check_error_share
 
     run_id = None if args.no_run else run_id_or_new(args.run_id)
@@ -348,7 +349,8 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
         return 2
     if run_id is not None:
         check_agents_now(agents, None, "import-dab")
-        run_preflight(agents, None, "import-dab")
+        run_preflight(agents, None, "import-dab",
+                      (args.artifacts or Settings.from_env().artifacts, run_id))
     from flows.datasets.dab_import import import_dab
 
     if not getattr(args, "debug", False):
@@ -367,8 +369,6 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
     if run_id is None:
         return 0
     print(f"run:       {run_id}")
-    from schemas.settings import Settings
-
     root = args.artifacts or Settings.from_env().artifacts
     status = print_report(with_run_details(out["report"], root, run_id))
     try:
@@ -415,7 +415,8 @@ def register(subparsers) -> None:
                      help="run only this query (query<N> or <dataset>/query<N>); repeat")
     imp.add_argument("--limit", type=int, help="run only the first N queries of each dataset")
     imp.add_argument("--max-error-share", type=float, default=0.0, metavar="X",
-                     help="share of errored trials allowed for exit 0 (default 0)")
+                     help="share of each agent's trials that may error for exit 0 "
+                     "(default 0)")
     imp.add_argument("--run-id", help="run id (default: a new one; an existing one resumes)")
     imp.add_argument("--retry-errors", action="store_true",
                      help="with an existing --run-id: re-run only its errored trials")

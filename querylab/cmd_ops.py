@@ -40,7 +40,8 @@ def register(subparsers) -> None:
         help="re-run only the errored trials (api_error / error), then score and report again",
     )
     r.add_argument("--max-error-share", type=float, default=None, metavar="X",
-                   help="share of errored trials allowed for exit 0 (default: the run's, 0)")
+                   help="share of each agent's trials that may error for exit 0 (default: "
+                   "the run's, 0)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -139,7 +140,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         return 2
     if not stages:
         print(f"run {args.run_id}: every stage has completed; name one with --stage to re-run it")
-        return 0
+        return _errored_status(root, args.run_id, getattr(args, "max_error_share", None),
+                               "rerun")
     try:
         lease = contextlib.ExitStack()
         lease.enter_context(runs.run_lease(root, args.run_id))  # refuses at once if it is running
@@ -149,7 +151,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     with lease:  # held until the stages are done (released if preflight fails)
         if "trials" in stages:
             config = runs.benchmark_config(root, args.run_id)
-            run_preflight(config.agents, config.agent_options, "rerun")
+            run_preflight(config.agents, config.agent_options, "rerun", (root, args.run_id))
         print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}"
               + (" (errored trials only)" if retry else "") + f"; artifacts in {root}")
         from flows.stages import run_stage
@@ -175,19 +177,32 @@ def cmd_rerun(args: argparse.Namespace) -> int:
                     status = max(status, print_report(with_run_details(out, root, args.run_id)))
                 else:
                     _print_outputs(stage, out)
-    if "score" in stages:
-        record = runs.find_run(root, args.run_id)
-        allowed = args.max_error_share if getattr(args, "max_error_share", None) is not None \
-            else (record.benchmark.max_error_share if record and record.benchmark else 0.0)
-        try:
-            runs.check_error_share(root, args.run_id, allowed)
-        except runs.TrialsErrored as exc:
-            print(f"querylab rerun: {exc}", file=sys.stderr)
-            status = max(status, 1)
-    elif "trials" in stages:
+    if "trials" in stages and "score" not in stages:
         print(f"note: the trials changed; score and report them with `querylab rerun --run-id "
               f"{args.run_id} --stage score --stage report`")
-    return status
+        return status
+    return max(status, _errored_status(root, args.run_id,
+                                       getattr(args, "max_error_share", None), "rerun"))
+
+
+def _errored_status(root: str, run_id: str, max_share: float | None, command: str) -> int:
+    """1 (the reason printed on stderr) when a scored benchmark run has an agent whose share
+    of errored trials is above ``max_share`` (None: the run's recorded ``max_error_share``),
+    else 0 — the rule ``querylab run`` exits by, so ``rerun`` of a finished run, ``rerun
+    --stage report`` and ``rescore`` say the same. A run without a score summary is 0."""
+    from tasks import runs
+
+    if runs.score_summary(root, run_id) is None:
+        return 0
+    record = runs.find_run(root, run_id)
+    recorded = record.benchmark.max_error_share if record and record.benchmark else 0.0
+    allowed = recorded if max_share is None else max_share
+    try:
+        runs.check_error_share(root, run_id, allowed)
+    except runs.TrialsErrored as exc:
+        print(f"querylab {command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
@@ -256,13 +271,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     else:
         rep = report_run(args.run_id, root, args.manifest or None)
     status = print_report(with_run_details(rep, root, args.run_id))
-    allowed = record.benchmark.max_error_share if record and record.benchmark else 0.0
-    try:
-        runs.check_error_share(root, args.run_id, allowed)
-    except runs.TrialsErrored as exc:
-        print(f"querylab rescore: {exc}", file=sys.stderr)
-        status = max(status, 1)
-    return status
+    return max(status, _errored_status(root, args.run_id, None, "rescore"))
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

@@ -36,7 +36,8 @@ def added_later(field: pa.Field) -> pa.Field:
 #: of the dataset the trial ran on; latency in seconds; tokens as reported by the API (0 for
 #: offline agents); ``cached_tokens`` is the part of the prompt tokens the provider served from
 #: its prompt cache; ``cost_usd`` the sum of the trial's ``llm_calls`` costs (0 for offline
-#: agents and response-cache hits). A trial row carries the answer and the terminate reason but
+#: agents and response-cache hits), earlier attempts' paid calls included (tokens likewise;
+#: ``n_llm_calls`` and ``latency_s`` are the last attempt's). A trial row carries the answer and the terminate reason but
 #: **no verdict**: verdicts are written by the score step (:data:`SCORES`). Version 2:
 #: ``is_correct`` moved to ``scores``, ``dataset_version`` added.
 TRIALS = artifact_schema(
@@ -70,6 +71,9 @@ TRIALS = artifact_schema(
 #: ``attempts`` HTTP attempts including infrastructure retries, ``n_tool_calls`` tool calls the
 #: response asked for; ``priced`` false when the model has no price in the models table (its
 #: ``cost_usd`` is then 0, not measured). ``base_url`` never carries credentials.
+#: ``trial_attempt``: which attempt of the trial made the call (0 first; a trial re-run by
+#: ``--retry-errors`` or after an interrupted run keeps the rows of the calls its earlier
+#: attempts sent to the API, so the costs paid stay in the totals; null in older artifacts).
 LLM_CALLS = artifact_schema(
     "llm_calls",
     [
@@ -89,6 +93,7 @@ LLM_CALLS = artifact_schema(
         pa.field("cache_hit", pa.bool_(), nullable=False),
         pa.field("priced", pa.bool_()),
         pa.field("error", pa.string()),
+        added_later(pa.field("trial_attempt", pa.int32())),
     ],
 )
 

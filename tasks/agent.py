@@ -27,6 +27,7 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schemas.models import AgentOptions
@@ -147,6 +148,9 @@ class TrialOutcome:
     cost_usd: float = 0.0
     llm_calls: list[LLMCallRecord] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)
+    #: Called with the model-call records so far after each one is added (the batch journals
+    #: them, so the calls of a trial interrupted by a kill are still counted on resume).
+    on_call: Callable[[list[LLMCallRecord]], None] | None = field(default=None, repr=False)
 
     def add_call(self, rec: LLMCallRecord) -> None:
         """Count one model call (its tokens and cost) in the totals."""
@@ -156,6 +160,8 @@ class TrialOutcome:
         self.completion_tokens += rec.completion_tokens
         self.cached_tokens += rec.cached_tokens
         self.cost_usd += rec.cost_usd
+        if self.on_call is not None:
+            self.on_call(self.llm_calls)
 
 
 def system_prompt(manifest: dict | None = None) -> str:
@@ -342,6 +348,7 @@ def run_react(
     system: str,
     trial: int = 0,
     options: AgentOptions | None = None,
+    on_call: Callable[[list[LLMCallRecord]], None] | None = None,
 ) -> TrialOutcome:
     """ReAct loop: ask the model, run the tool calls it returns in order, feed results back.
 
@@ -358,7 +365,9 @@ def run_react(
     its model calls and transcript so far). Tool errors (bad SQL, malformed JSON arguments,
     unknown tool) go back to the model and the trial continues. Tool-call ids are echoed back
     to the API only as :func:`safe_call_id` makes them (the original is kept in the
-    transcript as ``original_id``).
+    transcript as ``original_id``). ``on_call``: called with the call records so far after
+    each model call (:attr:`TrialOutcome.on_call`); a call whose response arrived before a
+    harness failure is counted too (its cost was paid).
     """
     o = options or chat.options
     start = time.monotonic()
@@ -371,7 +380,7 @@ def run_react(
     transcript = Transcript()
     transcript.add("system", 0, system)
     transcript.add("user", 0, question)
-    result = TrialOutcome(None, "max_iterations", messages=transcript.rows)
+    result = TrialOutcome(None, "max_iterations", messages=transcript.rows, on_call=on_call)
     window = chat.resolved.context_window
     context_tokens, new_chars = 0, len(system) + len(question)
     call_ids: set[str] = set()  # tool-call ids used so far (each echoed back exactly once)
@@ -460,6 +469,10 @@ def run_react(
         else:
             result.error = f"{o.max_iterations} model calls made without an answer"
     except Exception as exc:  # noqa: BLE001 - a harness bug: errored, with what happened so far
+        paid = getattr(chat, "in_flight", None)
+        if paid is not None and all(paid is not c for c in result.llm_calls):
+            paid.error = paid.error or f"{type(exc).__name__} after the response arrived"
+            result.add_call(paid)  # the response arrived (and was paid) before the failure
         stop("error", f"harness error: {type(exc).__name__}: {clean_text(str(exc))[:500]}")
     result.latency_s = time.monotonic() - start
     return result

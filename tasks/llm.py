@@ -407,7 +407,10 @@ class PreflightResult:
     check); ``status``: the HTTP status of the last attempt (None
     without a response); ``tools_accepted``: True when the endpoint accepted a request with
     ``tools``, False when it rejected them, None when unknown (no answer); ``latency_s``:
-    seconds the check took; ``model_id`` / ``base_url``: what was called."""
+    seconds the check took; ``model_id`` / ``base_url``: what was called; ``requests``: HTTP
+    requests the endpoint answered (or timed out on); ``prompt_tokens`` / ``completion_tokens``
+    / ``cost_usd`` (USD, the model's prices) of the answer: the check is a paid call, recorded
+    with the run (:func:`tasks.runs.record_preflight`)."""
 
     agent: str
     model_id: str
@@ -418,6 +421,11 @@ class PreflightResult:
     status: int | None = None
     tools_accepted: bool | None = None
     latency_s: float = 0.0
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    priced: bool = True
 
     def line(self) -> str:
         """``"<agent> at <base url>: <problem>"`` (or ``ok``): the one line the CLI prints."""
@@ -454,7 +462,8 @@ def preflight(
     import httpx
 
     agent = model_label(resolved.name)
-    result = PreflightResult(agent, resolved.model_id, resolved.base_url, ok=False)
+    result = PreflightResult(agent, resolved.model_id, resolved.base_url, ok=False,
+                             priced=resolved.priced)
     sampling = {**resolved.sampling, **(options.sampling() if options else {})}
     body: dict[str, Any] = {
         "model": resolved.model_id,
@@ -478,7 +487,13 @@ def preflight(
             try:
                 resp = client.post("/chat/completions", body=body, cast_to=ChatCompletion,
                                    options={"timeout": timeout})
+                result.requests += 1
+                prompt, cached, completion = usage_counts(getattr(resp, "usage", None))
+                result.prompt_tokens += prompt
+                result.completion_tokens += completion
+                result.cost_usd += resolved.prices.cost_usd(prompt, cached, completion)
             except openai.APITimeoutError:
+                result.requests += 1
                 result.status, result.problem = None, f"no answer within {timeout_s:g} s (timeout)"
                 break
             except openai.APIConnectionError as exc:
@@ -488,6 +503,7 @@ def preflight(
                     continue
                 break
             except openai.APIStatusError as exc:
+                result.requests += 1
                 result.status = exc.status_code
                 msg = exc.message if isinstance(exc.message, str) else str(exc)
                 msg = " ".join(msg.split())[:200]
@@ -885,6 +901,10 @@ class ChatModel:
         self.sleep = sleep
         self.rng = rng or random.Random()
         self.sampling = {**resolved.sampling, **self.options.sampling()}
+        #: The record of a call that reached the API while :meth:`complete` had not returned
+        #: yet (None otherwise): when something raises after the response arrived (the cache
+        #: write, decoding), the caller still counts the paid call (:func:`tasks.agent.run_react`).
+        self.in_flight: LLMCallRecord | None = None
         self.client = openai.OpenAI(
             base_url=resolved.base_url,
             api_key=resolved.api_key,
@@ -937,6 +957,7 @@ class ChatModel:
         Returns ``(response, record)``; raises :class:`LLMCallError` (reason ``api_error``,
         ``context_window`` or ``max_wall_time``) when the call fails for good.
         """
+        self.in_flight = None
         encoded = None
         if tools:
             try:
@@ -956,6 +977,7 @@ class ChatModel:
             choice = resp.choices[0]
             record.finish_reason = choice.finish_reason
             record.n_tool_calls = len(choice.message.tool_calls or [])
+        self.in_flight = None
         return resp, record
 
     def _call(
@@ -1061,6 +1083,7 @@ class ChatModel:
                 self.sleep(wait)
         self._fill(record, resp, cost=True)
         record.latency_s = time.monotonic() - start
+        self.in_flight = record  # paid: kept by the caller even if what follows raises
         if self.cache is not None:
             self.cache.put(
                 key,

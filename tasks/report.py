@@ -276,6 +276,15 @@ def compute_report_tables(
         .to_dicts()
     )
     verdicts = summarise(trials.select("verdict", "terminate_reason"))
+    from tasks.runs import preflight_checks
+
+    checks = preflight_checks(artifacts_root, run_id)
+    paid = {
+        "preflight_requests": sum(c["requests"] for c in checks),
+        "preflight_cost_usd": sum(c["cost_usd"] for c in checks),
+        "trials_cost_usd": float(trials["cost_usd"].sum()) if trials.height else 0.0,
+    }
+    paid["total_cost_usd"] = paid["preflight_cost_usd"] + paid["trials_cost_usd"]
     return {
         "uris": uris,
         "failed": failed,
@@ -297,6 +306,7 @@ def compute_report_tables(
         "unchecked_operations": unchecked_operations(requirements),
         "has_llm_calls": llm_calls is not None,
         "confidence": confidence,
+        "paid": paid,
     }
 
 
@@ -561,7 +571,9 @@ def build_document(
             "calls has an unknown (empty) cost. Latency in seconds and iterations (model calls) "
             "per trial: mean, median (p50) and 95th percentile. `prompt_cache_share` = cached / "
             "prompt tokens (provider prompt cache); `response_cache_hit_share` = model calls "
-            "answered from querylab's response cache (from `llm_calls.parquet`).",
+            "answered from querylab's response cache (from `llm_calls.parquet`). A trial "
+            "re-run (`--retry-errors`, a resumed run) keeps the cost of the calls its earlier "
+            "attempts paid for." + _paid_text(tables.get("paid")),
             [
                 *[
                     Table(name, cost.select("agent", "dataset", *cols), float_precision=4)
@@ -730,6 +742,16 @@ def build_document(
             if isinstance(block, Figure):
                 block.png = pngs[block.name]
     return title, intro, sections
+
+
+def _paid_text(paid: dict | None) -> str:
+    """The Cost section's sentence on what the run paid in all: the trials plus the
+    preflight checks (real requests made before any trial, in no per-trial figure)."""
+    if not paid:
+        return ""
+    return (f" Paid in all: ${paid['total_cost_usd']:.6f} (trials ${paid['trials_cost_usd']:.6f}"
+            f"; {paid['preflight_requests']} preflight request(s) "
+            f"${paid['preflight_cost_usd']:.6f}, not in the per-trial figures).")
 
 
 def _with_errored(tool_use: pl.DataFrame, fm: pl.DataFrame) -> pl.DataFrame:

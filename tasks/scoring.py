@@ -528,17 +528,28 @@ def score_run(
 def summarise(scores: pl.DataFrame) -> dict[str, Any]:
     """Counts of a ``scores`` frame: ``trials``, ``correct``, ``incorrect``, ``errored``,
     ``error_share`` (errored / trials, 0 without trials) and ``errored_by_reason``
-    (terminate reason → count)."""
+    (terminate reason → count); with an ``agent`` column also ``by_agent`` (agent →
+    ``{"trials", "errored", "error_share"}``: the allowed share of errored trials applies to
+    each agent, so an oracle's trials never hide an agent whose every trial errored)."""
     n = scores.height
     count = {v: int((scores["verdict"] == v).sum()) for v in VERDICTS}
     by_reason = {
         r: int(c) for r, c in scores.filter(pl.col("verdict") == "errored")
         .group_by("terminate_reason").len().sort("terminate_reason").iter_rows()
     }
-    return {
+    out: dict[str, Any] = {
         "trials": n, **count, "error_share": (count["errored"] / n) if n else 0.0,
         "errored_by_reason": by_reason,
     }
+    if "agent" in scores.columns:
+        per = scores.group_by("agent").agg(
+            pl.len().alias("trials"), (pl.col("verdict") == "errored").sum().alias("errored"))
+        out["by_agent"] = {
+            r["agent"]: {"trials": int(r["trials"]), "errored": int(r["errored"]),
+                         "error_share": r["errored"] / r["trials"] if r["trials"] else 0.0}
+            for r in per.sort("agent").iter_rows(named=True)
+        }
+    return out
 
 
 def load_scores(artifacts_root: str, run_id: str) -> pl.DataFrame:
