@@ -19,6 +19,10 @@ def print_report(rep: dict) -> int:
     print("\npass@k over scored trials (n = scored, n_errored = errored, left out; mean over "
           "queries per dataset; ALL rows: over all queries / over datasets)")
     print(rep["table"])
+    if rep.get("queries_table"):
+        print("\nqueries behind each pass@k: a query needs k scored trials for pass@k (fewer: "
+              "left out of that mean); `all errored`: no scored trial, in no mean")
+        print(rep["queries_table"])
     if rep.get("per_query_table"):
         print("\npass@1 per query")
         print(rep["per_query_table"])

@@ -47,6 +47,7 @@ from tasks.metrics import (
     cost_table,
     pass_at_1_ci,
     pass_at_k_per_query,
+    pass_at_k_queries,
     pass_at_k_summary,
     pass_at_k_wide,
 )
@@ -543,6 +544,11 @@ def build_document(
             "{1, 2, 3, 5, 10, 20, 50} up to the most scored trials of a query. " + k_note,
             [
                 Table("pass@k", pass_at_k_wide(summary)),
+                Table("Queries behind each pass@k", pass_at_k_queries(summary),
+                      "A query needs at least k scored trials for pass@k; one with fewer (some "
+                      "errored) is left out of that k's mean, and one whose every trial "
+                      "errored (`all errored`) is in no mean. `pass@k over`: the queries each "
+                      "mean is over."),
                 Table("pass^k (all k trials correct)", pass_at_k_wide(summary, "pass_hat_k")),
                 Figure(
                     "pass@k curves",
@@ -820,6 +826,13 @@ def render_report(run_id: str, artifacts_root: str, tables: dict) -> dict:
     )
     viewer_uri = write_viewer(run_id, artifacts_root, tables.get("manifests"))
     wide = next(b for b in sections[0].blocks if isinstance(b, Table)).frame
+    behind = next(b for b in sections[0].blocks if isinstance(b, Table)
+                  and b.title == "Queries behind each pass@k").frame
+    over = [c for c in behind.columns if c.endswith(" over")]
+    left_out = behind.height > 0 and behind.select(
+        pl.any_horizontal([pl.col("all errored") > 0,
+                           *[pl.col(c) < pl.col("queries") - pl.col("all errored")
+                             for c in over]]).any()).item()
     keys = publish_prefect_artifacts(
         run_id,
         md.replace("](plots/", f"]({report_uri(artifacts_root, run_id, 'plots')}/"),
@@ -831,6 +844,7 @@ def render_report(run_id: str, artifacts_root: str, tables: dict) -> dict:
         "viewer": viewer_uri,
         "plots": plot_uris,
         "table": markdown_table(wide),
+        "queries_table": markdown_table(behind) if left_out else None,
         "prefect_artifacts": keys,
     }
 

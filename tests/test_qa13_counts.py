@@ -197,3 +197,57 @@ def test_a_trial_interrupted_mid_way_keeps_its_paid_calls_on_resume(tmp_path, mo
     assert calls["cost_usd"].sum() == pytest.approx(3 * UNIT)
     assert out["trials"][0]["cost_usd"] == pytest.approx(3 * UNIT)
     assert out["trials"][0]["terminate_reason"] == "return_answer"
+
+
+# -- M5: pass@k says how many queries each mean is over -----------------------------------------
+
+
+def test_pass_at_k_counts_the_queries_left_out(tmp_path, model, stocks_uri, capsys):
+    """Two trials per query: one query loses one trial to a 500 (too few for pass@2), one
+    loses both (no scored trial), one has both. pass@2 is over one query and the table says
+    so; the all-errored query is counted, not dropped from ALL."""
+    from querylab.cmd_report import print_report, with_run_details
+    from tests.test_qa13 import run_batch
+
+    fail = {"apple_2005_volatility": {1}, "best_it_return_2010": {0, 1}}  # trial indices
+    ids = ["apple_2005_volatility", "best_it_return_2010", "nasdaq_top_volume_2012"]
+    questions = {q["question"]: q["id"] for q in
+                 json.loads(storage.read_bytes(stocks_uri))["queries"] if q["id"] in ids}
+    seen: dict[str, int] = {}  # query id → conversations started
+
+    def responder(body, index):
+        if is_preflight(body):
+            return message("OK")
+        prompt = body["messages"][1]["content"]  # the question inside the user prompt
+        qid = next(v for k, v in questions.items() if k in prompt)
+        if len(body["messages"]) == 2:
+            seen[qid] = seen.get(qid, -1) + 1
+        if seen[qid] in fail.get(qid, ()):
+            return error(500, "scripted outage")
+        return tool_calls(("return_answer", {"answer": "Facebook"}))
+
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(responder) as srv:
+        run_batch(root, "few", stocks_uri, model(srv), [[q, t] for q in ids for t in (0, 1)],
+                  options={"max_retries": 0})
+    scores = pl.read_parquet(storage.join(root, "runs", "few", "score", "scores.parquet"))
+    assert (scores["verdict"] == "errored").sum() == 3
+    summary = pl.read_parquet(storage.join(root, "runs", "few", "report",
+                                           "pass_at_k_summary.parquet"))
+    overall = {r["k"]: r for r in summary.filter(pl.col("dataset") == "ALL (queries)")
+               .iter_rows(named=True)}
+    assert (overall[1]["queries"], overall[1]["queries_short"],
+            overall[1]["queries_errored"]) == (2, 0, 1)
+    assert (overall[2]["queries"], overall[2]["queries_short"],
+            overall[2]["queries_errored"]) == (1, 1, 1)
+    assert overall[1]["n_errored"] == 3
+    md = (tmp_path / "art" / "runs" / "few" / "report" / "report.md").read_text()
+    assert "### Queries behind each pass@k" in md
+    assert "| queries | all errored | pass@1 over | pass@2 over |" in md
+    from tasks.report import report_run
+
+    rep = report_run("few", root)
+    print_report(with_run_details(rep, root, "few"))
+    printed = capsys.readouterr().out
+    assert "queries behind each pass@k" in printed and "pass@2 over" in printed
+
