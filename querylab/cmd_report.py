@@ -42,8 +42,10 @@ def print_report(rep: dict) -> int:
         reasons = ", ".join(f"{r} {n}" for r, n in (rep.get("errored") or {}).get("by_reason", {}).items())
         print(f"\nErrored trials: {counts['errored']} of {counts['trials']} ({reasons}); no "
               "verdict, left out of every score.")
-        for agent, error in (rep.get("errors") or {}).items():
-            print(f"  {agent}: e.g. {error}")
+        from tasks.safe_text import terminal_text
+
+        for agent, error in (rep.get("errors") or {}).items():  # endpoint text: no escapes
+            print(f"  {agent}: e.g. {terminal_text(error, 300)}")
     if counts.get("flagged"):
         print(f"\nTrace audit: {counts['flagged']} trial(s) flagged (see the report and viewer).")
     for note in rep.get("notes", []):

@@ -57,6 +57,7 @@ from pydantic import ValidationError
 
 from schemas.models import AgentOptions, ModelConfig, ModelsConfig, Prices, check_base_url
 from tasks import storage, tool_protocol
+from tasks.safe_text import terminal_text
 
 log = logging.getLogger(__name__)
 
@@ -437,7 +438,7 @@ def _cause(exc: BaseException) -> str:
     while exc.__cause__ is not None or exc.__context__ is not None:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:200]
+    return terminal_text(text.splitlines()[0], 200)
 
 
 def preflight(
@@ -506,7 +507,7 @@ def preflight(
                 result.requests += 1
                 result.status = exc.status_code
                 msg = exc.message if isinstance(exc.message, str) else str(exc)
-                msg = " ".join(msg.split())[:200]
+                msg = terminal_text(msg, 200)
                 code = str(getattr(exc, "code", "") or "")
                 if exc.status_code in (401, 403):
                     result.problem = f"the API key was refused (HTTP {exc.status_code}): {msg}"
@@ -719,19 +720,20 @@ def classify_error(exc: Exception) -> tuple[bool, float | None, str]:
     """``(retryable, retry_after_s, message)`` for an exception from the openai client.
 
     Retryable: HTTP 408/429/5xx, timeouts, connection errors. The message never includes
-    request headers (so never the key).
+    request headers (so never the key), nor escape sequences or control characters
+    (:func:`tasks.safe_text.terminal_text`: it is printed and logged).
     """
     if isinstance(exc, openai.APITimeoutError):
         return True, None, "request timed out"
     if isinstance(exc, openai.APIConnectionError):
-        return True, None, f"connection error: {exc}"
+        return True, None, f"connection error: {terminal_text(exc, 300)}"
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         retryable = status in (408, 429) or status >= 500
         ra = retry_after_s(exc.response.headers) if exc.response is not None else None
         msg = exc.message if isinstance(exc.message, str) else str(exc)
-        return retryable, ra, f"HTTP {status}: {msg[:300]}"
-    return False, None, f"{type(exc).__name__}: {str(exc)[:300]}"
+        return retryable, ra, f"HTTP {status}: {terminal_text(msg, 300)}"
+    return False, None, f"{type(exc).__name__}: {terminal_text(exc, 300)}"
 
 
 def _is_context_overflow(exc: Exception) -> bool:

@@ -6,6 +6,7 @@ real HTTP against the scripted OpenAI-compatible server. The reports are
 from __future__ import annotations
 
 import json
+import re
 
 import polars as pl
 import pytest
@@ -251,3 +252,51 @@ def test_pass_at_k_counts_the_queries_left_out(tmp_path, model, stocks_uri, caps
     printed = capsys.readouterr().out
     assert "queries behind each pass@k" in printed and "pass@2 over" in printed
 
+
+
+# -- Minor 1, 2: endpoint and model text cannot drive the terminal or the report ---------------
+
+ANSI = "\x1b[2K\x1b[1A\r\x1b]0;owned\x07\x9b2Jgone\x08\x08"
+HOSTILE_ANSWER = "<img src=x onerror=alert(1)> <script>alert(2)</script> [x](javascript:alert(3))"
+
+
+def test_endpoint_escapes_are_stripped_and_model_markup_is_escaped(tmp_path, model, stocks_uri,
+                                                                   capsys):
+    """A 500 whose message is ANSI/control codes (they could erase the "Errored trials" lines)
+    reaches the terminal as plain text; a wrong answer made of HTML and a javascript: link is
+    text in report.md, not markup."""
+    from querylab.cmd_report import print_report, with_run_details
+    from tasks.llm import ResolvedModel  # noqa: F401 - the preflight below uses the table model
+    from tasks.llm import preflight, resolve_model
+    from tests.test_qa13 import run_batch
+
+    def responder(body, index):
+        if is_preflight(body):
+            return error(401, f"bad key {ANSI}")
+        prompt = body["messages"][1]["content"]
+        if "2012" in prompt and "NASDAQ" in prompt:
+            return error(500, f"upstream {ANSI} failed")
+        return tool_calls(("return_answer", {"answer": HOSTILE_ANSWER}))
+
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(responder) as srv:
+        agent = model(srv)
+        out = run_batch(root, "esc", stocks_uri, agent,
+                        [["nasdaq_top_volume_2012", 0], ["apple_2005_volatility", 0]],
+                        options={"max_retries": 0})
+        check = preflight(resolve_model(agent.removeprefix("openai:")))
+    trial = out["trials"]
+    errored = [t for t in trial.values() if t["terminate_reason"] == "api_error"]
+    assert errored and "\x1b" not in errored[0]["error"] and "upstream" in errored[0]["error"]
+    assert not check.ok and "\x1b" not in check.problem and "\x07" not in check.problem
+    from tasks.report import report_run
+
+    print_report(with_run_details(report_run("esc", root), root, "esc"))
+    printed = capsys.readouterr().out
+    assert "Errored trials" in printed and "upstream" in printed
+    assert not any(c in printed for c in "\x1b\x07\x08\x9b\r")
+    md = (tmp_path / "art" / "runs" / "esc" / "report" / "report.md").read_text()
+    assert "onerror" in md  # the answer is shown ...
+    assert "<img" not in md and "<script" not in md  # as text: no HTML, no link
+    assert not re.search(r"(?<!\\)\]\(javascript:", md)
+    assert "&lt;img src=x onerror=alert(1)&gt;" in md and "\\[x\\](javascript:alert(3))" in md
