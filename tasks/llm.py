@@ -648,15 +648,20 @@ def cache_key(
 
 
 class ResponseCache:
-    """Content-addressed model responses under ``<artifacts_root>/cache/llm``.
+    """Content-addressed model responses under ``<artifacts_root>/cache/<namespace>``.
 
-    ``mode``: ``on`` (read + write), ``refresh`` (write only), ``off``. Entries are JSON
+    ``mode``: ``on`` (read + write), ``refresh`` (write only), ``off``. ``namespace``: ``llm``
+    (agents, default) or :data:`JUDGE_CACHE` for judges, whose prompts and answers discuss
+    ground truth and must never sit beside agent responses. Entries are JSON
     ``{"response": <ChatCompletion JSON>, "cost_usd": <cost when first paid>, "model",
     "base_url", "trial"}``, written atomically; an unreadable entry counts as a miss.
+    ValueError for a namespace that is not a plain lower-case name.
     """
 
-    def __init__(self, artifacts_root: str, mode: str = "on"):
-        self.root = storage.join(artifacts_root, "cache", "llm")
+    def __init__(self, artifacts_root: str, mode: str = "on", namespace: str = "llm"):
+        if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", namespace):
+            raise ValueError(f"response cache namespace {namespace!r}: use a lower-case name")
+        self.root = storage.join(artifacts_root, "cache", namespace)
         self.mode = mode
 
     def uri(self, key: str) -> str:
@@ -689,6 +694,10 @@ class ResponseCache:
 # --------------------------------------------------------------------------------------------
 # Retries
 # --------------------------------------------------------------------------------------------
+
+
+#: The response-cache namespace of LLM judges (failure-mode and SQL-equivalence judges).
+JUDGE_CACHE = "judge"
 
 
 def retry_after_s(headers: Any) -> float | None:

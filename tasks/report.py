@@ -329,7 +329,8 @@ def judge_failure_modes(
     ``QUERYLAB_MODELS``, else ``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY``);
     ``base_url`` / ``api_key`` given here replace the resolved endpoint / key (the key is never
     written). Calls use temperature 0, the shared infra-only retries (3) and the response cache
-    under ``<artifacts_root>/cache/llm``. Raises AgentConfigError (a ValueError) when the model
+    under ``<artifacts_root>/cache/judge`` (the judge sees ground truth: never beside agent
+    responses). Raises AgentConfigError (a ValueError) when the model
     has no endpoint. Needs ``report/failure_labels.parquet`` (run
     :func:`compute_report_tables` first).
     """
@@ -337,7 +338,7 @@ def judge_failure_modes(
 
     from schemas.models import AgentOptions, check_base_url
     from tasks.failure_judge import judge_failures
-    from tasks.llm import AgentConfigError, ChatModel, ResponseCache, resolve_model
+    from tasks.llm import JUDGE_CACHE, AgentConfigError, ChatModel, ResponseCache, resolve_model
 
     name = model.removeprefix("openai:")
     env = dict(os.environ)
@@ -356,7 +357,7 @@ def judge_failure_modes(
     chat = ChatModel(
         resolved,
         AgentOptions(temperature=0, max_retries=3, request_timeout_s=120.0),
-        ResponseCache(artifacts_root),
+        ResponseCache(artifacts_root, namespace=JUDGE_CACHE),  # never beside agent responses
     )
     labels = pl.from_arrow(
         storage.read_parquet(

@@ -300,3 +300,28 @@ def test_endpoint_escapes_are_stripped_and_model_markup_is_escaped(tmp_path, mod
     assert "<img" not in md and "<script" not in md  # as text: no HTML, no link
     assert not re.search(r"(?<!\\)\]\(javascript:", md)
     assert "&lt;img src=x onerror=alert(1)&gt;" in md and "\\[x\\](javascript:alert(3))" in md
+
+
+# -- Minor 4: judge responses are cached apart from agent responses -----------------------------
+
+
+def test_judge_responses_are_cached_in_their_own_namespace(tmp_path, capsys, monkeypatch):
+    """`querylab report --judge-model`: the judge's prompts show the ground truth, so its
+    responses go to cache/judge, never to cache/llm where agent responses are looked up."""
+    from pathlib import Path
+
+    from querylab.cli import main
+    from tests.test_report import write_run
+
+    root = str(tmp_path / "art")
+    write_run(root, run_id="judged")
+    verdict = message('{"failure_mode": "FM2", "rationale": "plan"}')
+    with ScriptedOpenAIServer(lambda body, index: verdict) as srv:
+        monkeypatch.setenv("QUERYLAB_OPENAI_BASE_URL", srv.base_url)
+        monkeypatch.setenv("QUERYLAB_OPENAI_API_KEY", "test-key")
+        assert main(["report", "--run-id", "judged", "--artifacts", root, "--judge-model",
+                     "openai:judge", "--judge-limit", "2"]) == 0
+        assert srv.request_count == 2
+    capsys.readouterr()
+    assert len(list(Path(root, "cache", "judge").rglob("*.json"))) == 2
+    assert not list(Path(root, "cache", "llm").rglob("*.json"))
