@@ -18,6 +18,55 @@ import traceback
 from querylab import UsageError, run_id_or_new
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line: ``querylab <command>: <problem>``
+    with a did-you-mean for a mistyped option or choice (:mod:`difflib`) and where to find
+    the options, exit status 2 — not the usage block. Sub-command parsers are of this class
+    too (``add_subparsers`` makes them so); an unknown option after a sub-command is
+    reported by that sub-command."""
+
+    def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse's contract
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            sub = self._chosen(parsed)
+            (sub or self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+    def _chosen(self, parsed) -> argparse.ArgumentParser | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(parsed, action.dest, None) or "")
+        return None
+
+    def _options(self) -> list[str]:
+        return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+
+    def error(self, message: str):
+        """Print ``<prog>: <message>`` (plus a suggestion) as one line and exit 2."""
+        import difflib
+        import re
+
+        hint = ""
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)",
+                          message)
+        if unknown:
+            for token in unknown.group(1).split():
+                if token.startswith("--"):
+                    near = difflib.get_close_matches(token.split("=")[0], self._options(), 1, 0.6)
+                    if near:
+                        hint = f"; did you mean {near[0]}?"
+                        break
+        elif choice:
+            options = re.findall(r"'([^']*)'", choice.group(3)) or [
+                o.strip() for o in choice.group(3).split(",")]
+            near = difflib.get_close_matches(choice.group(2), options, 1, 0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+        print(f"{self.prog}: {message}{hint} (`{self.prog} --help` lists the options)",
+              file=sys.stderr)
+        sys.exit(2)
+
+
 def _prefect_defaults() -> None:
     """Offline-friendly Prefect defaults (an explicit environment always wins)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -53,10 +102,15 @@ def check_datasets(names: list[str] | None) -> list[str]:
     Needs no Prefect."""
     from tasks.catalogue import dataset_names
 
+    import difflib
+
     known = dataset_names()
     unknown = [n for n in names or [] if n not in known]
     if unknown:
-        raise UsageError(f"unknown dataset(s) {unknown}; have {sorted(known)}")
+        near = difflib.get_close_matches(unknown[0], list(known), 1, 0.6)
+        raise UsageError(f"unknown dataset(s) {unknown}"
+                         + (f" (did you mean {near[0]!r}?)" if near else "")
+                         + f"; have {sorted(known)}")
     return list(names or [])
 
 
@@ -304,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd_text2sql,
     )
 
-    p = argparse.ArgumentParser(prog="querylab", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="querylab", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true",
                    help="show tracebacks (and Prefect's) instead of one-line errors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -361,7 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args([a for a in argv if a != "--debug"])
     args.debug = debug
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # inside the try: a closed pipe (`querylab runs | head`) is quiet
+        return status
+    except BrokenPipeError:  # the reader went away: stop quietly, as `cat | head` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 141
     except KeyboardInterrupt:
         print(f"querylab {args.command}: interrupted", file=sys.stderr)
         return 130

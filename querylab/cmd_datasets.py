@@ -309,15 +309,20 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """Build and load the named datasets; prints each manifest URI."""
+    """Build and load the named datasets; prints each manifest URI. An unknown name is one
+    line (``querylab datasets build: ...``, with a did-you-mean) before Prefect is imported."""
+    from querylab import UsageError
+    from querylab.cli import check_datasets
+
+    try:
+        check_datasets(args.names)
+    except UsageError as exc:
+        print(f"querylab datasets build: {exc}", file=sys.stderr)
+        return 2
     from flows.datasets import dataset_flows
     from tasks.spec import SpecError
 
     flows = dataset_flows()
-    unknown = [n for n in args.names if n not in flows]
-    if unknown:
-        print(f"unknown datasets {unknown}; have {list(flows)}", file=sys.stderr)
-        return 2
     for name in args.names:
         try:
             print(flows[name](artifacts_root=args.artifacts, source_dir=args.source_dir))

@@ -49,7 +49,10 @@ def print_report(rep: dict) -> int:
     if counts.get("flagged"):
         print(f"\nTrace audit: {counts['flagged']} trial(s) flagged (see the report and viewer).")
     for note in rep.get("notes", []):
-        print(f"note: {note}")
+        if note.startswith("Warning: "):  # e.g. every call answered from an earlier run's cache
+            print(f"warning: {note.removeprefix('Warning: ')}", file=sys.stderr)
+        else:
+            print(f"note: {note}")
     print(f"\nreport:    {rep['markdown']}")
     if rep.get("html"):
         print(f"html:      {rep['html']}")

@@ -134,6 +134,25 @@ def load_llm_calls(artifacts_root: str, run_id: str) -> pl.DataFrame | None:
     return pl.from_arrow(storage.read_parquet(uri, artifacts.LLM_CALLS))
 
 
+def replayed_from_cache(llm_calls: pl.DataFrame, trials: pl.DataFrame) -> list[str]:
+    """A warning (report note starting ``Warning:``) for each agent whose every model call in
+    the run was answered from the response cache: it sent no request, so its trials repeat
+    the samples (and $0 cost) of an earlier run with the same model, endpoint, prompts and
+    trial indices — not new measurements. Calls re-answered within the run after a retry do
+    not count (the run paid for them first)."""
+    calls = llm_calls.join(trials.select("trial_key", "agent"), on="trial_key", how="inner")
+    out = []
+    for r in calls.group_by("agent").agg(pl.len().alias("n"), pl.col("cache_hit").all()
+                                         .alias("all_hits")).sort("agent").iter_rows(named=True):
+        if r["all_hits"] and r["n"]:
+            out.append(
+                f"Warning: {r['agent']} made no request to its endpoint: all {r['n']} model "
+                "calls were answered from the response cache, recorded by an earlier run with "
+                "the same model, endpoint, prompts and trial indices. Its trials repeat that "
+                "run's samples at $0; for new samples run with `--cache refresh` (or `off`).")
+    return out
+
+
 def resolve_manifests(
     artifacts_root: str,
     run_id: str,
@@ -229,6 +248,8 @@ def compute_report_tables(
             "The run has no `llm_calls.parquet` (offline agents or no per-call accounting): "
             "`llm_calls`, `response_cache_hit_share` and `retries` are empty."
         )
+    else:
+        notes += replayed_from_cache(llm_calls, trials)
     if load_messages(artifacts_root, run_id) is None:
         notes.append("The run has no `messages.parquet`: the viewer shows no transcripts and "
                      "the trace audit checked tool-call arguments only.")

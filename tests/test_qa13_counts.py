@@ -325,3 +325,85 @@ def test_judge_responses_are_cached_in_their_own_namespace(tmp_path, capsys, mon
     capsys.readouterr()
     assert len(list(Path(root, "cache", "judge").rglob("*.json"))) == 2
     assert not list(Path(root, "cache", "llm").rglob("*.json"))
+
+
+# -- Minor 5: a run answered wholly from an earlier run's cache says so --------------------------
+
+
+def test_a_new_run_answered_from_the_cache_is_warned_about(tmp_path, model, stocks_uri, capsys):
+    """The same agent, endpoint and trial indices under a new run id make no request at all:
+    the report and the terminal warn that the samples repeat the earlier run's; a retry inside
+    one run (first paid, then a cache hit) is not warned about."""
+    from querylab.cmd_report import print_report, with_run_details
+    from tasks.report import report_run
+    from tests.test_qa13 import run_batch
+
+    root = str(tmp_path / "art")
+    items = [["nasdaq_top_volume_2012", 0]]
+    with ScriptedOpenAIServer(lambda body, index: tool_calls(
+            ("return_answer", {"answer": "Facebook"}))) as srv:
+        agent = model(srv)
+        run_batch(root, "first", stocks_uri, agent, items)
+        first = report_run("first", root)
+        run_batch(root, "second", stocks_uri, agent, items)
+        requests = srv.trial_request_count
+    assert requests == 1  # the second run sent nothing
+    assert not any(n.startswith("Warning:") for n in first["notes"])
+    second = report_run("second", root)
+    warned = [n for n in second["notes"] if n.startswith("Warning:")]
+    assert len(warned) == 1 and f"{agent} made no request" in warned[0]
+    md = (tmp_path / "art" / "runs" / "second" / "report" / "report.md").read_text()
+    assert "made no request to its endpoint" in md
+    capsys.readouterr()
+    print_report(with_run_details(second, root, "second"))
+    assert "warning: " + agent + " made no request" in capsys.readouterr().err
+
+
+# -- Medium 4 and the CLI: a typo is one line; a closed pipe is quiet ----------------------------
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "--agnet", "oracle"], "querylab run: unrecognized arguments: --agnet oracle; "
+                                   "did you mean --agent?"),
+    (["run", "--hints", "of"], "did you mean 'off'?"),
+    (["stauts", "--run-id", "x"], "did you mean 'status'?"),
+    (["rerun"], "querylab rerun: the following arguments are required: --run-id"),
+])
+def test_option_typos_are_one_line_with_a_suggestion(argv, expected, capsys):
+    from querylab.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and expected in err
+    assert len(err.strip().splitlines()) == 1 and "usage:" not in err
+
+
+def test_runs_into_a_closed_pipe_is_quiet(tmp_path):
+    """`querylab runs | head`: the reader is gone before querylab writes; no traceback."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from querylab.cli import main; sys.exit(main())",
+         "runs", "--artifacts", str(tmp_path / "none")],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # as `head` does once it has what it wants
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+    assert proc.returncode in (0, 141)
+
+
+def test_datasets_build_typo_is_one_line_before_prefect(capsys):
+    import sys
+
+    from querylab.cli import main
+
+    before = "prefect" in sys.modules
+    assert main(["datasets", "build", "stoks"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("querylab datasets build: unknown dataset(s) ['stoks'] (did you mean "
+                          "'stocks'?)") and len(err.strip().splitlines()) == 1
+    assert before or "flows.datasets" not in sys.modules
