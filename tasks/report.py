@@ -604,7 +604,8 @@ def build_document(
             "attempts paid for." + _paid_text(tables.get("paid")),
             [
                 *[
-                    Table(name, cost.select("agent", "dataset", *cols), float_precision=4)
+                    Table(name, cost.select("agent", "dataset", *cols),
+                          float_precision=6 if name.startswith("Cost") else 4)
                     for name, cols in COST_VIEWS.items()
                 ],
                 Figure(
@@ -718,7 +719,7 @@ def build_document(
                     pl.col("evidence").map_elements(_clip, return_dtype=pl.String))
         )
         flagged, note = _capped(flagged, audit_uri(artifacts_root, run_id))
-        counts = audit.group_by("check").len().sort("check")
+        counts = audit.group_by("check").len(name="findings").sort("check")
         sections.append(Section(
             "Trace audit",
             f"{audit['trial_key'].n_unique()} trial(s) flagged at score time (checks: "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -407,3 +408,39 @@ def test_datasets_build_typo_is_one_line_before_prefect(capsys):
     assert err.startswith("querylab datasets build: unknown dataset(s) ['stoks'] (did you mean "
                           "'stocks'?)") and len(err.strip().splitlines()) == 1
     assert before or "flows.datasets" not in sys.modules
+
+
+# -- Low (viewer): sizes and requests as they were -----------------------------------------------
+
+
+def test_viewer_says_how_many_requests_and_whether_a_result_was_cut(tmp_path, model, stocks_uri):
+    """In headless Chromium: an errored trial whose one model call took 3 HTTP attempts says
+    so; a tool result shown whole is not called "shown of a" smaller result."""
+    from querylab.cli import main
+    from tests.test_honest_scores import _dom
+    from tests.test_qa13 import run_batch
+
+    def responder(body, index):
+        prompt = body["messages"][1]["content"]
+        if "2012" in prompt and "NASDAQ" in prompt:
+            return error(500, "scripted outage")
+        n = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        if n == 0:
+            return tool_calls(("list_db", {}))
+        return tool_calls(("return_answer", {"answer": "Apple"}))
+
+    root = str(tmp_path / "art")
+    with ScriptedOpenAIServer(responder) as srv:
+        agent = model(srv)
+        run_batch(root, "view", stocks_uri, agent,
+                  [["nasdaq_top_volume_2012", 0], ["apple_2005_volatility", 0]],
+                  options={"max_retries": 2, "retry_base_delay_s": 0.01})
+    assert main(["view", "--run-id", "view", "--artifacts", root]) == 0
+    viewer = Path(root, "runs", "view", "report", "viewer.html")
+    errored = f"{agent}|stocks|nasdaq_top_volume_2012|0"
+    pane = _dom(viewer, tmp_path, f"trial={errored}")
+    pane = pane[pane.index('id="detail"'):pane.index("<script")]  # the rendered page only
+    assert "1 model call (3 HTTP requests" in pane
+    ok = _dom(viewer, tmp_path, f"trial={agent}|stocks|apple_2005_volatility|0")
+    ok = ok[ok.index('id="detail"'):ok.index("<script")]
+    assert "the whole result" in ok and "-character result" not in ok
