@@ -444,3 +444,37 @@ def test_viewer_says_how_many_requests_and_whether_a_result_was_cut(tmp_path, mo
     ok = _dom(viewer, tmp_path, f"trial={agent}|stocks|apple_2005_volatility|0")
     ok = ok[ok.index('id="detail"'):ok.index("<script")]
     assert "the whole result" in ok and "-character result" not in ok
+
+
+# -- text2sql: model SQL is validated as the read-only role, and only ever planned ---------------
+
+
+def test_text2sql_validation_runs_as_the_read_only_role(pg_server_url, monkeypatch, tmp_path):
+    """The model's SQL goes to EXPLAIN as the TPC-DS database's `<db>_ro` role: `ANALYZE
+    SELECT CAST(pg_read_file(...) AS int)` (EXPLAIN ANALYZE would run it as the superuser and
+    the cast error would show the file) is refused before PostgreSQL sees it, a plain call of
+    pg_read_file is denied, and a real query still validates."""
+    from schemas.settings import Settings
+    from tasks.text2sql import PostgresValidator, generate_with_validation, tpcds_validator_dsn
+    from tests.test_text2sql import VALID, _generator, price_model
+
+    leak = "ANALYZE SELECT CAST(pg_read_file('/etc/os-release') AS int)"
+    script = [message(f"```sql\n{leak}\n```"),
+              message("```sql\nSELECT CAST(pg_read_file('/etc/os-release') AS int)\n```"),
+              message(VALID)]
+    with PostgresValidator(tpcds_validator_dsn(Settings.from_env())) as validator:
+        user, superuser = validator._conn.execute(
+            "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
+        ).fetchone()
+        assert user.endswith("_ro") and superuser is False
+        with ScriptedOpenAIServer(script) as srv:
+            price_model(monkeypatch, tmp_path, srv.base_url)
+            gen = _generator(srv)
+            rows = generate_with_validation(gen, "3", "the prompt", validator.validate, 3)
+            retries = [r["messages"][-1]["content"] for r in srv.requests[1:]]
+            gen.close()
+    assert [r["valid"] for r in rows] == [False, False, True]
+    assert rows[0]["error"].startswith("not a query: it starts with 'ANALYZE'")
+    assert "permission denied for function pg_read_file" in rows[1]["error"]
+    assert not any("PRETTY_NAME" in (r["error"] or "") for r in rows)
+    assert not any("PRETTY_NAME" in text for text in retries)  # nothing of the file reached it
