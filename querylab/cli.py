@@ -237,7 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from schemas.settings import Settings
     from tasks.catalogue import default_datasets
     from tasks.llm import local_entry
-    from tasks.runs import record_preflight, run_lease, valid_run_id
+    from tasks.runs import run_lease, valid_run_id
     from tasks.trials import parse_agent
 
     started = time.monotonic()
@@ -261,11 +261,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_specs(names, args.query)
     options = cmd_agents.agent_options_from_args(args)
     check_agents_now(agents, options, "run")
-    checks = run_preflight(agents, options, "run")
 
     hints = list(dict.fromkeys(args.hints or ["off"]))
     with run_lease(root, run_id):  # refuses at once (LeaseHeld) when another process runs it
-        record_preflight(root, run_id, checks)
+        # under the lease: a refused run pays nothing; the checks are recorded (paid requests)
+        run_preflight(agents, options, "run", (root, run_id))
         print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
               f"hints {'/'.join(hints)}, artifacts in {root}")
         return _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started)

@@ -879,8 +879,22 @@ _SQLITE_ALLOWED_ACTIONS = frozenset({
 SQLITE_MAX_LENGTH = 64 << 20
 
 
-def _sqlite_authorizer(action: int, *_args: Any) -> int:
-    return sqlite3.SQLITE_OK if action in _SQLITE_ALLOWED_ACTIONS else sqlite3.SQLITE_DENY
+#: SQL functions an SQLite query may not call even though reads are allowed: ``fts3_tokenizer``
+#: leaks a pointer and (two arguments) overwrites a tokenizer in the shared query worker;
+#: the others touch files or load code when an extension provides them.
+_SQLITE_DENIED_FUNCTIONS = frozenset({
+    "fts3_tokenizer", "load_extension", "readfile", "writefile", "edit", "fsdir", "zipfile",
+})
+
+
+def _sqlite_authorizer(action: int, arg1: Any = None, arg2: Any = None, *_args: Any) -> int:
+    """SQLite authorizer for untrusted SQL: reads, read-only functions and recursive CTEs
+    only (``SQLITE_DENY`` for everything else, and for :data:`_SQLITE_DENIED_FUNCTIONS`)."""
+    if action not in _SQLITE_ALLOWED_ACTIONS:
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_FUNCTION and str(arg2 or "").lower() in _SQLITE_DENIED_FUNCTIONS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
 
 
 def _sqlite_connect(path: pathlib.Path, name: str) -> sqlite3.Connection:

@@ -1107,19 +1107,47 @@ class _Session:
         _kill_cells(self, None)
 
 
+def _empty_dir(top: int) -> None:
+    """Remove everything inside the directory open as ``top``, never following a symlink.
+    No recursion and two descriptors at a time, however deep a cell's tree: each directory's
+    subdirectories are first moved up into ``top``, then its files unlinked and it removed."""
+    moved = 0
+    while True:
+        with os.scandir(top) as it:
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        if not entries:
+            return
+        for name, is_dir in entries:
+            if not is_dir:
+                os.unlink(name, dir_fd=top)
+                continue
+            fd = os.open(name, _NOFOLLOW_DIR, dir_fd=top)
+            try:
+                with os.scandir(fd) as it:
+                    inner = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+                for iname, idir in inner:
+                    if not idir:
+                        os.unlink(iname, dir_fd=fd)
+                        continue
+                    while True:  # a free name in top (a cell may have made ".wiped-N" too)
+                        moved += 1
+                        try:
+                            os.rename(iname, f".wiped-{moved}", src_dir_fd=fd, dst_dir_fd=top)
+                            break
+                        except OSError as exc:
+                            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
+                                raise
+            finally:
+                os.close(fd)
+            os.rmdir(name, dir_fd=top)
+
+
 def _wipe(path: str, mode: int, owner: tuple[int, int] | None) -> None:
     """Empty the directory ``path`` (never following a symlink) and reset its own mode,
     owner, extended attributes and times."""
     top = os.open(path, _NOFOLLOW_DIR)
     try:
-        for _, dirs, files, rfd in os.fwalk(dir_fd=top, topdown=False):
-            for f in files:
-                os.unlink(f, dir_fd=rfd)
-            for d in dirs:
-                try:
-                    os.rmdir(d, dir_fd=rfd)
-                except NotADirectoryError:  # a symlink to a directory
-                    os.unlink(d, dir_fd=rfd)
+        _empty_dir(top)
         os.fchmod(top, mode)
         if owner:
             os.fchown(top, *owner)
@@ -1534,8 +1562,12 @@ def _exec_cell(s: _Session, req: dict, audit_fd: int) -> int:
             entries = []
         for f in entries:
             if f.startswith("var_") and f.endswith(".json") and f[:-5].isidentifier():
-                with open(os.path.join(vars_dir, f)) as fh:
-                    g[f[:-5]] = json.load(fh)
+                try:
+                    with open(os.path.join(vars_dir, f)) as fh:
+                        g[f[:-5]] = json.load(fh)
+                except (OSError, ValueError, RecursionError) as exc:  # a cell wrote it: skip it
+                    print(f"warning: vars/{f} not loaded ({type(exc).__name__}: "
+                          f"{str(exc)[:120]})", file=sys.stderr)
         code = compile(req["code"], f"{name}.py", "exec")
         _install_audit_hook(audit_fd, s.home)  # the last thing before the agent's code
         exec(code, g)

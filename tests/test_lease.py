@@ -135,6 +135,28 @@ def test_cli_run_and_rerun_refuse_in_one_line(tmp_path):
         _stop(child)
 
 
+def test_a_refused_run_pays_for_no_request(tmp_path):
+    """The preflight request of an LLM agent is sent under the lease: a second ``run`` of a
+    held run id is refused before it calls the endpoint (QA12 minor 4)."""
+    from tests.fakes.openai_server import ScriptedOpenAIServer, message
+
+    root = str(tmp_path / "art")
+    child = _hold(root, "busy2")
+    try:
+        with ScriptedOpenAIServer([message("ok")] * 5) as srv:
+            proc = subprocess.run(
+                [sys.executable, "-m", "querylab.cli", "run", "--run-id", "busy2", "--dataset",
+                 "stocks", "--artifacts", root, "--agent", f"openai:scripted-model@{srv.base_url}",
+                 "--unsafe-sandbox"],
+                cwd=ROOT, capture_output=True, text=True, timeout=120,
+                env={**os.environ, "OPENAI_API_KEY": "sk-test"})
+            assert proc.returncode == 2, proc.stderr
+            assert "already running" in proc.stderr and f"pid {child.pid}" in proc.stderr
+            assert srv.request_count == 0, srv.requests
+    finally:
+        _stop(child)
+
+
 def test_s3_lease_conditional_put(tmp_path):
     with moto_s3("leases") as aws:
         root = "s3://leases/q"

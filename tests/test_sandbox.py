@@ -350,6 +350,19 @@ def test_earlier_query_result_is_a_variable(toolbox):
     assert json.loads(toolbox.session.get_file("vars/var_call_q2.json")) == [{"n": 7}]
 
 
+def test_a_broken_variable_file_is_named_and_skipped(toolbox):
+    """A cell that plants a non-JSON ``vars/var_x.json`` (QA12 minor 6) does not break later
+    cells: the file is skipped with a warning naming it, the other variables still load."""
+    toolbox.call("query_db", {"db": "listings", "query": "SELECT 7 AS n"}, "call_q")
+    out = toolbox.call("execute_python",
+                       {"code": "open('vars/var_bad.json', 'w').write('{not json')"}, "call_1")
+    assert out.success, out.error
+    out = toolbox.call("execute_python", {"code": "print(var_call_q)"}, "call_2")
+    shown = json.loads(out.content)
+    assert out.success and shown["stdout"] == "[{'n': 7}]\n"
+    assert "vars/var_bad.json not loaded" in shown["stderr"]
+
+
 def test_large_output_saved_with_a_preview(toolbox):
     out = toolbox.call("execute_python", {"code": "for i in range(50000): print(i)"}, "call_big")
     shown = json.loads(out.content)
@@ -468,3 +481,33 @@ def test_a_killed_session_is_an_error_and_the_toolbox_reopens(toolbox):
     # the next call gets a new session with the stored variables
     out = toolbox.call("execute_python", {"code": "print(var_q1, var_c1)"}, "c3")
     assert out.success and json.loads(out.content)["stdout"] == "[{'one': 1}] [{'one': 1}]\n\n"
+
+
+def test_a_deep_work_tree_is_emptied_without_recursion(tmp_path):
+    """A cell's 3,000-level directory tree (QA12 minor 2) is removed when its session is
+    recycled: no RecursionError, never following a symlink out of the work directory."""
+    from tasks.sandbox_zygote import _NOFOLLOW_DIR, _empty_dir
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("x")
+    work = tmp_path / "work"
+    work.mkdir()
+    fd = os.open(work, _NOFOLLOW_DIR)
+    try:
+        cur = os.open(".", _NOFOLLOW_DIR, dir_fd=fd)
+        for i in range(3000):  # deeper than any path the kernel resolves in one go
+            os.mkdir("d", dir_fd=cur)
+            with open(os.open("f", os.O_WRONLY | os.O_CREAT, dir_fd=cur), "w") as f:
+                f.write(str(i))
+            nxt = os.open("d", _NOFOLLOW_DIR, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+        os.symlink(str(outside), "out", dir_fd=cur)
+        os.close(cur)
+        (work / ".wiped-1").write_text("a cell's file named like the wiper's")
+        _empty_dir(fd)
+        assert os.listdir(work) == []
+        assert (outside / "keep.txt").read_text() == "x"
+    finally:
+        os.close(fd)
