@@ -32,7 +32,7 @@ test: $(STAMP)
 	QUERYLAB_REQUIRE_LOCAL_MODEL=1 $(PY) -m pytest -q
 
 bench: $(STAMP)
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf .querylab artifacts

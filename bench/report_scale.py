@@ -1,15 +1,20 @@
-"""Benchmark: every report table over 1,000,000 synthetic trials and 5,000,000 tool calls.
+"""Benchmark: every report table over a synthetic run's Parquet artifacts (1M trials by default).
 
-Target (issue #4): each table ≤ 5 s on the 2-core reference machine. Synthetic data: 10 agents ×
-20 datasets × 50 queries × 100 trials (so k = 50 is scored), ~5 tool calls per trial drawn from
+Targets (issue 17): each table ≤ 3 s at 1M trials; ≤ 30 s and ≤ 4 GB peak RSS at
+``--trials 10000000`` (50M tool calls). Synthetic data: 10 agents × 20 datasets × 50 queries ×
+``trials / 10,000`` trials each, ``--calls-per-trial`` (5) tool calls per trial drawn from
 realistic argument templates (SQL with joins / LIKE / catalog queries / SELECT * LIMIT, Mongo
 finds with and without filters and $regex, Python with regexes / string surgery / substring
-tests, list_db, return_answer), 2 model calls per trial in ``llm_calls``. Tables are computed
-from in-memory frames (the report reads the Parquet once per run; that read is timed and
-printed separately).
+tests, list_db, return_answer), 2 model calls per trial in ``llm_calls``, verdicts in
+``scores.parquet``. A child process writes them chunk by chunk (``--chunk`` trials) as the
+run's ``trials/*.parquet`` and ``score/scores.parquet``; this process then computes each table
+the way :func:`tasks.report.compute_report_tables` does: trials and scores loaded by a
+streaming scan, ``llm_calls`` scanned for the cost table, ``tool_calls`` never loaded (each
+table streams a lazy scan of it). Times include the reads; the peak RSS is this process's
+(generation excluded).
 
-Usage: ``.venv/bin/python bench/report_scale.py [--trials N] [--calls M]``. The last line is the
-figure: the slowest table's seconds.
+Usage: ``.venv/bin/python bench/report_scale.py [--trials N] [--calls-per-trial 5]``. The last line
+is the figure: the slowest table's seconds, and the peak RSS.
 """
 
 from __future__ import annotations
@@ -181,11 +186,14 @@ def _fill(template: str, slots: dict[str, pl.Expr]) -> pl.Expr:
     )
 
 
-def synthetic_run(n_trials: int, n_calls: int, seed: int = 7):
-    """(trials, tool_calls, llm_calls, manifests) frames of the shapes querylab writes."""
+def synthetic_run(n_trials: int, n_calls: int, seed: int = 7, offset: int = 0,
+                  total: int | None = None):
+    """(trials, tool_calls, llm_calls, manifests) frames of the shapes querylab writes: trials
+    ``offset`` .. ``offset + n_trials`` of a run of ``total`` (default ``n_trials``) trials,
+    so a large run is made chunk by chunk with distinct trial keys."""
     rng = np.random.default_rng(seed)
-    per_query = max(1, n_trials // (N_AGENTS * N_DATASETS * N_QUERIES))
-    idx = np.arange(n_trials)
+    per_query = max(1, (total or n_trials) // (N_AGENTS * N_DATASETS * N_QUERIES))
+    idx = np.arange(offset, offset + n_trials)
     trial = idx % per_query
     q = (idx // per_query) % N_QUERIES
     d = (idx // (per_query * N_QUERIES)) % N_DATASETS
@@ -206,6 +214,7 @@ def synthetic_run(n_trials: int, n_calls: int, seed: int = 7):
                 "is_correct": correct,
                 "terminate_reason": reason,
                 "n_llm_calls": pl.Series(rng.integers(1, 30, n_trials), dtype=pl.Int32),
+                "n_tool_calls": pl.Series(rng.integers(0, 10, n_trials), dtype=pl.Int32),
                 "prompt_tokens": rng.integers(1_000, 200_000, n_trials),
                 "completion_tokens": rng.integers(100, 20_000, n_trials),
                 "cached_tokens": rng.integers(0, 1_000, n_trials),
@@ -326,53 +335,130 @@ def _timed(label: str, fn, repeat: int) -> tuple[float, object]:
     return min(walls), out
 
 
+def _conform(df: pl.DataFrame, schema) -> "pa.Table":
+    """``df`` as an Arrow table of ``schema`` (what querylab writes): columns it lacks are
+    nulls, or zeros / empty strings where the schema forbids nulls."""
+    import pyarrow as pa
+
+    from schemas.artifacts import check_schema
+
+    table = df.to_arrow()
+    for f in schema:
+        if f.name in table.column_names:
+            continue
+        if f.nullable:
+            col = pa.nulls(table.num_rows, f.type)
+        else:
+            default = {pa.string(): "", pa.bool_(): False, pa.float64(): 0.0}.get(f.type, 0)
+            col = pa.array([default] * table.num_rows, f.type)
+        table = table.append_column(f.name, col)
+    return check_schema(table, schema, "synthetic").replace_schema_metadata(schema.metadata)
+
+
+def write_run(root: str, n_trials: int, calls_per_trial: int, chunk: int) -> None:
+    """Write a synthetic run ``bench`` of ``n_trials`` trials (``calls_per_trial`` tool calls
+    and 2 model calls each, verdicts in ``score/scores.parquet``) under artifact root ``root``,
+    ``chunk`` trials at a time (one row group each: memory stays at one chunk's), plus the
+    datasets' requirements in ``manifests.json`` beside it."""
+    import pyarrow.parquet as pq
+
+    from schemas import artifacts
+    from tasks import storage
+    from tasks.report import _trials_uri
+    from tasks.scoring import scores_uri
+
+    outs = {
+        "trials": (_trials_uri(root, "bench", "trials"), artifacts.TRIALS),
+        "tool_calls": (_trials_uri(root, "bench", "tool_calls"), artifacts.TOOL_CALLS),
+        "llm_calls": (_trials_uri(root, "bench", "llm_calls"), artifacts.LLM_CALLS),
+        "scores": (scores_uri(root, "bench"), artifacts.SCORES),
+    }
+    writers = {}
+    for uri, schema in outs.values():
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        writers[uri] = pq.ParquetWriter(uri, schema.with_metadata(schema.metadata),
+                                        compression="zstd")
+    manifests = None
+    for i, offset in enumerate(range(0, n_trials, chunk)):
+        n = min(chunk, n_trials - offset)
+        trials, calls, llm, manifests = synthetic_run(n, n * calls_per_trial, seed=7 + i,
+                                                      offset=offset, total=n_trials)
+        scores = trials.with_columns(
+            pl.when(pl.col("verdict") != "errored").then("is_correct").alias("is_correct"),
+            pl.lit("bench").alias("scorer_version"),
+            pl.lit(0, pl.Int32).alias("audit_flags"),
+        )
+        for name, df in (("trials", trials), ("tool_calls", calls), ("llm_calls", llm),
+                         ("scores", scores)):
+            uri, schema = outs[name]
+            writers[uri].write_table(_conform(df, schema), row_group_size=1 << 20)
+        del trials, calls, llm, scores
+        gc.collect()
+    for w in writers.values():
+        w.close()
+    storage.write_json(str(Path(root) / "manifests.json"), manifests)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=1_000_000)
-    p.add_argument("--calls", type=int, default=5_000_000)
-    p.add_argument("--repeat", type=int, default=3, help="runs per table (best is reported)")
+    p.add_argument("--calls-per-trial", type=int, default=5)
+    p.add_argument("--chunk", type=int, default=500_000, help="trials generated at a time")
+    p.add_argument("--repeat", type=int, default=1, help="runs per table (best is reported)")
+    p.add_argument("--generate", metavar="ROOT", help=argparse.SUPPRESS)
     args = p.parse_args()
-    start = time.perf_counter()
-    trials, calls, llm_calls, manifests = synthetic_run(args.trials, args.calls)
-    print(
-        f"synthetic data: {trials.height:,} trials, {calls.height:,} tool calls, "
-        f"{llm_calls.height:,} llm calls in {time.perf_counter() - start:.1f} s"
-    )
+    if args.generate:  # the child process: write the synthetic run and exit
+        write_run(args.generate, args.trials, args.calls_per_trial, args.chunk)
+        return
 
+    import resource
+    import shutil
+    import subprocess
     import tempfile
 
-    with tempfile.TemporaryDirectory() as tmp:
-        calls.write_parquet(f"{tmp}/tool_calls.parquet", compression="zstd")
-        trials.write_parquet(f"{tmp}/trials.parquet", compression="zstd")
-        _timed(
-            "read Parquet",
-            lambda: (
-                pl.read_parquet(f"{tmp}/trials.parquet"),
-                pl.read_parquet(f"{tmp}/tool_calls.parquet"),
-            ),
-            1,
-        )
+    from tasks import storage
+    from tasks.report import load_llm_calls, load_scored_trials, scan_tool_calls
 
-    def passk():
-        per_query = pass_at_k_per_query(trials)
-        summary = pass_at_k_summary(per_query)
-        return (
-            per_query,
-            pass_at_k_wide(summary),
-            pass_at_k_wide(summary, "pass_hat_k"),
-            pass_at_1_ci(trials),
-        )
+    root = tempfile.mkdtemp(prefix="querylab-bench-report-")
+    try:
+        start = time.perf_counter()
+        # written by a child process, so this process's peak RSS is the report's alone
+        subprocess.run([sys.executable, __file__, "--generate", root, "--trials",
+                        str(args.trials), "--calls-per-trial", str(args.calls_per_trial),
+                        "--chunk", str(args.chunk)], check=True)
+        size = sum(f.stat().st_size for f in Path(root).rglob("*.parquet")) / 2**30
+        print(f"synthetic run: {args.trials:,} trials, {args.trials * args.calls_per_trial:,} "
+              f"tool calls, {2 * args.trials:,} llm calls written in "
+              f"{time.perf_counter() - start:.1f} s ({size:.2f} GiB of Parquet)")
+        manifests = storage.read_json(str(Path(root) / "manifests.json"))
+        requirements = requirements_from_manifests(manifests)
+        r = args.repeat
+        times = {}
+        times["load trials + scores"], trials = _timed(
+            "load trials + scores", lambda: load_scored_trials(root, "bench"), r)
+        calls = scan_tool_calls(root, "bench")  # lazy: each table streams the file
 
-    def failures():
-        labels = classify_failures(trials, calls, requirements_from_manifests(manifests))
-        return labels, failure_mode_table(trials, labels)
+        def passk():
+            per_query = pass_at_k_per_query(trials)
+            summary = pass_at_k_summary(per_query)
+            return (
+                per_query,
+                pass_at_k_wide(summary),
+                pass_at_k_wide(summary, "pass_hat_k"),
+                pass_at_1_ci(trials),
+            )
 
-    times = {}
-    r = args.repeat
-    times["pass@k + pass^k + CI"], (per_query, *_) = _timed("pass@k + pass^k + CI", passk, r)
-    times["cost"], cost = _timed("cost (llm_calls)", lambda: cost_table(trials, llm_calls), r)
-    times["failure modes"], (labels, fm) = _timed("failure modes", failures, r)
-    times["tool use"], tu = _timed("tool use", lambda: tool_use_table(trials, calls), r)
+        def failures():
+            labels = classify_failures(trials, calls, requirements)
+            return labels, failure_mode_table(trials, labels)
+
+        times["pass@k + pass^k + CI"], (per_query, *_) = _timed("pass@k + pass^k + CI", passk, r)
+        times["cost"], cost = _timed(
+            "cost (llm_calls)", lambda: cost_table(trials, load_llm_calls(root, "bench")), r)
+        times["failure modes"], (labels, fm) = _timed("failure modes", failures, r)
+        times["tool use"], tu = _timed("tool use", lambda: tool_use_table(trials, calls), r)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     print(
         f"rows: pass@k {per_query.height:,}, cost {cost.height}, failure labels "
         f"{labels.height:,}, tool use {tu.height}"
@@ -386,10 +472,13 @@ def main() -> None:
     )
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"machine: {os.cpu_count()} CPUs, load average {load}")
+    rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     slowest = max(times, key=times.get)
     print(
         f"report_scale: slowest table {times[slowest]:.2f} s ({slowest}, best of {r}) for "
-        f"{trials.height:,} trials / {calls.height:,} tool calls (target <= 5 s)"
+        f"{trials.height:,} trials / {args.trials * args.calls_per_trial:,} tool calls; peak "
+        f"RSS {rss_gb:.2f} GB (targets: <= 3 s per table at 1M trials, <= 30 s and <= 4 GB at "
+        "10M)"
     )
 
 

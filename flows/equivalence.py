@@ -13,11 +13,12 @@ from tasks.equivalence import (
     prepare_pairs,
     run_equivalence_batch,
 )
+from tasks.task_runners import EnvTaskRunner
 
 DEFAULT_METHODS = ["exec_match", "finder"]
 
 
-@flow(name="equivalence")
+@flow(name="equivalence", task_runner=EnvTaskRunner())
 def equivalence(
     run_id: str,
     pairs_path: str,

@@ -21,9 +21,10 @@ from tasks.lifecycle.pipeline import (
     run_lifecycle_batch,
 )
 from tasks.lifecycle.rewrite import check_rewrite_spec
+from tasks.task_runners import EnvTaskRunner
 
 
-@flow(name="lifecycle")
+@flow(name="lifecycle", task_runner=EnvTaskRunner())
 def lifecycle(
     run_id: str,
     models: list[str],

@@ -43,19 +43,32 @@ def datasets_stage(run_id: str, root: str) -> list[str]:
     """Body of :func:`stage_datasets` (runs inside any flow: the benchmark runs it inline)."""
     from flows.datasets import dataset_flows
 
+    from flows.datasets.dab_import import load_imported
+    from tasks import storage
+    from tasks.dab_import import imported_name
+    from tasks.dab_rules import dataset_condition
+
     config = runs.benchmark_config(root, run_id)
     flows = dataset_flows()
-    unknown = [n for n in config.datasets if n not in flows]
+    unknown = [n for n in config.datasets if n not in flows and imported_name(root, n) is None]
     if unknown:
-        raise ValueError(f"run {run_id!r}: unknown datasets {unknown}; have {sorted(flows)}")
+        raise ValueError(f"run {run_id!r}: unknown datasets {unknown}; have {sorted(flows)} "
+                         "(and DAB datasets imported with `querylab import-dab`)")
     with runs.stage_run(root, run_id, "datasets") as stage:
         manifests = []
         with StageProgress("datasets", run_id, len(config.datasets), unit="datasets") as bar:
             for name in config.datasets:
-                build = flows[name].with_options(flow_run_name=f"build-{name}-{run_id}")
-                manifests.append(build(artifacts_root=root))
+                if name in flows:
+                    build = flows[name].with_options(flow_run_name=f"build-{name}-{run_id}")
+                    manifests.append(build(artifacts_root=root))
+                else:  # an imported DAB dataset, by DAB's name
+                    manifests.append(load_imported(name, root))
                 bar.advance()
         runs.record_manifests(root, run_id, manifests)
+        runs.record_conditions(root, run_id, {
+            m["name"]: dataset_condition(m, config.agent_options, config.hints,
+                                         config.score_no_tool_call)
+            for m in (storage.read_json(u) for u in manifests)})
         stage.outputs = {"manifests": manifests}
     return manifests
 
@@ -75,15 +88,18 @@ def stage_datasets(run_id: str, artifacts_root: str | None = None) -> list[str]:
 def trials_stage(run_id: str, root: str, retry_errors: bool = False) -> dict[str, str]:
     """Body of :func:`stage_trials` (runs inside any flow: the benchmark runs it inline)."""
     from flows.trials import run_trials
+    from tasks.task_runners import EnvTaskRunner
 
     config = runs.benchmark_config(root, run_id)
     manifests = runs.run_manifests(root, run_id)
+    trials_flow = run_trials.with_options(task_runner=EnvTaskRunner(config.max_concurrency))
     with runs.stage_run(root, run_id, "trials") as stage:
-        out = run_trials(
+        out = trials_flow(
             run_id, manifests, config.agents, config.n_trials, config.batch_size, root,
             config.agent_options, config.hints, retry_errors=retry_errors,
             query_ids=config.query_ids, limit=config.limit,
             agent_plans={a: p.model_dump() for a, p in config.agent_plans.items()},
+            max_concurrency=config.max_concurrency,
         )
         stage.outputs = dict(out)
     return out
@@ -94,7 +110,7 @@ def stage_trials(
     run_id: str, artifacts_root: str | None = None, retry_errors: bool = False
 ) -> dict[str, str]:
     """Run the run's agent trials (:func:`flows.trials.run_trials`) with its recorded agents,
-    trials, batch size, options, query selection and dataset manifests. Only unfinished
+    trials, batch size, concurrency, options, query selection and dataset manifests. Only unfinished
     batches run; ``retry_errors``: also the errored trials of finished batches (and nothing
     else). Returns the URIs of ``trials``, ``tool_calls``, ``llm_calls``, ``messages`` and
     ``agents``. Run the score and report stages afterwards (``rerun_errored`` does all

@@ -9,6 +9,7 @@ from prefect import flow, unmapped
 from schemas.settings import Settings
 from schemas.text2sql import CorpusSpec, GenerationConfig
 from tasks.corpora import tpcds_gold_queries
+from tasks.task_runners import EnvTaskRunner
 from tasks.text2sql import (
     analyse_generations,
     combine_generations,
@@ -43,7 +44,7 @@ def sql_complexity(
     return {**complexity_report(run_id, root, uris), "features": uris}
 
 
-@flow(name="text2sql-generation")
+@flow(name="text2sql-generation", task_runner=EnvTaskRunner())
 def text2sql_generation(
     run_id: str,
     generators: list[str],

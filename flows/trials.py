@@ -6,12 +6,14 @@ from prefect import flow, unmapped
 
 from schemas.settings import Settings
 from tasks import local_model
+from tasks.concurrency import DEFAULT_MAX_CONCURRENCY
 from tasks.progress import StageProgress, count_finished_trials
 from tasks.runs import gather
+from tasks.task_runners import EnvTaskRunner
 from tasks.trials import combine_trials, describe_agents, plan_batches, run_trial_batch
 
 
-@flow(name="trials", flow_run_name="trials-batches-{run_id}")
+@flow(name="trials", flow_run_name="trials-batches-{run_id}", task_runner=EnvTaskRunner())
 def run_trials(
     run_id: str,
     manifest_uris: list[str],
@@ -25,6 +27,7 @@ def run_trials(
     query_ids: list[str] | None = None,
     limit: int | None = None,
     agent_plans: dict[str, dict] | None = None,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
 ) -> dict[str, str]:
     """Check the agents (fails before any trial when one cannot run), run every trial
     (finished batches and checkpointed trials are skipped) and combine the batches.
@@ -36,6 +39,10 @@ def run_trials(
     trials (``api_error`` / ``error``) and keep every other row. ``query_ids`` / ``limit``
     select a subset of each dataset's queries (:func:`tasks.trials.select_queries`);
     ``agent_plans``: per-agent datasets and trials (:class:`schemas.runs.AgentPlan` dicts).
+    ``max_concurrency``: trials in flight at once across every batch (each batch runs its
+    trials concurrently; the models table's ``max_concurrency`` caps a model further, see
+    :mod:`tasks.concurrency`); the batches run on the task runner ``QUERYLAB_TASK_RUNNER``
+    names (:mod:`tasks.task_runners`: Prefect's thread pool, or Dask).
     Progress (trials done, counted from checkpoints) goes to a Prefect progress artifact and
     the CLI's bar. ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits,
     retries, sampling, cache, sandbox limits). A ``local:<model>`` server is shared by the
@@ -54,7 +61,8 @@ def run_trials(
         with StageProgress("trials", run_id, total, unit="trials") as progress:
             progress.poll(lambda: count_finished_trials(root, run_id, batches))
             futures = run_trial_batch.map(
-                unmapped(run_id), unmapped(root), batches, unmapped(retry_errors)
+                unmapped(run_id), unmapped(root), batches, unmapped(retry_errors),
+                unmapped(max_concurrency),
             )
             gather(futures, keys, run_id, "trials")
     return {**combine_trials(run_id, root, keys), "agents": agents_uri}

@@ -97,31 +97,58 @@ def quiet_tracebacks() -> None:
                 handler.addFilter(f)
 
 
-def check_datasets(names: list[str] | None) -> list[str]:
-    """The named datasets (all by default are resolved later); UsageError for an unknown name.
-    Needs no Prefect."""
-    from tasks.catalogue import dataset_names
-
+def check_datasets(names: list[str] | None, root: str | None = None) -> list[str]:
+    """The named datasets (all by default are resolved later): querylab's own, or DAB datasets
+    imported into the artifact ``root`` by DAB's name (``PATENTS``; a name that differs only
+    in case is resolved to it). UsageError for an unknown name. Needs no Prefect."""
     import difflib
 
+    from tasks.catalogue import dataset_names
+
     known = dataset_names()
-    unknown = [n for n in names or [] if n not in known]
+    imported = {}
+    if root is not None and any(n not in known for n in names or []):
+        from tasks.dab_import import imported_datasets
+
+        imported = imported_datasets(root)
+    out, unknown = [], []
+    for n in names or []:
+        if n in known:
+            out.append(n)
+            continue
+        folded = [m for m in imported if m == n] or [m for m in imported
+                                                     if m.casefold() == n.casefold()]
+        (out.append(folded[0]) if len(folded) == 1 else unknown.append(n))
     if unknown:
-        near = difflib.get_close_matches(unknown[0], list(known), 1, 0.6)
+        near = difflib.get_close_matches(unknown[0], [*known, *imported], 1, 0.6)
+        extra = f" and the imported DAB datasets {sorted(imported)}" if imported else ""
         raise UsageError(f"unknown dataset(s) {unknown}"
                          + (f" (did you mean {near[0]!r}?)" if near else "")
-                         + f"; have {sorted(known)}")
-    return list(names or [])
+                         + f"; have {sorted(known)}{extra} "
+                         "(`querylab import-dab PATH` imports DAB datasets)")
+    return out
 
 
-def check_specs(names: list[str], query_ids: list[str] | None = None) -> None:
-    """Load the spec of each dataset (SpecError, one line, before anything starts) and check
-    that every ``--query`` id names a query of one of them (UsageError)."""
-    from tasks.catalogue import SHARED_DATASETS, shared_data_dir
+def check_specs(names: list[str], query_ids: list[str] | None = None,
+                root: str | None = None) -> None:
+    """Load the spec of each dataset (SpecError, one line, before anything starts) — or, for
+    an imported DAB dataset, its manifest — and check that every ``--query`` id names a query
+    of one of them (UsageError)."""
+    from tasks.catalogue import SHARED_DATASETS, dataset_names, shared_data_dir
     from tasks.spec import check_sources, load_spec, spec_path
 
     ids: set[str] = set()
+    built = set(dataset_names())
     for name in names:
+        if name not in built:  # imported (check_datasets resolved it)
+            from tasks import storage
+            from tasks.dab_import import resolve_imported
+
+            entry = resolve_imported(root, name) if root else None
+            if entry is not None:
+                queries = [q["id"] for q in storage.read_json(entry["manifest"])["queries"]]
+                ids |= set(queries) | {f"{name}/{q}" for q in queries}
+            continue
         path = spec_path(name)
         spec = load_spec(path)
         check_sources(path, spec, shared_data_dir() if name in SHARED_DATASETS else None)
@@ -172,6 +199,8 @@ def _agent_plans(args: argparse.Namespace, agents: list[str], names: list[str]) 
     """``--agent-datasets AGENT=D1,D2`` and ``--agent-trials AGENT=N`` as
     :class:`schemas.runs.AgentPlan` dicts by agent (UsageError for a bad value or a dataset
     that is not among the run's ``names``)."""
+    from schemas.settings import Settings
+
     plans: dict[str, dict] = {}
     for flag, field, values in (("--agent-datasets", "datasets", args.agent_datasets),
                                 ("--agent-trials", "n_trials", args.agent_trials)):
@@ -182,7 +211,8 @@ def _agent_plans(args: argparse.Namespace, agents: list[str], names: list[str]) 
             if agent not in agents:
                 raise UsageError(f"{flag} {text!r}: {agent} is not one of the agents {agents}")
             if field == "datasets":
-                chosen = check_datasets([d.strip() for d in value.split(",") if d.strip()])
+                chosen = check_datasets([d.strip() for d in value.split(",") if d.strip()],
+                                        args.artifacts or Settings.from_env().artifacts)
                 outside = [d for d in chosen if d not in names]
                 if outside:
                     raise UsageError(f"{flag} {text!r}: {outside} not among the run's datasets "
@@ -249,16 +279,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         kind, name = parse_agent(agent)
         if kind == "local":  # installed? (one line before anything starts)
             local_entry(name)
-    names = check_datasets(args.dataset) or default_datasets(
-        lambda m: print(f"querylab run: {m}", file=sys.stderr))
+    names = check_datasets(args.dataset, root) or replay_datasets(agents, root) or \
+        default_datasets(lambda m: print(f"querylab run: {m}", file=sys.stderr))
     if args.trials < 1 or args.batch_size < 1:
         raise UsageError("--trials and --batch-size must be at least 1")
+    if args.max_concurrency < 1:
+        raise UsageError("--max-concurrency must be at least 1")
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     if not 0.0 <= args.max_error_share <= 1.0:
         raise UsageError("--max-error-share must be between 0 and 1")
     plans = _agent_plans(args, agents, names)
-    check_specs(names, args.query)
+    check_specs(names, args.query, root)
     options = cmd_agents.agent_options_from_args(args)
     check_agents_now(agents, options, "run")
 
@@ -288,6 +320,8 @@ def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, sta
                 batch_size=args.batch_size, artifacts_root=root, agent_options=options,
                 hints=hints, query_ids=args.query or None, limit=args.limit,
                 max_error_share=args.max_error_share, preflight=False, agent_plans=plans,
+                score_no_tool_call=args.score_no_tool_call,
+                max_concurrency=args.max_concurrency,
             )
     except StageFailed as exc:
         print(f"querylab run: {exc}", file=sys.stderr)
@@ -310,7 +344,89 @@ def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, sta
     if error_line:
         print(f"querylab run: {error_line}", file=sys.stderr)
     _print_timings(root, run_id, out["trials"], time.monotonic() - started)
+    status = max(status, check_scored(out["score"], "run"))
+    print_dab_figures(root, run_id, out["manifests"])
     return status
+
+
+def replay_datasets(agents: list[str], root: str) -> list[str]:
+    """The datasets a run of replay agents only is about when none is named: those their
+    answer files answer (querylab's own, or imported DAB datasets, matched ignoring case);
+    UsageError naming the ones that are neither. [] when some agent is not a replay agent."""
+    from tasks.replay import load_answers
+    from tasks.trials import parse_agent
+
+    if not agents or any(parse_agent(a)[0] != "replay" for a in agents):
+        return []
+    from tasks.catalogue import dataset_names
+    from tasks.dab_import import imported_datasets
+
+    known = {n.casefold(): n for n in (*imported_datasets(root), *dataset_names())}
+    names: list[str] = []
+    unknown: dict[str, int] = {}
+    for agent in agents:
+        answers = load_answers(parse_agent(agent)[1])
+        for d in sorted(answers.datasets()):
+            if d in known:
+                names.append(known[d])
+            else:
+                unknown[answers.spelled.get(d, d)] = answers.count(d)
+    if unknown:
+        shown = ", ".join(f"{d!r} ({n} entries)" for d, n in unknown.items())
+        raise UsageError(f"the answer file answers datasets that are neither querylab's nor "
+                         f"imported: {shown}; import them (`querylab import-dab PATH`, "
+                         "--scoring-only without data) or name the datasets to score "
+                         "(--dataset)")
+    return list(dict.fromkeys(names))
+
+
+def check_scored(score: dict, command: str) -> int:
+    """1 (with one line) when the run scored no trial at all — nothing was measured, whatever
+    the tables say — else 0."""
+    if score.get("trials", 0) == 0:
+        print(f"querylab {command}: no trial was scored (no query matched the selection, or "
+              "the answer file answers none of the run's queries)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def print_dab_figures(root: str, run_id: str, manifests: list[str]) -> None:
+    """For a run on DAB datasets: DAB's leaderboard pass@1 per dataset and overall, computed
+    as DAB's scripts compute it (:func:`tasks.dab_rules.leaderboard_pass_at_1`); the last line
+    is ``DAB pass@1: 0.xxxx`` (one per agent when several)."""
+    from tasks import storage
+    from tasks.dab_rules import is_dab, leaderboard_pass_at_1
+    from tasks.scoring import load_scores
+
+    dab = {m["name"] for m in (storage.read_json(u) for u in manifests) if is_dab(m)}
+    if not dab:
+        return
+    import polars as pl
+
+    scores = load_scores(root, run_id).filter(pl.col("dataset").is_in(sorted(dab)))
+    figures = leaderboard_pass_at_1(scores)
+    if not figures:
+        return
+    print("\nDAB leaderboard pass@1 (as DAB's stats_scripts: per query over its runs, mean "
+          "over a dataset's queries, mean over datasets)")
+    lines = []
+    for agent, f in figures.items():
+        print(f"  {agent}")
+        print(f"    {'dataset':<22} {'queries':>7} {'runs':>5} {'correct':>7} {'pass@1':>7}")
+        for d in f["datasets"]:
+            print(f"    {d['dataset']:<22} {d['queries']:>7} {d['runs']:>5} {d['correct']:>7} "
+                  f"{d['pass_at_1']:>7.4f}")
+        if f["missing_runs"]:
+            alt = f["pass_at_1_missing_as_failures"]
+            print(f"    {f['missing_runs']} trial(s) have no answer in the file: DAB's scripts "
+                  f"find no run there and leave them out; counted as failures: {alt:.4f}")
+        if f["validator_errors"]:
+            print(f"    {f['validator_errors']} trial(s) left out: their validate.py gave no "
+                  "verdict (DAB's scripts would stop there)")
+        value = "n/a" if f["pass_at_1"] is None else f"{f['pass_at_1']:.4f}"
+        lines.append(value if len(figures) == 1 else f"{value} ({agent})")
+    for line in lines:
+        print(f"DAB pass@1: {line}")
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -379,7 +495,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only this query (<id> or <dataset>/<id>); repeat")
     r.add_argument("--limit", type=int, help="run only the first N queries of each dataset")
     r.add_argument("--trials", type=int, default=5, help="trials per query (default 5)")
-    r.add_argument("--batch-size", type=int, default=25, help="trials per mapped task")
+    r.add_argument("--batch-size", type=int, default=25,
+                   help="trials per mapped task (checkpoint / Parquet granularity; default 25)")
+    r.add_argument("--max-concurrency", type=int, default=32, metavar="N",
+                   help="trials in flight at once across the whole run (default 32); a models-"
+                   "table entry's max_concurrency caps its model further")
     r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument("--max-error-share", type=float, default=0.0, metavar="X",
@@ -389,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
         "--progress", action=argparse.BooleanOptionalAction, default=None,
         help="progress bar (default: when stderr is a terminal)",
     )
+    r.add_argument("--score-no-tool-call", action="store_true",
+                   help="on DAB datasets, score the text of a no_tool_call ending (DAB scores "
+                   "it invalid, the default)")
     r.add_argument(
         "--hints", action="append", choices=["on", "off"],
         help="hint condition: off (default, as DAB) shows the question and the database "

@@ -15,22 +15,27 @@ import sys
 #: ``querylab run`` flags → :class:`schemas.models.AgentOptions` fields.
 _FLAGS = [
     ("--max-iterations", "max_iterations", int, "model calls per trial (default 100)"),
-    ("--trial-timeout", "max_wall_time_s", float, "wall seconds per trial (default 900)"),
+    ("--trial-timeout", "max_wall_time_s", float,
+     "wall seconds per trial (default 900; DAB datasets 43200)"),
     ("--max-tool-calls-per-turn", "max_tool_calls_per_turn", int,
      "tool calls in one model response (default 16)"),
     ("--token-budget", "max_total_tokens", int,
      "prompt + completion tokens per trial (default: none)"),
     ("--max-retries", "max_retries", int,
      "retries of a model call on 429/5xx/timeouts/connection errors (default 5)"),
-    ("--request-timeout", "request_timeout_s", float, "seconds per HTTP attempt (default 120)"),
+    ("--request-timeout", "request_timeout_s", float,
+     "seconds per HTTP attempt (default 120; DAB datasets 600)"),
     ("--temperature", "temperature", float, "sampling temperature (default: the model's)"),
     ("--seed", "seed", int, "sampling seed sent to the API (default: none)"),
     ("--python-timeout", "python_timeout_s", float,
-     "wall seconds per execute_python call (default 60)"),
+     "wall seconds per execute_python call (default 60; DAB datasets 600, as DAB)"),
     ("--python-memory-mb", "python_memory_mb", int,
      "memory of one execute_python call, all its processes, in MiB (default 2048)"),
     ("--python-disk-mb", "python_disk_mb", int,
      "size of a trial's execute_python work directory in MiB (default 1024)"),
+    ("--preview-chars", "preview_chars", int,
+     "characters of a tool result shown to the model (default 8000; DAB datasets 10000, "
+     "DAB's PREVIEW_LENGTH)"),
 ]
 
 

@@ -333,29 +333,43 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_import_dab(args: argparse.Namespace) -> int:
-    """Import DAB-format datasets; unless ``--no-run``, run trials (``--limit`` / ``--query``:
-    a subset of the queries), score them with each query's ``validate.py`` and print pass@k.
-    Exit 1 when trials errored (more than ``--max-error-share``) or the oracle failed."""
+    """Import DAB-format datasets under DAB's names, each on its own (``--scoring-only``:
+    queries, validators and ground truth, no database); unless ``--no-run``, run them through
+    the benchmark (``--agent``, default oracle; ``--limit`` / ``--query``: a subset), score
+    the answers with each query's ``validate.py`` and print pass@k — and, on DAB datasets, DAB's
+    leaderboard pass@1 (the last line, ``DAB pass@1: 0.xxxx``). Failed datasets are listed at
+    the end, one line each. Exit 1 when a dataset failed to import, trials errored (more than
+    ``--max-error-share``), no trial was scored or the oracle failed; 2 for bad input."""
     from querylab import UsageError, run_id_or_new
-    from querylab.cli import check_agents_now, quiet_tracebacks, run_preflight
+    from querylab.cli import (
+        check_agents_now,
+        check_scored,
+        print_dab_figures,
+        quiet_tracebacks,
+        run_preflight,
+    )
+    from querylab.cmd_agents import agent_options_from_args
     from querylab.cmd_report import print_report, with_run_details
-    from tasks.dab_import import DabImportError, find_dab_datasets
     from schemas.settings import Settings
-    from tasks.runs import TrialsErrored, check_error_share
+    from tasks.dab_import import DabImportError, find_dab_datasets
 
     run_id = None if args.no_run else run_id_or_new(args.run_id)
     agents = args.agent or ["oracle"]
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
+    if args.trials < 1 or args.batch_size < 1:
+        raise UsageError("--trials and --batch-size must be at least 1")
     try:
         find_dab_datasets(args.path)
     except DabImportError as exc:
         print(f"querylab import-dab: {exc}", file=sys.stderr)
         return 2
+    options = agent_options_from_args(args)
+    root = args.artifacts or Settings.from_env().artifacts
     if run_id is not None:
-        check_agents_now(agents, None, "import-dab")
-        run_preflight(agents, None, "import-dab",
-                      (args.artifacts or Settings.from_env().artifacts, run_id))
+        check_agents_now(agents, options, "import-dab")
+        run_preflight(agents, options, "import-dab", (root, run_id))  # recorded: paid requests
+        _check_replay_files(agents, args)
     from flows.datasets.dab_import import import_dab
 
     if not getattr(args, "debug", False):
@@ -363,28 +377,73 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
     try:
         out = import_dab(
             path=args.path, run_id=run_id, agents=agents, n_trials=args.trials,
-            batch_size=args.batch_size, artifacts_root=args.artifacts,
-            query_ids=args.query or None, limit=args.limit, retry_errors=args.retry_errors,
+            batch_size=args.batch_size, artifacts_root=root,
+            query_ids=args.query or None, limit=args.limit, scoring_only=args.scoring_only,
+            hints=list(dict.fromkeys(args.hints or ["off"])),
+            score_no_tool_call=args.score_no_tool_call, agent_options=options,
+            max_error_share=args.max_error_share,
         )
     except DabImportError as exc:
         print(f"querylab import-dab: {exc}", file=sys.stderr)
         return 2
-    for uri in out["manifests"]:
-        print(f"dataset:   {uri}")
-    if run_id is None:
-        return 0
-    print(f"run:       {run_id}")
-    root = args.artifacts or Settings.from_env().artifacts
-    status = print_report(with_run_details(out["report"], root, run_id))
-    try:
-        check_error_share(root, run_id, args.max_error_share)
-    except TrialsErrored as exc:
-        print(f"querylab import-dab: {exc}".replace(
-            f"querylab rerun --run-id {run_id} --retry-errors",
-            f"querylab import-dab {args.path} --run-id {run_id} --retry-errors"),
-            file=sys.stderr)
-        status = max(status, 1)
+    for uri, name in zip(out["manifests"], out["names"]):
+        print(f"dataset:   {name}  {uri}")
+    status = 1 if out["failures"] else 0
+    if run_id is not None and out["names"]:
+        print(f"run:       {run_id}")
+        status = max(status, print_report(with_run_details(out["report"], root, run_id)))
+        if out.get("errored"):
+            print(f"querylab import-dab: {out['errored']}", file=sys.stderr)
+            status = 1
+        status = max(status, check_scored(out["score"], "import-dab"))
+    _print_failures(out["failures"])
+    if run_id is not None and out["names"]:
+        print_dab_figures(root, run_id, out["manifests"])
     return status
+
+
+def _check_replay_files(agents: list[str], args: argparse.Namespace) -> None:
+    """Before anything is imported: every entry of each replay agent's answer file must be for
+    a dataset of this checkout (by DAB's name, ignoring case) and one of its query folders —
+    UsageError / ReplayError naming those that are not (a typo would score nothing)."""
+    from querylab import UsageError
+    from tasks.dab_import import DabImportError, dataset_name, find_dab_datasets
+    from tasks.replay import load_answers
+    from tasks.trials import parse_agent
+
+    from tasks.replay import answers_for, unmatched_datasets
+
+    found = []
+    for folder in find_dab_datasets(args.path):
+        try:
+            queries = sorted(p.name for p in folder.iterdir()
+                             if p.is_dir() and re.fullmatch(r"query\d+", p.name))
+            found.append({"name": dataset_name(folder), "format": "dab",
+                          "queries": [{"id": q} for q in queries]})
+        except DabImportError:
+            continue  # listed among the failures by the import
+    for agent in agents:
+        kind, arg = parse_agent(agent)
+        if kind != "replay":
+            continue
+        answers = load_answers(arg)
+        missing = unmatched_datasets(answers, found)
+        if missing:
+            shown = ", ".join(f"{d!r} ({n} entries)" for d, n in missing.items())
+            raise UsageError(f"{arg}: entries for datasets that {args.path} does not have: "
+                             f"{shown}; it has {sorted(m['name'] for m in found)}")
+        for m in found:  # every query an entry names is a query folder
+            answers_for(answers, m)
+
+
+def _print_failures(failures: list[dict]) -> None:
+    """The datasets that failed to import, one line each (last but the DAB figure)."""
+    if not failures:
+        return
+    print(f"\n{len(failures)} dataset(s) failed to import (the others are usable):",
+          file=sys.stderr)
+    for f in failures:
+        print(f"  {f['error'].splitlines()[0]}", file=sys.stderr)
 
 
 def register(subparsers) -> None:
@@ -413,7 +472,9 @@ def register(subparsers) -> None:
         "import-dab", help="import DAB-format datasets (query_<name>/) and run trials on them"
     )
     imp.add_argument("path", help="a DAB checkout or one query_<name>/ directory")
-    imp.add_argument("--agent", action="append", help="oracle (default) or openai:<model>; repeat")
+    imp.add_argument("--agent", action="append",
+                     help="oracle (default), openai:<model>, local:<model> or "
+                     "replay:<answers.json>; repeat")
     imp.add_argument("--trials", type=int, default=1, help="trials per query (default 1)")
     imp.add_argument("--batch-size", type=int, default=25, help="trials per mapped task")
     imp.add_argument("--query", action="append", metavar="ID",
@@ -423,8 +484,17 @@ def register(subparsers) -> None:
                      help="share of each agent's trials that may error for exit 0 "
                      "(default 0)")
     imp.add_argument("--run-id", help="run id (default: a new one; an existing one resumes)")
-    imp.add_argument("--retry-errors", action="store_true",
-                     help="with an existing --run-id: re-run only its errored trials")
     imp.add_argument("--no-run", action="store_true", help="import and load only")
+    imp.add_argument("--scoring-only", action="store_true",
+                     help="import queries, validators and ground truth only (no database, "
+                     "no data files needed): for rescoring answer files with --agent replay:FILE")
+    imp.add_argument("--hints", action="append", choices=["on", "off"],
+                     help="off (default, as DAB): question + db_description.txt; on: "
+                     "db_description_withhint.txt appended (DAB's --use_hints); repeat for both")
+    imp.add_argument("--score-no-tool-call", action="store_true",
+                     help="score the text of a no_tool_call ending (DAB: invalid, the default)")
     imp.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
+    from querylab import cmd_agents
+
+    cmd_agents.add_agent_options(imp)
     imp.set_defaults(func=cmd_import_dab)

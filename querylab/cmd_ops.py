@@ -324,7 +324,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if record.benchmark:
         b = record.benchmark
         print(f"benchmark: datasets {', '.join(b.datasets)}; agents {', '.join(b.agents)}; "
-              f"{b.n_trials} trials per query in batches of {b.batch_size}")
+              f"{b.n_trials} trials per query in batches of {b.batch_size}, at most "
+              f"{b.max_concurrency} at once")
     for stage, params in record.stages.items():
         print(f"{stage}: {json.dumps(params, sort_keys=True)}")
     print(f"\n{'stage':<12} {'status':<10} {'attempt':>7}  {'started':<20} {'finished':<20} error")

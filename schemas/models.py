@@ -127,6 +127,9 @@ class ModelConfig(_Strict):
       (see :data:`ToolProtocol`).
     - ``local``: a :class:`LocalModel` served by querylab itself (then ``base_url`` and
       ``api_key_env`` must be unset: the server's address and key are made per run).
+    - ``max_concurrency``: trials of this model in flight at once, across the whole trials
+      stage (:mod:`tasks.concurrency`; on top of the stage's ``--max-concurrency``). None: no
+      cap of its own — except a ``local`` model, capped at its ``parallel`` slots.
     """
 
     name: str = Field(min_length=1)
@@ -140,6 +143,7 @@ class ModelConfig(_Strict):
     sampling: dict[str, float | int | str | bool] = Field(default_factory=dict)
     tool_protocol: ToolProtocol = "native"
     local: LocalModel | None = None
+    max_concurrency: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _local_has_no_endpoint(self) -> ModelConfig:
@@ -235,6 +239,12 @@ class AgentOptions(_Strict):
     ``python_max_procs`` processes + threads; per trial: a ``python_disk_mb`` MiB work
     directory. ``unsafe_sandbox``: let LLM agents run although this machine cannot isolate
     their cells (recorded in the run and its report; never the default).
+
+    What a tool result shows the model: at most ``preview_chars`` characters per tool message
+    (longer results are previewed; the variable holds them whole), ``preview_rows`` rows of a
+    query result, each value cut at ``preview_value_chars``. On datasets imported in DAB's
+    format the defaults are DAB's (:data:`tasks.dab_rules.DAB_AGENT_DEFAULTS`: 100 model
+    calls, 600 s per ``execute_python`` call, 10,000-character previews) unless set.
     """
 
     max_iterations: int = Field(100, ge=1)
@@ -257,6 +267,9 @@ class AgentOptions(_Strict):
     python_max_procs: int = Field(128, ge=8)
     python_disk_mb: int = Field(1024, ge=16)
     unsafe_sandbox: bool = False
+    preview_chars: int = Field(8_000, ge=500, le=1_000_000)
+    preview_rows: int = Field(20, ge=1, le=100_000)
+    preview_value_chars: int = Field(300, ge=20, le=1_000_000)
 
     def sampling(self) -> dict:
         """The sampling parameters set in these options (unset ones omitted)."""

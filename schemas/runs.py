@@ -78,7 +78,11 @@ class BenchmarkConfig(BaseModel):
     ``limit`` (the first N queries of each dataset; None: all) select a subset;
     ``max_error_share``: the share of errored trials each agent may have and the run still succeed
     (default 0: any errored trial fails the run); ``agent_plans``: per-agent datasets and
-    trial counts (:class:`AgentPlan`) for agents of ``agents``."""
+    trial counts (:class:`AgentPlan`) for agents of ``agents``; ``score_no_tool_call``: on
+    datasets imported in DAB's format, score the text of a ``no_tool_call`` ending instead
+    of DAB's rule (invalid); ``max_concurrency``: trials in flight at once across the trials
+    stage (batches run their trials concurrently; batch size only sets checkpoint and Parquet
+    granularity)."""
 
     datasets: list[str] = Field(min_length=1)
     agents: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
@@ -90,6 +94,8 @@ class BenchmarkConfig(BaseModel):
     limit: int | None = Field(default=None, ge=1)
     max_error_share: float = Field(default=0.0, ge=0.0, le=1.0)
     agent_plans: dict[str, AgentPlan] = Field(default_factory=dict)
+    score_no_tool_call: bool = False
+    max_concurrency: int = Field(default=32, ge=1)
 
     @field_validator("hints")
     @classmethod
@@ -117,6 +123,9 @@ class RunRecord(BaseModel):
     updated_at: str
     benchmark: BenchmarkConfig | None = None
     manifests: list[str] = Field(default_factory=list)
+    #: dataset name → the condition its trials ran under (hints, effective agent options,
+    #: scoring rules; :func:`tasks.dab_rules.dataset_condition`), recorded by the datasets stage
+    conditions: dict[str, dict[str, Any]] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("run_id")

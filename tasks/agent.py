@@ -172,12 +172,12 @@ def system_prompt(manifest: dict | None = None) -> str:
 
 def hint_text(manifest: dict) -> str:
     """The dataset's hint text as an agent sees it with hints on: DAB's
-    ``db_description_withhint.txt`` for imported DAB datasets, the spec's ``hints`` for built
-    ones, under a ``HINTS:`` heading unless the text starts with one. ``""`` when the dataset
-    has no hints."""
+    ``db_description_withhint.txt`` as it is for imported DAB datasets (DAB's ``run_agent.py``
+    appends the file's stripped text), the spec's ``hints`` for built ones under a ``HINTS:``
+    heading unless the text starts with one. ``""`` when the dataset has no hints."""
     text = str(manifest.get("hints") or "").strip()
-    if not text or text.upper().startswith("HINTS"):
-        return text
+    if not text or text.upper().startswith("HINTS") or manifest.get("format") == "dab":
+        return text  # DAB appends db_description_withhint.txt as it is
     return "HINTS:\n" + text
 
 

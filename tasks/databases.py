@@ -1846,8 +1846,16 @@ def _tmp_sibling(path: pathlib.Path) -> pathlib.Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
-def _iter_rows(tbl: "pa.Table") -> Iterable[tuple]:
-    for batch in tbl.to_batches(max_chunksize=10_000):
+def _batches(tbl: "pa.Table | pa.RecordBatchReader") -> Iterable["pa.RecordBatch"]:
+    """The record batches of a table, or of a ``RecordBatchReader`` (streamed: a loader given
+    a reader never holds the whole table; :class:`tasks.storage.ParquetStream` makes one)."""
+    if hasattr(tbl, "to_batches"):
+        return tbl.to_batches(max_chunksize=10_000)
+    return tbl
+
+
+def _iter_rows(tbl: "pa.Table | pa.RecordBatchReader") -> Iterable[tuple]:
+    for batch in _batches(tbl):
         cols = [c.to_pylist() for c in batch.columns]
         yield from zip(*cols)
 
@@ -1891,7 +1899,8 @@ def _sqlite_value(v: Any) -> Any:
 
 
 def load_sqlite(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
-    """(Re)create the SQLite file ``path`` holding ``tables`` (name -> pyarrow Table), atomically:
+    """(Re)create the SQLite file ``path`` holding ``tables`` (name -> pyarrow Table, or a
+    ``RecordBatchReader``, streamed), atomically:
     written to a temporary sibling file, then ``os.replace``-d over ``path``.
 
     Types: ints -> INTEGER, floats -> REAL, bool -> BOOLEAN (0/1), date -> DATE (ISO text),
@@ -1906,7 +1915,7 @@ def load_sqlite(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
             for name, tbl in tables.items():
                 cols = ", ".join(f"{_quote_ident(f.name)} {_sqlite_decl(f.type)}" for f in tbl.schema)
                 conn.execute(f"CREATE TABLE {_quote_ident(name)} ({cols})")
-                marks = ", ".join("?" * tbl.num_columns)
+                marks = ", ".join("?" * len(tbl.schema))
                 conn.executemany(
                     f"INSERT INTO {_quote_ident(name)} VALUES ({marks})",
                     (tuple(_sqlite_value(v) for v in row) for row in _iter_rows(tbl)),
@@ -1919,10 +1928,16 @@ def load_sqlite(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+#: DuckDB's memory limit while it loads a Parquet stream (its buffer pool otherwise keeps the
+#: written blocks up to 80 % of RAM; the scan itself streams).
+DUCKDB_LOAD_MEMORY = "512MB"
+
+
 def load_duckdb(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
-    """(Re)create the DuckDB file ``path`` holding ``tables`` (name -> pyarrow Table),
-    atomically (temporary sibling file, then ``os.replace``); column types come from Arrow
-    (int64 -> BIGINT, double -> DOUBLE, string -> VARCHAR, date32 -> DATE, list<string> ->
+    """(Re)create the DuckDB file ``path`` holding ``tables`` (name -> pyarrow Table, a
+    ``RecordBatchReader``, or a :class:`tasks.storage.ParquetStream` — scanned by DuckDB from
+    its file within :data:`DUCKDB_LOAD_MEMORY`), atomically (temporary sibling file, then
+    ``os.replace``); column types come from Arrow (int64 -> BIGINT, double -> DOUBLE, string -> VARCHAR, date32 -> DATE, list<string> ->
     VARCHAR[], ...). A cached read-only connection of this process to ``path`` is dropped."""
     import duckdb
 
@@ -1933,6 +1948,12 @@ def load_duckdb(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
         conn = duckdb.connect(str(tmp))
         try:
             for name, tbl in tables.items():
+                parquet = getattr(tbl, "parquet_path", None)
+                if parquet is not None:  # a Parquet stream: DuckDB scans the file itself
+                    conn.execute(f"SET memory_limit = '{DUCKDB_LOAD_MEMORY}'")
+                    conn.execute(f"CREATE TABLE {_quote_ident(name)} AS SELECT * FROM "
+                                 "read_parquet(?)", [parquet])
+                    continue
                 view = f"__querylab_src_{uuid.uuid4().hex[:8]}"
                 conn.register(view, tbl)
                 try:
@@ -1988,12 +2009,56 @@ def _pg_type(t: "pa.DataType") -> str:
     return "jsonb"  # struct, map, ...
 
 
+def _csv_copyable(t: "pa.DataType") -> bool:
+    """True for Arrow types pyarrow's CSV writer renders as PostgreSQL reads them (the bulk
+    COPY path of :func:`load_postgres`)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        return _csv_copyable(t.value_type)
+    return (pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t)
+            or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_date(t)
+            or pa.types.is_timestamp(t) or pa.types.is_null(t))
+
+
+#: Rows per block of CSV written into one COPY (bounds the text held in memory).
+COPY_BLOCK_ROWS = 50_000
+
+
+def _copy_csv(copy, tbl: "pa.Table | pa.RecordBatchReader") -> None:
+    """Feed ``tbl`` (a Table, or a reader streamed batch by batch) to a ``COPY ... (FORMAT
+    csv)`` as CSV made by pyarrow's writer, at most :data:`COPY_BLOCK_ROWS` rows at a time (no
+    per-row Python). Every valid value is quoted and nulls are not, so PostgreSQL reads an
+    empty string as ``''`` and a null as NULL."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    plain = pa.schema([
+        pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type)
+        for f in tbl.schema
+    ])
+    opts = pacsv.WriteOptions(include_header=False, quoting_style="all_valid")
+    for big in _batches(tbl):
+        for batch in pa.Table.from_batches([big]).cast(plain).to_batches(COPY_BLOCK_ROWS):
+            buf = io.BytesIO()
+            pacsv.write_csv(batch, buf, opts)
+            copy.write(buf.getbuffer())
+
+
 def load_postgres(dsn: str, tables: dict[str, "pa.Table"]) -> None:
-    """(Re)create ``tables`` (name -> pyarrow Table) in schema ``public`` of ``dsn``, in ONE
+    """(Re)create ``tables`` (name -> pyarrow Table, or a ``RecordBatchReader``, streamed
+    into ``COPY``) in schema ``public`` of ``dsn``, in ONE
     transaction: ``DROP TABLE IF EXISTS`` + ``CREATE TABLE`` with PostgreSQL types mapped from
     Arrow (int64 -> bigint, int32/16 -> integer/smallint, float64 -> double precision, float32 ->
     real, string -> text, bool -> boolean, date -> date, timestamp -> timestamp[tz],
-    list<x> -> x[], struct -> jsonb) + ``COPY ... FROM STDIN``. Raises ``psycopg.Error``."""
+    list<x> -> x[], struct -> jsonb) + ``COPY ... FROM STDIN``. Raises ``psycopg.Error``.
+
+    A table of booleans, numbers, strings, dates and timestamps only is copied in bulk: CSV
+    written by pyarrow (:func:`_copy_csv`, no Python per row). A table with any other column
+    (lists, structs, binary, decimals, times, durations) is copied row by row through
+    psycopg's typed COPY (which adapts arrays and ``jsonb``)."""
     import psycopg
     from psycopg import sql
     from psycopg.types.json import Jsonb
@@ -2010,6 +2075,11 @@ def load_postgres(dsn: str, tables: dict[str, "pa.Table"]) -> None:
                 )
                 cur.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, cols))
                 names = sql.SQL(", ").join(sql.Identifier(f.name) for f in tbl.schema)
+                if all(_csv_copyable(f.type) for f in tbl.schema):
+                    stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(ident, names)
+                    with cur.copy(stmt) as copy:
+                        _copy_csv(copy, tbl)
+                    continue
                 json_idx = [i for i, t in enumerate(types) if t == "jsonb"]
                 with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(ident, names)) as copy:
                     copy.set_types([t.split("(")[0] for t in types])
@@ -2044,20 +2114,46 @@ def _mongo_value(v: Any) -> Any:
 def load_mongo(db: Any, collections: dict[str, "list[dict] | pa.Table"]) -> None:
     """Replace collections of ``db`` (a pymongo Database or a mongomock-worker database from
     ``mongo_client(None)``): for each name, drop the collection then ``insert_many`` its
-    documents (a list of dicts, or a pyarrow Table whose rows become documents). Lists stay
+    documents (a list of dicts, or a pyarrow Table or ``RecordBatchReader`` whose rows become
+    documents; a reader is inserted batch by batch on a real server). Lists stay
     arrays, nested dicts stay documents; ``date`` values become midnight datetimes (BSON has
-    no date type), Decimal becomes float. Input dicts are not modified."""
-    prepared_all = {}
-    for name, docs in collections.items():
-        if hasattr(docs, "to_pylist"):
-            docs = docs.to_pylist()
-        prepared_all[name] = [_mongo_value(d) for d in docs]
-    if getattr(db, "querylab_worker", False):
-        db.load(prepared_all)
+    no date type), Decimal becomes float. Input dicts are not modified. Lists and tables go
+    in batches of :data:`MONGO_BATCH_DOCS` (:func:`insert_batches`)."""
+    if getattr(db, "querylab_worker", False):  # in-process fallback: holds every document
+        db.load({name: [_mongo_value(d) for d in _documents(docs)]
+                 for name, docs in collections.items()})
         return
-    for name, prepared in prepared_all.items():
+    for name, docs in collections.items():
+        if not hasattr(docs, "to_pylist") and not isinstance(docs, list):  # a reader: stream
+            db.drop_collection(name)
+            db.create_collection(name)
+            for batch in docs:
+                if batch.num_rows:
+                    db[name].insert_many([_mongo_value(d) for d in batch.to_pylist()],
+                                         ordered=True)
+            continue
+        prepared = [_mongo_value(d) for d in _documents(docs)]
         db.drop_collection(name)
         if prepared:
-            db[name].insert_many(prepared, ordered=True)
+            insert_batches(db[name], prepared)
         else:
             db.create_collection(name)
+
+
+def _documents(docs: "list[dict] | pa.Table | pa.RecordBatchReader") -> Iterable[dict]:
+    if isinstance(docs, list):
+        return docs
+    if hasattr(docs, "to_pylist"):
+        return docs.to_pylist()
+    return (d for batch in docs for d in batch.to_pylist())
+
+
+#: Documents per ``insert_many`` of a bulk load.
+MONGO_BATCH_DOCS = 10_000
+
+
+def insert_batches(collection: Any, docs: list[dict], batch: int = MONGO_BATCH_DOCS) -> None:
+    """Insert ``docs`` into ``collection`` (pymongo or mongomock) in order, ``batch``
+    documents per ``insert_many`` (bulk writes, bounded request size)."""
+    for i in range(0, len(docs), batch):
+        collection.insert_many(docs[i:i + batch], ordered=True)

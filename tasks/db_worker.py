@@ -46,7 +46,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.databases import ColumnInfo, QueryError, QueryResult, ResultLimits, TableInfo
+from tasks.databases import (
+    ColumnInfo,
+    QueryError,
+    QueryResult,
+    ResultLimits,
+    TableInfo,
+    insert_batches,
+)
 
 #: Resident memory the SQL worker's queries may use (MiB): ``QUERYLAB_QUERY_WORKER_MEMORY_MB``.
 #: A watchdog samples the worker's RSS every few milliseconds and stops every running query
@@ -600,7 +607,7 @@ def _mongo_load(client: Any, sock: socket.socket) -> None:
             docs = pickle.loads(blob)
             db.drop_collection(name)
             if docs:
-                db[name].insert_many(docs, ordered=True)
+                insert_batches(db[name], docs)
             else:
                 db.create_collection(name)
         reply: dict = {"ok": True}

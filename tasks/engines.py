@@ -21,6 +21,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,26 +61,54 @@ def _physical_name(manifest: dict, db: str) -> str:
     return f"ql_{manifest['name']}_{db}_{digest}".lower()
 
 
-def _placed_tables(manifest: dict, db: str) -> dict[str, pa.Table]:
-    """Table name → placed table of database ``db``. Each Parquet file is read once: the tables
-    of a shard placement (entries with ``shard``, see :mod:`tasks.build`) are zero-copy slices
-    of their family's file, without the shard column."""
+@contextmanager
+def _placed_tables(manifest: dict, db: str) -> Iterator[dict[str, Any]]:
+    """Table name → placed table of database ``db``, inside a ``with`` block. A table of its
+    own Parquet file is a :class:`tasks.storage.ParquetStream` (the loaders stream it and never
+    hold it whole: multi-GB imported tables load in bounded memory); the tables of a shard placement
+    (entries with ``shard``, see :mod:`tasks.build`) are zero-copy slices of their family's
+    file, read once, without the shard column."""
     tables = manifest["databases"][db]["tables"]
+    per_file: dict[str, int] = {}
+    for t in tables.values():
+        per_file[t["uri"]] = per_file.get(t["uri"], 0) + 1
     files: dict[str, pa.Table] = {}
-    out = {}
-    for name, t in tables.items():
-        if t["uri"] not in files:
-            files[t["uri"]] = storage.read_parquet(t["uri"])
-        tbl = files[t["uri"]]
-        shard = t.get("shard")
-        if shard is not None:
-            tbl = tbl.slice(shard["offset"], t["rows"]).drop_columns([shard["column"]])
-        out[name] = tbl
-    return out
+    streams: list[storage.ParquetStream] = []
+    out: dict[str, Any] = {}
+    try:
+        for name, t in tables.items():
+            shard = t.get("shard")
+            if shard is None and per_file[t["uri"]] == 1:
+                stream = storage.ParquetStream(t["uri"])
+                streams.append(stream)
+                out[name] = stream
+                continue
+            if t["uri"] not in files:
+                files[t["uri"]] = storage.read_parquet(t["uri"])
+            tbl = files[t["uri"]]
+            if shard is not None:
+                tbl = tbl.slice(shard["offset"], t["rows"]).drop_columns([shard["column"]])
+            out[name] = tbl
+        yield out
+    finally:
+        for stream in streams:
+            stream.close()
 
 
-def _mongo_docs(table: pa.Table) -> list[dict[str, Any]]:
-    """Rows as BSON-encodable documents (dates become ISO strings; lists stay arrays)."""
+def _mongo_docs(table: Any) -> Any:
+    """Rows as BSON-encodable documents (dates become ISO strings; lists stay arrays); a
+    stream of batches stays a ``RecordBatchReader`` (its date columns cast to ISO text, batch
+    by batch)."""
+    if not hasattr(table, "to_pylist"):
+        def batches():
+            for batch in table:
+                yield pa.RecordBatch.from_arrays(
+                    [c.cast(pa.string()) if pa.types.is_date(c.type) else c
+                     for c in batch.columns],
+                    names=batch.schema.names)
+        schema = pa.schema([pa.field(f.name, pa.string()) if pa.types.is_date(f.type) else f
+                            for f in table.schema])
+        return pa.RecordBatchReader.from_batches(schema, batches())
     docs = table.to_pylist()
     for d in docs:
         for k, v in d.items():
@@ -111,7 +141,8 @@ def ensure_loaded(manifest: dict, db: str, settings: Settings) -> str:
                 private_dir(Path(settings.home) / "build")
                 path.parent.mkdir(parents=True, exist_ok=True)
                 loader = load_sqlite if engine == "sqlite" else load_duckdb
-                loader(path, _placed_tables(manifest, db))
+                with _placed_tables(manifest, db) as tables:
+                    loader(path, tables)
         elif engine == "postgres":
             server = postgres_server_url(settings.postgres_url, Path(settings.home))
             dsn = postgres_database_dsn(server, _physical_name(manifest, db), create=True)
@@ -120,7 +151,8 @@ def ensure_loaded(manifest: dict, db: str, settings: Settings) -> str:
                     "SELECT to_regclass('querylab_meta.loaded') IS NOT NULL"
                 ).fetchone()[0]
             if not done:
-                load_postgres(dsn, _placed_tables(manifest, db))
+                with _placed_tables(manifest, db) as tables:
+                    load_postgres(dsn, tables)
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     conn.execute("CREATE SCHEMA IF NOT EXISTS querylab_meta")
                     conn.execute(
@@ -135,9 +167,8 @@ def ensure_loaded(manifest: dict, db: str, settings: Settings) -> str:
             client = mongo_client(settings.mongo_uri)
             mdb = client[_physical_name(manifest, db)]
             if mongo_loaded_version(mdb) != manifest["version"]:
-                load_mongo(
-                    mdb, {n: _mongo_docs(t) for n, t in _placed_tables(manifest, db).items()}
-                )
+                with _placed_tables(manifest, db) as tables:
+                    load_mongo(mdb, {n: _mongo_docs(t) for n, t in tables.items()})
                 mongo_mark_loaded(mdb, manifest["version"])
         else:
             raise ValueError(f"unknown engine {engine!r}")

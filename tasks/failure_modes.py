@@ -253,7 +253,7 @@ def classify_failures(
         tool_calls.lazy()
         .with_columns(tid)
         .join(bad.lazy().select("tid"), on="tid", how="semi")
-        .collect()
+        .collect(engine="streaming")  # a scanned artifact: only the incorrect trials' calls
     )
     features = call_features(
         calls, (*EXTRACTION_METHODS, "key_reformat", "adj_close"), with_db=True

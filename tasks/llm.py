@@ -43,6 +43,7 @@ import logging
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -152,8 +153,10 @@ class ResolvedModel:
     ``local`` for a server querylab runs), ``overridden_base_url`` (the models table's URL the
     named endpoint replaced, else None), ``tool_protocol`` (``native``, ``json_schema`` or
     ``auto``), ``cache_base_url`` (what the response-cache key uses instead of ``base_url``: a
-    local server's port-free identity; None: ``base_url``) and ``local`` (a local server's
-    description, else None)."""
+    local server's port-free identity; None: ``base_url``), ``local`` (a local server's
+    description, else None) and ``max_concurrency`` (trials of this model in flight at once:
+    the models table's ``max_concurrency``, a local model's ``parallel`` slots by default;
+    None: no cap of its own, see :mod:`tasks.concurrency`)."""
 
     name: str
     model_id: str
@@ -169,6 +172,7 @@ class ResolvedModel:
     tool_protocol: str = "native"
     cache_base_url: str | None = None
     local: dict | None = None
+    max_concurrency: int | None = None
 
     def describe(self) -> dict:
         """JSON-able description without the key (for ``agents.json``)."""
@@ -184,6 +188,7 @@ class ResolvedModel:
             "context_window": self.context_window,
             "sampling": self.sampling,
             "tool_protocol": self.tool_protocol,
+            "max_concurrency": self.max_concurrency,
             **({"local": self.local} if self.local is not None else {}),
         }
 
@@ -291,6 +296,7 @@ def resolve_model(
             base_url_source=source or "table",
             overridden_base_url=table_url if named and named != table_url else None,
             tool_protocol=entry.tool_protocol,
+            max_concurrency=entry.max_concurrency,
         )
     if not generic_key and not named:
         raise AgentConfigError(
@@ -359,6 +365,7 @@ def _resolve_local(name: str, config: ModelsConfig) -> ResolvedModel:
         tool_protocol=entry.tool_protocol,
         cache_base_url=server.identity,
         local=server.describe(),
+        max_concurrency=entry.max_concurrency or entry.local.parallel,
     )
 
 
@@ -912,16 +919,25 @@ class ChatModel:
         self.sleep = sleep
         self.rng = rng or random.Random()
         self.sampling = {**resolved.sampling, **self.options.sampling()}
-        #: The record of a call that reached the API while :meth:`complete` had not returned
-        #: yet (None otherwise): when something raises after the response arrived (the cache
-        #: write, decoding), the caller still counts the paid call (:func:`tasks.agent.run_react`).
-        self.in_flight: LLMCallRecord | None = None
+        self._local = threading.local()  # per thread: trials of a batch share the model
         self.client = openai.OpenAI(
             base_url=resolved.base_url,
             api_key=resolved.api_key,
             max_retries=0,
             timeout=self.options.request_timeout_s,
         )
+
+    @property
+    def in_flight(self) -> LLMCallRecord | None:
+        """The record of this thread's call that reached the API while :meth:`complete` had
+        not returned yet (None otherwise): when something raises after the response arrived
+        (the cache write, decoding), the caller still counts the paid call
+        (:func:`tasks.agent.run_react`)."""
+        return getattr(self._local, "record", None)
+
+    @in_flight.setter
+    def in_flight(self, record: LLMCallRecord | None) -> None:
+        self._local.record = record
 
     def close(self) -> None:
         """Close the HTTP connection pool."""

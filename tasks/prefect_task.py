@@ -26,6 +26,9 @@ class LazyTask:
         self._task = None
         self._lock = threading.Lock()
         functools.update_wrapper(self, fn)
+        # The module attribute named after ``fn`` is this LazyTask, so pickle (Dask ships
+        # tasks to worker processes by reference) finds the function as ``<name>.fn``.
+        fn.__qualname__ = f"{fn.__qualname__}.fn"
 
     @property
     def prefect_task(self):
@@ -41,10 +44,24 @@ class LazyTask:
     def __call__(self, *args, **kwargs):
         return self.prefect_task(*args, **kwargs)
 
+    def __reduce__(self):
+        # pickled by reference (a Dask worker imports the module), never with its lock
+        return _import_attribute, (self.fn.__module__, self.__qualname__)
+
     def __getattr__(self, name: str):
         if name.startswith("__") or name in ("fn", "options", "_task", "_lock"):
             raise AttributeError(name)
         return getattr(self.prefect_task, name)
+
+
+def _import_attribute(module: str, qualname: str) -> Any:
+    """``module.qualname`` (dotted), importing ``module``: how a pickled LazyTask comes back."""
+    import importlib
+
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def task(**options: Any) -> Callable[[Callable], LazyTask]:

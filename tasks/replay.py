@@ -6,16 +6,20 @@ objects, as DAB leaderboard submissions are::
     [{"dataset": "STOCKS", "query": "1", "run": "0", "answer": "Facebook"}, ...]
 
 - ``dataset`` matches a querylab dataset name, case-insensitively;
-- ``query`` is a query id (``nasdaq_top_volume_2012``) or, as in DAB, its 1-based position in the
-  dataset's query list (``"1"``, ``1`` or ``"query1"``); an exact id wins;
+- ``query`` is a query id (``nasdaq_top_volume_2012``) or, as in DAB, its number: ``"3"``,
+  ``3`` or ``"query3"`` is the query folder ``query3`` of an imported DAB dataset (even when
+  ``query2`` is missing), and the 3rd query of a built dataset; an exact id wins;
 - ``run`` is the 0-based trial index (int or digit string);
 - ``answer`` is the free-text answer (a non-string is scored as its JSON text; null = none).
 
 Each trial of a replay run takes the answer of its (dataset, query, run) and scores it with the
 query's validator, like any agent's ``return_answer``; a trial with no entry ends with terminate
-reason ``no_answer`` (incorrect). Other keys of an entry are ignored. Problems in the file
-(not JSON, missing keys, a bad run, duplicates, a query that a dataset of the run does not
-have) raise :class:`ReplayError` naming the file and entry before any trial runs.
+reason ``no_answer`` (incorrect; DAB's own scripts find no run there, see
+:func:`tasks.dab_rules.leaderboard_pass_at_1`). Other keys of an entry are ignored. Problems
+in the file (not JSON, missing keys, a bad run, duplicates, a query that a dataset of the run
+does not have, no entry for any dataset of the run) raise :class:`ReplayError` naming the
+file and the entries before any trial runs; :func:`unmatched_datasets` names the entries for
+datasets a run does not have.
 """
 
 from __future__ import annotations
@@ -44,10 +48,16 @@ class AnswerFile:
     path: Path
     sha256: str
     entries: dict[tuple[str, str, int], str | None] = field(default_factory=dict)
+    #: lower-cased dataset name → as the file spells it (its first entry's spelling)
+    spelled: dict[str, str] = field(default_factory=dict)
 
     def datasets(self) -> set[str]:
         """Lower-cased dataset names that have entries."""
         return {d for d, _, _ in self.entries}
+
+    def count(self, dataset: str) -> int:
+        """Entries for a (lower-cased) dataset name."""
+        return sum(1 for d, _, _ in self.entries if d == dataset)
 
 
 def _records(path: Path, text: str) -> list:
@@ -97,19 +107,47 @@ def load_answers(path: str | Path) -> AnswerFile:
                 f"{where}: duplicate answer for dataset {rec['dataset']!r} query {query!r} run {run}"
             )
         out.entries[key] = answer
+        out.spelled.setdefault(dataset, str(rec["dataset"]).strip())
     return out
 
 
+def unmatched_datasets(answers: AnswerFile, manifests: list[dict]) -> dict[str, int]:
+    """Datasets of the answer file (as it spells them) that none of ``manifests`` is —
+    compared ignoring case — with their entry counts."""
+    names = {m["name"].lower() for m in manifests}
+    return {answers.spelled.get(d, d): answers.count(d)
+            for d in sorted(answers.datasets() - names)}
+
+
+def check_matches(answers: AnswerFile, manifests: list[dict], strict: bool = False) -> None:
+    """ReplayError when no entry of the file is for a dataset of ``manifests`` (a run that
+    would score nothing), naming the file's datasets and the run's; with ``strict`` also when
+    any entry is for a dataset the run does not have, naming those."""
+    missing = unmatched_datasets(answers, manifests)
+    have = sorted(m["name"] for m in manifests)
+    shown = ", ".join(f"{d!r} ({n} entries)" for d, n in missing.items())
+    if manifests and len(missing) == len(answers.datasets()):
+        raise ReplayError(f"{answers.path}: no entry is for a dataset of this run: the file "
+                          f"answers {shown or 'nothing'}; the run has {have}")
+    if strict and missing:
+        raise ReplayError(f"{answers.path}: entries for datasets this run does not have: "
+                          f"{shown}; the run has {have} (import them, or drop those entries)")
+
+
 def resolve_query(manifest: dict, query: str) -> str | None:
-    """The query id an entry's ``query`` refers to in ``manifest`` (exact id, else 1-based
-    position as ``"3"`` or ``"query3"``), or None."""
+    """The query id an entry's ``query`` refers to in ``manifest``, or None: the exact id;
+    else a number (``"3"`` or ``"query3"``): the query folder ``query3`` of a DAB dataset
+    (DAB numbers queries by folder), the 3rd query of a built dataset (1-based position)."""
     ids = [q["id"] for q in manifest["queries"]]
     if query in ids:
         return query
     m = re.fullmatch(r"(?:query)?(\d+)", query, flags=re.IGNORECASE)
-    if m and 1 <= int(m.group(1)) <= len(ids):
-        return ids[int(m.group(1)) - 1]
-    return None
+    if not m:
+        return None
+    n = int(m.group(1))
+    if manifest.get("format") == "dab":
+        return f"query{n}" if f"query{n}" in ids else None
+    return ids[n - 1] if 1 <= n <= len(ids) else None
 
 
 def answers_for(answers: AnswerFile, manifest: dict) -> dict[tuple[str, int], str | None]:
@@ -134,9 +172,11 @@ def answers_for(answers: AnswerFile, manifest: dict) -> dict[tuple[str, int], st
             )
         out[(qid, run)] = answer
     if unknown:
+        ids = [q["id"] for q in manifest["queries"]]
+        also = "" if manifest.get("format") == "dab" else f" (or 1..{len(ids)})"
         raise ReplayError(
-            f"{answers.path}: dataset {manifest['name']!r} has no queries {sorted(set(unknown))}; "
-            f"it has {[q['id'] for q in manifest['queries']]} (or 1..{len(manifest['queries'])})"
+            f"{answers.path}: dataset {manifest['name']!r} has no queries "
+            f"{sorted(set(unknown))}; it has {ids}{also}"
         )
     return out
 

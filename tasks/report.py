@@ -53,6 +53,7 @@ from tasks.metrics import (
 )
 from tasks.prefect_task import task
 from tasks.report_html import Figure, Section, Table, markdown_table, render_html, render_markdown
+from tasks.dab_rules import condition_notes
 from tasks.sandbox import sandbox_notes
 from tasks.scoring import (
     audit_uri,
@@ -86,11 +87,12 @@ def _trials_uri(artifacts_root: str, run_id: str, name: str) -> str:
 
 
 def load_trials(artifacts_root: str, run_id: str) -> pl.DataFrame:
-    """A run's trials as a Polars frame (schema-checked); StorageError naming the URI when the
+    """A run's trials as a Polars frame (schema-checked), read by a streaming scan of the file
+    (:func:`tasks.storage.scan_parquet`: no bytes copy); StorageError naming the URI when the
     run has no ``trials.parquet``."""
-    return pl.from_arrow(
-        storage.read_parquet(_trials_uri(artifacts_root, run_id, "trials"), artifacts.TRIALS)
-    )
+    return storage.scan_parquet(
+        _trials_uri(artifacts_root, run_id, "trials"), artifacts.TRIALS
+    ).collect(engine="streaming")
 
 
 def load_scored_trials(artifacts_root: str, run_id: str) -> pl.DataFrame:
@@ -119,10 +121,17 @@ def load_audit(artifacts_root: str, run_id: str) -> pl.DataFrame:
 
 def load_tool_calls(artifacts_root: str, run_id: str) -> pl.DataFrame | None:
     """A run's tool calls (schema-checked), or None when the run has no ``tool_calls.parquet``."""
+    lf = scan_tool_calls(artifacts_root, run_id)
+    return None if lf is None else lf.collect(engine="streaming")
+
+
+def scan_tool_calls(artifacts_root: str, run_id: str) -> pl.LazyFrame | None:
+    """A run's tool calls as a lazy scan of ``tool_calls.parquet`` (schema-checked; nothing is
+    read until collected: the report's tables stream it), or None when the run has none."""
     uri = _trials_uri(artifacts_root, run_id, "tool_calls")
     if not storage.exists(uri):
         return None
-    return pl.from_arrow(storage.read_parquet(uri, artifacts.TOOL_CALLS))
+    return storage.scan_parquet(uri, artifacts.TOOL_CALLS)
 
 
 def load_llm_calls(artifacts_root: str, run_id: str) -> pl.DataFrame | None:
@@ -131,7 +140,7 @@ def load_llm_calls(artifacts_root: str, run_id: str) -> pl.DataFrame | None:
     uri = _trials_uri(artifacts_root, run_id, "llm_calls")
     if not storage.exists(uri):
         return None
-    return pl.from_arrow(storage.read_parquet(uri, artifacts.LLM_CALLS))
+    return storage.scan_parquet(uri, artifacts.LLM_CALLS).collect(engine="streaming")
 
 
 def replayed_from_cache(llm_calls: pl.DataFrame, trials: pl.DataFrame) -> list[str]:
@@ -236,13 +245,14 @@ def compute_report_tables(
     ``has_llm_calls``. Raises StorageError when the run has no trials.
     """
     trials = load_scored_trials(artifacts_root, run_id)
-    tool_calls = load_tool_calls(artifacts_root, run_id)
+    # the largest artifact: scanned lazily, streamed by each table's query, never loaded whole
+    tool_calls = scan_tool_calls(artifacts_root, run_id)
     llm_calls = load_llm_calls(artifacts_root, run_id)
     audit = load_audit(artifacts_root, run_id)
     notes = []
     if tool_calls is None:
         notes.append("The run has no `tool_calls.parquet`: trajectories are empty.")
-        tool_calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table())
+        tool_calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table()).lazy()
     if llm_calls is None:
         notes.append(
             "The run has no `llm_calls.parquet` (offline agents or no per-call accounting): "
@@ -250,7 +260,7 @@ def compute_report_tables(
         )
     else:
         notes += replayed_from_cache(llm_calls, trials)
-    if load_messages(artifacts_root, run_id) is None:
+    if not storage.exists(_trials_uri(artifacts_root, run_id, "messages")):
         notes.append("The run has no `messages.parquet`: the viewer shows no transcripts and "
                      "the trace audit checked tool-call arguments only.")
     run_queries = {
@@ -260,6 +270,7 @@ def compute_report_tables(
     uris_m, more = resolve_manifests(artifacts_root, run_id, run_queries, manifest_uris)
     notes += more
     notes += sandbox_notes(artifacts_root, run_id)
+    notes += condition_notes(artifacts_root, run_id)
     # scorer side (requirements, questions), with the scoring the run was scored with
     manifests = run_full_manifests(artifacts_root, run_id, uris_m)
     requirements = (
@@ -318,7 +329,7 @@ def compute_report_tables(
             "datasets": trials["dataset"].n_unique(),
             "queries": trials.select("dataset", "query_id").unique().height,
             "incorrect": labels.height,
-            "tool_calls": tool_calls.height,
+            "tool_calls": tool_calls.select(pl.len()).collect().item(),
             "flagged": audit["trial_key"].n_unique() if audit.height else 0,
         },
         "errored": {"share": verdicts["error_share"], "by_reason": verdicts["errored_by_reason"]},

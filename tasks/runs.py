@@ -218,6 +218,15 @@ def record_manifests(artifacts_root: str, run_id: str, manifests: Sequence[str])
     return record
 
 
+def record_conditions(artifacts_root: str, run_id: str, conditions: dict[str, dict]) -> RunRecord:
+    """Record the condition each dataset's trials run under (dataset name → hints, effective
+    agent options, scoring rules; :func:`tasks.dab_rules.dataset_condition`)."""
+    record = load_run(artifacts_root, run_id)
+    record.conditions = dict(conditions)
+    save_run(artifacts_root, record)
+    return record
+
+
 def benchmark_config(artifacts_root: str, run_id: str) -> BenchmarkConfig:
     """The run's benchmark configuration; RunError when the run has none (a stand-alone run)."""
     record = load_run(artifacts_root, run_id)
@@ -675,7 +684,10 @@ class TrialsErrored(RuntimeError):
                f"; {summary['error_share']:.1%} > the allowed {max_share:.1%}")
             + "); they have no verdict and are left out of the scores. Retry "
             f"them with `querylab rerun --run-id {run_id} --retry-errors` (or allow them: "
-            "--max-error-share)"
+            "--max-error-share)" + (
+                f"; validator_error: a validator gave no verdict (its traceback is the "
+                f"score's reason): fix it, then `querylab rescore --run-id {run_id}`"
+                if "validator_error" in summary.get("errored_by_reason", {}) else "")
         )
 
 

@@ -536,6 +536,8 @@ class Sandbox:
         self.spares = max(int(spares), 0)
         self._spares: dict[int, list[Session]] = {}
         self._refilling: set[int] = set()
+        # disk_mb -> (pool size a reserve() thread fills to, the sandbox generation it serves)
+        self._reserving: dict[int, tuple[int, int]] = {}
         self._spare_lock = threading.Lock()
         self._generation = 0
         self._proc: subprocess.Popen | None = None
@@ -742,6 +744,53 @@ class Sandbox:
 
         threading.Thread(target=work, name="sandbox-spare", daemon=True).start()
 
+    def reserve(self, n: int, disk_mb: int = 1024) -> None:
+        """Keep up to ``n`` (at most :data:`MAX_SPARES`) trial sessions of ``disk_mb`` MiB ready:
+        raises :attr:`spares` to ``n`` and fills the warm pool to it in one background thread,
+        so a stage starting ``n`` concurrent trials hands every trial a session set up while
+        its first model calls were waiting (the zygote serialises forks: on the trials' path
+        they would queue). Closed sessions are recycled into the pool up to ``spares``, so the
+        pool stays bounded by the largest ``n`` asked for. Does nothing for a sandbox without
+        isolation (legacy sessions are not pooled) or ``n`` < 1; a session that fails to open
+        ends the filling (the trial's own open reports the error)."""
+        n = min(int(n), MAX_SPARES)
+        if n < 1 or not self.isolate:
+            return
+        key = int(disk_mb)
+        with self._spare_lock:
+            self.spares = max(self.spares, n)
+            generation = self._generation
+            want, gen = self._reserving.get(key, (0, -1))
+            running = gen == generation
+            self._reserving[key] = (max(want, n) if running else n, generation)
+        if running:
+            return
+
+        def done() -> None:  # with _spare_lock held
+            if self._reserving.get(key, (0, -1))[1] == generation:
+                del self._reserving[key]
+
+        def work() -> None:
+            while True:
+                with self._spare_lock:
+                    if (generation != self._generation
+                            or len(self._spares.get(key, [])) >= self._reserving[key][0]):
+                        done()
+                        return
+                try:
+                    s = self._open_new(key, None, 0, None, generation)
+                except SandboxError:
+                    with self._spare_lock:
+                        done()
+                    return
+                with self._spare_lock:
+                    if generation == self._generation:
+                        self._spares.setdefault(key, []).append(s)
+                        continue
+                s._kill()
+
+        threading.Thread(target=work, name="sandbox-reserve", daemon=True).start()
+
     def _open_new(self, disk_mb, cwd, readonly_mb, workdir, generation=None) -> Session:
         spec = {"disk_mb": int(disk_mb), "cpus": self.cpus, "cwd": cwd,
                 "ro_mb": int(readonly_mb)}
@@ -885,6 +934,9 @@ print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "caps": caps,
                   "net": net}))
 """
 
+
+#: Most trial sessions :meth:`Sandbox.reserve` keeps ready (bounds the warm pool's memory).
+MAX_SPARES = 64
 
 _SHARED: Sandbox | None = None
 _SHARED_PID = 0

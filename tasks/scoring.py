@@ -55,6 +55,9 @@ PRIVATE_QUERY_KEYS = ("ground_truth", "validator", "reference", "requires")
 PRIVATE_MANIFEST_KEYS = ("canonical", "spec_file")
 #: Verdicts of a ``scores`` row.
 VERDICTS = ("correct", "incorrect", "errored")
+#: ``errored_by_reason`` key of errored verdicts whose validator gave none (the trial itself
+#: ended normally): fix the validator and rescore, re-running the trial changes nothing.
+VALIDATOR_ERROR = "validator_error"
 
 
 class ScoringError(ValueError):
@@ -283,14 +286,18 @@ def _first_line(text: str | None, limit: int = 300) -> str:
 
 
 def score_rows(trials: Iterable[dict], scorings: dict[str, dict],
-               questions: dict[tuple[str, str], str] | None = None) -> list[dict]:
+               questions: dict[tuple[str, str], str] | None = None,
+               score_no_tool_call: bool = False) -> list[dict]:
     """One ``scores`` row per trial (see :data:`schemas.artifacts.SCORES`).
 
     ``trials``: trial rows (``TRIALS`` columns); ``scorings``: dataset name → its scoring file
     (:func:`load_scoring`); ``questions``: (dataset, query id) → question text (the validators
     tell numbers the question names apart from candidate answers; :func:`load_questions`). An
-    errored trial (:data:`ERRORED_REASONS`) is not validated.
-    Raises ScoringError for a trial whose dataset or query has no scoring entry, or whose
+    errored trial (:data:`ERRORED_REASONS`) is not validated. A validator that fails to give a
+    verdict (a DAB ``validate.py`` that raised) makes the verdict ``errored`` too, with its
+    traceback as the reason. Queries of DAB datasets follow DAB's scoring rules first
+    (:func:`dab_verdict`; ``score_no_tool_call`` lifts the ``no_tool_call`` one). Raises
+    ScoringError for a trial whose dataset or query has no scoring entry, or whose
     ``dataset_version`` differs from the scoring file's."""
     digests: dict[tuple[str, str], str] = {}
     out = []
@@ -325,11 +332,15 @@ def score_rows(trials: Iterable[dict], scorings: dict[str, dict],
             why = _first_line(t.get("error")) or "no error message"
             row["reason"] = f"errored ({t['terminate_reason']}): {why}"
         else:
-            v = check_answer(t["answer"], query.get("ground_truth"), query["validator"],
-                             (questions or {}).get(key))
-            row["verdict"] = "correct" if v.ok else "incorrect"
-            row["is_correct"] = v.ok
-            row["reason"] = v.reason
+            v = dab_verdict(query, t, score_no_tool_call) or check_answer(
+                t["answer"], query.get("ground_truth"), query["validator"],
+                (questions or {}).get(key))
+            if v.errored:  # the validator gave no verdict: errored, not incorrect
+                row["reason"] = v.reason
+            else:
+                row["verdict"] = "correct" if v.ok else "incorrect"
+                row["is_correct"] = v.ok
+                row["reason"] = v.reason
         out.append(row)
     return out
 
@@ -489,7 +500,8 @@ def score_run(
     manifests = run_manifest_uris(artifacts_root, run_id, trials, manifest_uris)
     scorings = load_scorings(manifests)
     questions = load_questions(manifests)
-    rows = score_rows(trials.iter_rows(named=True), scorings, questions)
+    rows = score_rows(trials.iter_rows(named=True), scorings, questions,
+                      score_no_tool_call=run_scores_no_tool_call(artifacts_root, run_id))
     messages_uri = trials_uri(artifacts_root, run_id, "messages")
     tool_calls_uri = trials_uri(artifacts_root, run_id, "tool_calls")
     messages = (pl.from_arrow(storage.read_parquet(messages_uri, artifacts.MESSAGES))
@@ -528,14 +540,18 @@ def score_run(
 def summarise(scores: pl.DataFrame) -> dict[str, Any]:
     """Counts of a ``scores`` frame: ``trials``, ``correct``, ``incorrect``, ``errored``,
     ``error_share`` (errored / trials, 0 without trials) and ``errored_by_reason``
-    (terminate reason → count); with an ``agent`` column also ``by_agent`` (agent →
-    ``{"trials", "errored", "error_share"}``: the allowed share of errored trials applies to
-    each agent, so an oracle's trials never hide an agent whose every trial errored)."""
+    (terminate reason → count; :data:`VALIDATOR_ERROR` for validators that gave no verdict);
+    with an ``agent`` column also ``by_agent`` (agent → ``{"trials", "errored",
+    "error_share"}``: the allowed share of errored trials applies to each agent, so an
+    oracle's trials never hide an agent whose every trial errored)."""
     n = scores.height
     count = {v: int((scores["verdict"] == v).sum()) for v in VERDICTS}
+    # an errored verdict of a trial that ended normally is its validator's (VALIDATOR_ERROR)
+    reason = pl.when(pl.col("terminate_reason").is_in(list(ERRORED_REASONS))).then(
+        pl.col("terminate_reason")).otherwise(pl.lit(VALIDATOR_ERROR))
     by_reason = {
         r: int(c) for r, c in scores.filter(pl.col("verdict") == "errored")
-        .group_by("terminate_reason").len().sort("terminate_reason").iter_rows()
+        .group_by(reason.alias("r")).len().sort("r").iter_rows()
     }
     out: dict[str, Any] = {
         "trials": n, **count, "error_share": (count["errored"] / n) if n else 0.0,
@@ -559,7 +575,7 @@ def load_scores(artifacts_root: str, run_id: str) -> pl.DataFrame:
     if not storage.exists(uri):
         raise ScoringError(f"run {run_id!r} has not been scored (missing {uri}): run "
                            f"`querylab rescore --run-id {run_id}`")
-    return pl.from_arrow(storage.read_parquet(uri, artifacts.SCORES))
+    return storage.scan_parquet(uri, artifacts.SCORES).collect(engine="streaming")
 
 
 def scored_trials(trials: pl.DataFrame, scores: pl.DataFrame, run_id: str = "?") -> pl.DataFrame:
@@ -586,3 +602,33 @@ def scored_trials(trials: pl.DataFrame, scores: pl.DataFrame, run_id: str = "?")
             f"{stale['trial_key'][0]}): run `querylab rescore --run-id {run_id}`"
         )
     return joined.drop("_scored_answer", "_scored_reason")
+
+
+# --------------------------------------------------------------------------------------------
+# DAB's scoring rules (datasets imported in DAB's format; see tasks.dab_rules)
+# --------------------------------------------------------------------------------------------
+
+
+def dab_verdict(query: dict, trial: dict, score_no_tool_call: bool = False):
+    """DAB's own verdict for a trial of a DAB query (validator kind ``dab_script``) when DAB
+    decides without the query's ``validate.py`` — a ``no_tool_call`` ending (unless
+    ``score_no_tool_call``) or an empty answer is invalid
+    (:func:`tasks.dab_rules.dab_rule_verdict`); None otherwise (the validator decides)."""
+    if (query.get("validator") or {}).get("kind") != "dab_script":
+        return None
+    from tasks.dab_rules import dab_rule_verdict
+
+    return dab_rule_verdict(trial["terminate_reason"], trial["answer"], score_no_tool_call)
+
+
+def run_scores_no_tool_call(artifacts_root: str, run_id: str) -> bool:
+    """Whether the run asked to score ``no_tool_call`` texts on DAB datasets
+    (``--score-no-tool-call``, recorded in ``run.json``); False for runs without a record."""
+    from tasks import runs
+
+    try:
+        record = runs.find_run(artifacts_root, run_id)
+    except Exception:  # noqa: BLE001 - an unreadable record: DAB's default rule
+        return False
+    bench = record.benchmark if record is not None else None
+    return bool(getattr(bench, "score_no_tool_call", False))

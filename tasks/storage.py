@@ -222,6 +222,63 @@ def write_parquet(uri: str, table: pa.Table, schema: pa.Schema | None = None) ->
     return write_bytes(uri, sink.getvalue())
 
 
+def polars_storage_options() -> dict[str, str] | None:
+    """Polars / object_store options for ``s3://`` URIs: the endpoint of ``AWS_ENDPOINT_URL``
+    (MinIO, a test server; plain HTTP allowed for an ``http://`` one) and the region of
+    ``AWS_DEFAULT_REGION``; credentials come from the usual ``AWS_*`` variables. None when
+    neither is set."""
+    opts = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        opts["aws_endpoint_url"] = endpoint
+        if endpoint.startswith("http://"):
+            opts["aws_allow_http"] = "true"
+    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
+    if region:
+        opts["aws_region"] = region
+    return opts or None
+
+
+def scan_parquet(uri: str, schema: pa.Schema | None = None):
+    """A Parquet artifact as a Polars ``LazyFrame`` scanning the file / S3 object itself (no
+    bytes copy, nothing read until collected; projections and filters are pushed into the
+    scan, so a streaming collect holds row groups, not the artifact).
+
+    With ``schema``: the frame has exactly its columns, in its order and types, like
+    :func:`read_parquet` with the same check (``schema_version`` from the file's footer; a
+    column declared ``added_later`` that the file lacks reads as nulls); ArtifactSchemaError
+    naming ``uri`` otherwise. StorageError when the artifact does not exist."""
+    import polars as pl
+
+    from schemas.artifacts import ArtifactSchemaError
+
+    if not exists(uri):
+        raise StorageError(f"{uri}: artifact not found")
+    source = uri if is_s3(uri) else str(_local(uri))
+    opts = polars_storage_options() if is_s3(uri) else None
+    lf = pl.scan_parquet(source, storage_options=opts)
+    if schema is None:
+        return lf
+    meta = pl.read_parquet_metadata(source, storage_options=opts)
+    want = schema.metadata[b"schema_version"].decode()
+    got = meta.get("schema_version")
+    if got is not None and got != want:
+        raise ArtifactSchemaError(f"{uri}: schema_version {got} but querylab reads {want}")
+    present = set(lf.collect_schema().names())
+    dtypes = pl.from_arrow(schema.empty_table()).schema
+    cols, missing = [], []
+    for f in schema:
+        if f.name in present:
+            cols.append(pl.col(f.name).cast(dtypes[f.name]))
+        elif (f.metadata or {}).get(b"added_later"):
+            cols.append(pl.lit(None, dtypes[f.name]).alias(f.name))
+        else:
+            missing.append(f.name)
+    if missing:
+        raise ArtifactSchemaError(f"{uri}: missing columns {missing}")
+    return lf.select(cols)
+
+
 def read_parquet(uri: str, schema: pa.Schema | None = None) -> pa.Table:
     """Read a Parquet artifact as a pyarrow Table (checked against ``schema`` when given)."""
     # ParquetFile, not read_table: one file needs no pyarrow.dataset (whose import pulls in
@@ -230,3 +287,91 @@ def read_parquet(uri: str, schema: pa.Schema | None = None) -> pa.Table:
     if schema is not None:
         table = check_schema(table, schema, uri)
     return table
+
+
+def write_parquet_batches(uri: str, schema: pa.Schema, batches) -> int:
+    """Stream record ``batches`` (of ``schema``) into one zstd Parquet artifact at ``uri``
+    without holding them together: each batch is a row group written as it comes, to a
+    temporary file that is renamed over ``uri`` (or uploaded to S3) once complete. Returns the
+    number of rows written."""
+    rows = 0
+    if is_s3(uri):
+        fd, tmp = tempfile.mkstemp(prefix="querylab-", suffix=".parquet")
+        os.close(fd)
+        target = None
+    else:
+        target = _local(uri)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(fd)
+    try:
+        with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+            for batch in batches:
+                if batch.num_rows:
+                    writer.write_batch(batch)
+                    rows += batch.num_rows
+        if target is None:
+            from boto3.s3.transfer import TransferConfig
+
+            bucket, key = _split(uri)
+            config = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD,
+                                    multipart_chunksize=MULTIPART_THRESHOLD)
+            try:
+                _s3().upload_file(tmp, bucket, key, Config=config)
+            except Exception as exc:
+                raise StorageError(f"{uri}: write failed: {exc}") from exc
+        else:
+            os.chmod(tmp, _FILE_MODE)
+            os.replace(tmp, target)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return rows
+
+
+class ParquetStream:
+    """A Parquet artifact read batch by batch: ``schema``, ``num_rows``, :meth:`batches` (a
+    fresh pass each call, at most ``batch_rows`` rows per batch; iterating the object is the
+    same) and ``parquet_path``, the local file. A local file is read in place; an S3 object
+    is downloaded (streamed) to a temporary file first, removed by :meth:`close`. The
+    loaders of :mod:`tasks.databases` take it in place of a table and never hold it whole."""
+
+    def __init__(self, uri: str, batch_rows: int = 10_000):
+        self.uri, self.batch_rows, self._tmp = uri, batch_rows, None
+        if is_s3(uri):
+            fd, tmp = tempfile.mkstemp(prefix="querylab-", suffix=".parquet")
+            os.close(fd)
+            bucket, key = _split(uri)
+            try:
+                _s3().download_file(bucket, key, tmp)
+            except Exception as exc:
+                Path(tmp).unlink(missing_ok=True)
+                raise StorageError(f"{uri}: read failed: {exc}") from exc
+            self._tmp = tmp
+            path = tmp
+        else:
+            path = _local(uri)
+            if not path.exists():
+                raise StorageError(f"{uri}: artifact not found")
+        #: the local file read (a download of an S3 object): engines can scan it directly
+        self.parquet_path = str(path)
+        self._file = pq.ParquetFile(path)
+        self.schema = self._file.schema_arrow
+        self.num_rows = self._file.metadata.num_rows
+
+    def batches(self):
+        """The record batches, in order."""
+        return self._file.iter_batches(batch_size=self.batch_rows)
+
+    def __iter__(self):
+        return iter(self.batches())
+
+    def reader(self) -> pa.RecordBatchReader:
+        """The batches as a ``pyarrow.RecordBatchReader`` (read once)."""
+        return pa.RecordBatchReader.from_batches(self.schema, self.batches())
+
+    def close(self) -> None:
+        """Release the file (and remove a downloaded copy)."""
+        self._file.close()
+        if self._tmp is not None:
+            Path(self._tmp).unlink(missing_ok=True)
+            self._tmp = None

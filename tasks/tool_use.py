@@ -147,7 +147,8 @@ def call_features(
     tool_calls: pl.DataFrame | pl.LazyFrame,
     features: tuple[str, ...] = FEATURES,
     with_db: bool = True,
-) -> pl.DataFrame:
+    lazy: bool = False,
+) -> pl.DataFrame | pl.LazyFrame:
     """Per-call parsed arguments and boolean features (see the module docstring for the rules).
 
     Input: ``TOOL_CALLS`` columns (at least trial_key, turn, tool, arguments, success). Output:
@@ -166,10 +167,17 @@ def call_features(
     parsed and matched on their own (only the keys and patterns that apply to that tool; the
     branches run in parallel), so output rows are grouped by tool, not in input order. Raises
     ValueError for an unknown feature name.
+
+    ``lazy``: return the plan as a LazyFrame instead (for a streaming collect over a scanned
+    artifact: nothing is materialised but what the caller keeps; ``with_db`` must be False,
+    since completing ``db`` needs the rows).
     """
     unknown = set(features) - set(FEATURES)
     if unknown:
         raise ValueError(f"unknown features {sorted(unknown)}; known: {FEATURES}")
+    if lazy and with_db:
+        raise ValueError("call_features(lazy=True) needs with_db=False")
+    split = (lambda lf: [lf]) if lazy else _split
     lf = tool_calls.lazy()
     args, tool = pl.col("arguments"), pl.col("tool")
     null, false = pl.lit(None, pl.String), pl.lit(False)
@@ -206,7 +214,7 @@ def call_features(
         )
         .with_columns(is_mongo.alias("is_mongo"), pl.when(~is_mongo).then(query).alias("sql"))
         .with_columns(flags(query_rules))
-        for part in _split(lf.filter(tool == "query_db"))
+        for part in split(lf.filter(tool == "query_db"))
     ]
     python = [
         part.with_columns(
@@ -216,7 +224,7 @@ def call_features(
             false.alias("is_mongo"),
             null.alias("sql"),
         ).with_columns(flags(python_rules))
-        for part in _split(lf.filter(tool == "execute_python"))
+        for part in split(lf.filter(tool == "execute_python"))
     ]
     others = lf.filter(~tool.is_in(["query_db", "execute_python"])).with_columns(
         *([pl.when(tool == "list_db").then(db[0]).alias("db")] if with_db else []),
@@ -226,6 +234,10 @@ def call_features(
         null.alias("sql"),
         *flags(other_rules),
     )
+    if lazy:
+        cols = others.collect_schema().names()
+        return pl.concat([p.select(cols) for p in (*queries, *python, others)],
+                         how="vertical_relaxed")
     *parts, rest = pl.collect_all([*queries, *python, others])
     cols = rest.columns
     out = pl.concat([*(p.select(cols) for p in parts), rest], how="vertical_relaxed")
@@ -314,8 +326,12 @@ def tool_use_table(trials: pl.DataFrame, tool_calls: pl.DataFrame | pl.LazyFrame
     ``python_string``, ``model_call``).
     """
     tid = trial_id_expr(trials)
-    features = call_features(tool_calls.lazy().with_columns(tid), TOOL_USE_FEATURES, with_db=False)
-    per_trial = trial_tool_stats(features.lazy())
+    # one streaming pass over the calls: only the flags and counts per trial are kept
+    features = call_features(tool_calls.lazy().with_columns(tid), TOOL_USE_FEATURES,
+                             with_db=False, lazy=True)
+    per_trial = trial_tool_stats(
+        features.select("tid", "turn", "tool", "success", *TOOL_USE_FEATURES)
+    ).collect(engine="streaming").lazy()
     keys = trials.lazy().select(tid, "agent", "dataset")
     joined = keys.join(per_trial, on="tid", how="left")
     zero = [

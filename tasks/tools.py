@@ -219,9 +219,10 @@ def _nesting_depth(text: str, limit: int) -> int:
 PREVIEW_VALUE_CHARS = 300
 
 
-def _preview(rows: list[dict]) -> list[dict]:
+def _preview(rows: list[dict], value_chars: int = PREVIEW_VALUE_CHARS) -> list[dict]:
     """Preview rows with long values shortened for display (strings and nested values longer
-    than :data:`PREVIEW_VALUE_CHARS` end in ``"…"``); rows without such values are returned
+    than ``value_chars`` (default :data:`PREVIEW_VALUE_CHARS`) end in ``"…"``); rows without
+    such values are returned
     unchanged."""
     out = []
     for row in rows:
@@ -230,11 +231,11 @@ def _preview(rows: list[dict]) -> list[dict]:
             text = v if isinstance(v, str) else None
             if text is None and isinstance(v, (list, dict)):
                 text = json.dumps(v, default=str)
-                if len(text) <= PREVIEW_VALUE_CHARS:
+                if len(text) <= value_chars:
                     continue
-            if text is not None and len(text) > PREVIEW_VALUE_CHARS:
+            if text is not None and len(text) > value_chars:
                 short = dict(row) if short is None else short
-                short[k] = text[:PREVIEW_VALUE_CHARS] + "…"
+                short[k] = text[:value_chars] + "…"
         out.append(row if short is None else short)
     return out
 
@@ -290,8 +291,9 @@ class ToolBox:
     ``databases`` maps logical names to open read-only databases; ``descriptions`` their
     one-line descriptions. Limits: ``max_rows`` rows, ``max_result_bytes`` bytes and
     ``max_value_bytes`` bytes per value kept per query, ``max_trial_result_bytes`` bytes of query
-    results per trial (a query gets what is left of it), ``preview_rows`` shown to the model,
-    ``max_content_chars`` per tool message; ``execute_python`` cells get ``python_timeout_s``
+    results per trial (a query gets what is left of it), ``preview_rows`` shown to the model
+    (each value cut at ``preview_value_chars``), ``max_content_chars`` per tool message;
+    ``execute_python`` cells get ``python_timeout_s``
     wall-clock seconds, ``python_memory_mb`` MiB (their process tree and work-directory files;
     also the address space per process), ``python_cpu_s`` CPU seconds, ``python_max_procs``
     processes + threads, cut to the trial's ``deadline`` (a ``time.monotonic()`` instant) when
@@ -315,6 +317,7 @@ class ToolBox:
     max_trial_result_bytes: int = MAX_TRIAL_RESULT_BYTES
     preview_rows: int = 20
     max_content_chars: int = 8_000
+    preview_value_chars: int = PREVIEW_VALUE_CHARS
     python_timeout_s: float = 60.0
     python_memory_mb: int = 2048
     python_cpu_s: int = 60
@@ -511,7 +514,7 @@ class ToolBox:
             "columns": result.columns,
             "row_count": len(result.rows),
             "truncated": result.truncated,
-            "preview": _preview(result.rows[: self.preview_rows]),
+            "preview": _preview(result.rows[: self.preview_rows], self.preview_value_chars),
             "variable": var,
         }
         if result.truncated_by == "bytes":

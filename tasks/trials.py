@@ -30,7 +30,7 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,6 +40,7 @@ from schemas import artifacts
 from schemas.models import AgentOptions
 from schemas.settings import Settings
 from tasks import storage
+from tasks.dab_rules import agent_options_for
 from tasks.agent import (
     Transcript,
     TrialOutcome,
@@ -48,6 +49,7 @@ from tasks.agent import (
     system_prompt,
     user_prompt,
 )
+from tasks.concurrency import DEFAULT_MAX_CONCURRENCY, trial_slot
 from tasks.engines import open_databases
 from tasks.llm import (
     AgentConfigError,
@@ -63,7 +65,13 @@ from tasks.llm import (
 )
 from tasks.llm import LOCAL_PREFLIGHT_TIMEOUT_S, PREFLIGHT_TIMEOUT_S
 from tasks.prefect_task import task
-from tasks.replay import answers_for, load_answers, run_replay
+from tasks.replay import (
+    answers_for,
+    check_matches,
+    load_answers,
+    run_replay,
+    unmatched_datasets,
+)
 from tasks.sandbox import shared_sandbox
 from tasks.scoring import is_errored, load_scoring
 from tasks.tools import ToolBox
@@ -180,7 +188,10 @@ def check_agents(
     ``auto``, probed once (the description records the protocol used);
     ``warnings`` lists what the user should be told (a named endpoint overriding the table's,
     a model without prices);
-    ``replay:<file>``: parsed, and its queries matched against the given datasets. Returns
+    ``replay:<file>``: parsed, and its queries matched against the given datasets (ReplayError
+    when no entry is for one of them, or an entry names a query a dataset lacks; entries for
+    datasets not in the run are ``ignored_datasets``, with a warning). Any other agent on a
+    scoring-only DAB import, or with hints on a DAB dataset without hints, is refused. Returns
     JSON-able dicts ``{"agent", "kind", ...}`` (endpoint, prices, ``priced``; never a key).
     Raises AgentConfigError (or ReplayError) with a message naming the problem.
     """
@@ -194,6 +205,7 @@ def check_agents(
         planned = _planned_hints(agent, conditions)
         desc: dict = {"agent": agent, "kind": kind, "hints": [h for h in planned if h],
                       "labels": [agent_label(agent, h) for h in planned]}
+        _check_runnable(agent, kind, manifests, planned)
         if kind in ("openai", "local"):
             config = config or load_models_config(env=env)
             resolved = resolve_model(agent if kind == "local" else arg, config, env)
@@ -206,14 +218,19 @@ def check_agents(
             desc["warnings"] = [w for w in warnings if w]
         elif kind == "replay":
             answers = load_answers(arg)
-            names = {m["name"].lower() for m in manifests}
             for m in manifests:
                 answers_for(answers, m)
+            check_matches(answers, manifests)
+            ignored = unmatched_datasets(answers, manifests) if manifests else {}
             desc.update(
                 {"file": str(Path(arg).resolve()), "sha256": answers.sha256,
                  "entries": len(answers.entries),
-                 "ignored_datasets": sorted(answers.datasets() - names)}
+                 "ignored_datasets": sorted(d.lower() for d in ignored)}
             )
+            if ignored:
+                desc["warnings"] = [
+                    f"{arg}: entries for datasets not in this run are not scored: "
+                    + ", ".join(f"{d} ({n})" for d, n in ignored.items())]
         out.append(desc)
     sandbox = check_sandbox(agents, opts)
     if any(d["kind"] in ("openai", "local") for d in out):
@@ -222,6 +239,24 @@ def check_agents(
             if d["kind"] in ("openai", "local"):
                 d["sandbox"] = sandbox
     return out
+
+
+def _check_runnable(agent: str, kind: str, manifests: list[dict], hints: list) -> None:
+    """AgentConfigError when ``agent`` cannot run a dataset of the run: a scoring-only DAB
+    import (no databases: only replay agents and the oracle), or ``--hints on`` on a DAB
+    dataset without a
+    ``db_description_withhint.txt`` (DAB's ``--use_hints`` refuses that too)."""
+    if kind in PROMPTLESS_KINDS:
+        return
+    for m in manifests:
+        if m.get("scoring_only"):
+            raise AgentConfigError(
+                f"dataset {m['name']!r} was imported --scoring-only (no databases): only "
+                f"replay:<answer file> agents and the oracle can run on it, not {agent}")
+        if "on" in hints and m.get("format") == "dab" and not str(m.get("hints") or "").strip():
+            raise AgentConfigError(
+                f"dataset {m['name']!r} has no db_description_withhint.txt: {agent} cannot run "
+                "it with --hints on")
 
 
 def check_sandbox(agents: list[str], options: dict | AgentOptions | None = None) -> dict | None:
@@ -358,12 +393,14 @@ def plan_batches(
     trial]], "options": {...}}`` (``hints``: ``"on"``, ``"off"`` or None; ``options``: the
     :class:`AgentOptions` that differ from the defaults). Keys are stable for the same inputs
     (so re-runs find finished batches) and change with the options, the hint condition (when
-    on) or a replay file's content. Raises AgentConfigError for an unknown agent, bad options
+    on) or a replay file's content. On a dataset imported in DAB's format the options are
+    DAB's limits overlaid with ``options`` (:func:`tasks.dab_rules.agent_options_for`).
+    Raises AgentConfigError for an unknown agent, bad options
     or a bad hint condition, ValueError for ``n_trials`` < 1 or ``batch_size`` < 1.
     """
     if n_trials < 1 or batch_size < 1:
         raise ValueError(f"n_trials and batch_size must be >= 1, got {n_trials}, {batch_size}")
-    opts = agent_options(options).model_dump(exclude_defaults=True)
+    agent_options(options)  # the options given are valid
     conditions = hint_conditions(hints)
     fingerprints = {agent: _fingerprint(agent) for agent in agents}
     manifests = {uri: storage.read_json(uri) for uri in manifest_uris}
@@ -376,6 +413,9 @@ def plan_batches(
             for uri, manifest in manifests.items():
                 if plan.get("datasets") is not None and manifest["name"] not in plan["datasets"]:
                     continue
+                # DAB datasets: DAB's limits unless given (tasks.dab_rules)
+                opts = agent_options(agent_options_for(manifest, options)).model_dump(
+                    exclude_defaults=True)
                 runs = (_replay_runs(agent, manifest) if agent.startswith("replay:")
                         else plan.get("n_trials") or n_trials)
                 queries = select_queries(manifest, query_ids, limit)
@@ -476,6 +516,14 @@ class _Agent:
         assert self.chat is not None
         prompt = user_prompt(self.manifest, query["question"], self.hints)
         return run_react(self.chat, toolbox, prompt, self.system, trial, self.options, on_call)
+
+    def concurrency_cap(self) -> tuple[int | None, str | None, str | None]:
+        """``(max_concurrency, model name, base URL)`` of this agent's model (the models
+        table's cap; None: none), for :func:`tasks.concurrency.trial_slot`."""
+        if self.chat is None:
+            return None, None, None
+        r = self.chat.resolved
+        return r.max_concurrency, r.name, r.base_url
 
     def close(self) -> None:
         if self.chat is not None:
@@ -657,6 +705,7 @@ def run_batch(
     batch: dict,
     toolbox_factory: Callable[..., ToolBox] = ToolBox,
     retry_errors: bool = False,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
 ) -> str:
     """Run every unfinished trial of one batch and write its four Parquet artifacts.
 
@@ -666,7 +715,16 @@ def run_batch(
     ``error``) run again and every other trial's rows are kept as they were (a batch without
     errored trials is left untouched). An exception from one trial (a harness failure) makes
     that trial errored; the batch goes on.
+
+    The batch's trials run concurrently, each holding a slot of the stage's cap
+    (``max_concurrency`` trials in flight across every batch of the run's trials stage) and of
+    its model's (``max_concurrency`` of the models table) while it runs
+    (:func:`tasks.concurrency.trial_slot`); each is checkpointed as it finishes, and the
+    batch's rows are written in item order whatever order they finished in. ValueError for
+    ``max_concurrency`` < 1.
     """
+    if int(max_concurrency) < 1:
+        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
     out_uri = batch_uri(artifacts_root, run_id, batch["key"], "trials")
     finished: dict[str, dict] = {}
     if storage.exists(out_uri):
@@ -681,6 +739,9 @@ def run_batch(
     strict = parse_agent(batch["agent"])[0] in ("openai", "local") and not options.unsafe_sandbox
     if strict:
         check_sandbox([batch["agent"]], options)
+    if parse_agent(batch["agent"])[0] in ("openai", "local"):
+        # sessions for the batch's concurrent trials, set up while their first calls wait
+        shared_sandbox().reserve(min(int(max_concurrency), len(batch["items"])))
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
     hints = batch.get("hints")
@@ -688,9 +749,11 @@ def run_batch(
     runner = _Agent(batch["agent"], batch["manifest_uri"], manifest, options, artifacts_root,
                     hints == "on")
     batch_dir = scratch_dir(settings, artifacts_root, run_id) / batch["key"]
-    parts: list[dict] = []
-    n_run = 0
-    try:
+    done: dict[int, dict] = {}
+
+    def todo() -> Iterator[tuple[int, str, int, str, str]]:
+        """The trials to run, found as they are handed out (rows of finished ones go to
+        ``done``)."""
         for index, (query_id, trial) in enumerate(batch["items"]):
             part_uri = _parts_uri(artifacts_root, run_id, batch["key"], index)
             key = trial_key(label, manifest["name"], query_id, trial)
@@ -698,53 +761,63 @@ def run_batch(
             if storage.exists(part_uri):
                 part = storage.read_json(part_uri)
                 if not (retry_errors and is_errored(part["trial"]["terminate_reason"])):
-                    parts.append(part)
+                    done[index] = part
                     continue
                 previous = part["llm_calls"]
             elif key in finished:
                 if not is_errored(finished[key]["trial"]["terminate_reason"]):
-                    parts.append(finished[key])
+                    done[index] = finished[key]
                     continue
                 previous = finished[key]["llm_calls"]
-            journal = _journal_uri(artifacts_root, run_id, batch["key"], index)
-            earlier, attempt = _earlier_calls(journal, previous)
+            yield index, query_id, trial, part_uri, key, index, previous
 
-            def on_call(calls, journal=journal, key=key, attempt=attempt) -> None:
-                storage.write_bytes(journal, json.dumps({
-                    "attempt": attempt,
-                    "calls": [_llm_row(run_id, key, c, attempt) for c in calls],
-                }, default=str).encode())
+    def run_one(query_id: str, trial: int, part_uri: str, key: str, index: int = 0,
+                previous: list[dict] | None = None) -> dict:
+        journal = _journal_uri(artifacts_root, run_id, batch["key"], index)
+        earlier, attempt = _earlier_calls(journal, previous or [])
 
-            query = queries[query_id]
-            workdir = batch_dir / f"{query_id}-{trial}"
-            if workdir.exists():  # left by a killed run
-                shutil.rmtree(workdir, ignore_errors=True)
-            toolbox = None
-            try:
-                toolbox = toolbox_factory(
-                    databases, workdir, descriptions=descriptions,
-                    python_timeout_s=options.python_timeout_s,
-                    python_memory_mb=options.python_memory_mb, python_cpu_s=options.python_cpu_s,
-                    python_disk_mb=options.python_disk_mb,
-                    python_max_procs=options.python_max_procs, require_isolation=strict,
-                )
-                outcome = runner.run(query, trial, toolbox, on_call)
-            except Exception as exc:  # noqa: BLE001 - one trial's harness failure is recorded
-                log.exception("trial %s failed in the harness", key)
-                outcome = _harness_error(exc)
-                done = storage.read_json(journal) if storage.exists(journal) else {}
-                if done.get("attempt") == attempt:  # the calls it made before it failed
-                    earlier += done["calls"]
-            finally:
-                if toolbox is not None:
-                    toolbox.close()  # the trial's sandbox session (back to the warm pool)
-                shutil.rmtree(workdir, ignore_errors=True)
-            rows = _with_earlier_calls(_rows(
-                run_id, key, label, runner.model, manifest, query, trial, outcome, hints, attempt
-            ), earlier)
-            storage.write_bytes(part_uri, json.dumps(rows, default=str).encode())
-            parts.append(rows)
-            n_run += 1
+        def on_call(calls) -> None:  # what this attempt paid for, in case it is cut short
+            storage.write_bytes(journal, json.dumps({
+                "attempt": attempt,
+                "calls": [_llm_row(run_id, key, c, attempt) for c in calls],
+            }, default=str).encode())
+
+        query = queries[query_id]
+        workdir = batch_dir / f"{query_id}-{trial}"
+        if workdir.exists():  # left by a killed run
+            shutil.rmtree(workdir, ignore_errors=True)
+        toolbox = None
+        try:
+            toolbox = toolbox_factory(
+                databases, workdir, descriptions=descriptions,
+                python_timeout_s=options.python_timeout_s,
+                python_memory_mb=options.python_memory_mb, python_cpu_s=options.python_cpu_s,
+                python_disk_mb=options.python_disk_mb,
+                python_max_procs=options.python_max_procs, require_isolation=strict,
+                max_content_chars=options.preview_chars, preview_rows=options.preview_rows,
+                preview_value_chars=options.preview_value_chars,
+            )
+            outcome = runner.run(query, trial, toolbox, on_call)
+        except Exception as exc:  # noqa: BLE001 - one trial's harness failure is recorded
+            log.exception("trial %s failed in the harness", key)
+            outcome = _harness_error(exc)
+            made = storage.read_json(journal) if storage.exists(journal) else {}
+            if made.get("attempt") == attempt:  # the calls it made before it failed
+                earlier += made["calls"]
+        finally:
+            if toolbox is not None:
+                toolbox.close()  # the trial's sandbox session (back to the warm pool)
+            shutil.rmtree(workdir, ignore_errors=True)
+        rows = _with_earlier_calls(_rows(
+            run_id, key, label, runner.model, manifest, query, trial, outcome, hints, attempt
+        ), earlier)
+        storage.write_bytes(part_uri, json.dumps(rows, default=str).encode())
+        return rows
+
+    ran: dict[int, dict] = {}
+    try:
+        ran = _run_concurrently(run_id, todo(), len(batch["items"]), run_one, max_concurrency,
+                                runner)
     finally:
         runner.close()
         shutil.rmtree(batch_dir, ignore_errors=True)
@@ -752,6 +825,8 @@ def run_batch(
             batch_dir.parent.rmdir()  # the run's scratch directory, once no batch uses it
         except OSError:
             pass
+    done.update(ran)
+    parts = [done[i] for i in sorted(done)]
     for what, schema in _BATCH_PARTS:
         rows = [r for p in parts for r in p.get(what, [])]
         storage.write_parquet(
@@ -767,10 +842,59 @@ def run_batch(
                                f"{batch['key']}.calls"))
     log.info(
         "batch %s: %d trials (%d run now, %d kept), %d errored, $%.4f",
-        batch["key"], len(trials), n_run, len(trials) - n_run,
+        batch["key"], len(trials), len(ran), len(trials) - len(ran),
         sum(is_errored(t["terminate_reason"]) for t in trials), sum(t["cost_usd"] for t in trials),
     )
     return uri
+
+
+def _run_concurrently(
+    run_id: str, todo: Iterator[tuple], most: int, run_one: Callable[..., dict],
+    max_concurrency: int, runner: _Agent,
+) -> dict[int, dict]:
+    """Run ``run_one(query_id, trial, part_uri, key)`` for every item of ``todo`` (``(index,
+    query_id, trial, part_uri, key)``, at most ``most`` of them), each inside its
+    :func:`tasks.concurrency.trial_slot`, at most ``max_concurrency`` (and the model's cap) at
+    once; returns index → rows. The batch's thread takes the slots and hands the trial to a
+    pool thread (which gives them back), so a batch never holds more threads than trials in
+    flight. Each trial runs in a copy of the batch's context (Prefect's settings and run
+    context). An exception (from ``todo`` or a checkpoint that cannot be written) is raised
+    once the trials already started have ended (their checkpoints are kept)."""
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    model_cap, model, base_url = runner.concurrency_cap()
+    width = min(most, int(max_concurrency), model_cap or most)
+
+    def slot():
+        return trial_slot(run_id, max_concurrency, model, base_url, model_cap)
+
+    out: dict[int, dict] = {}
+    if width <= 1:  # no thread: the batch's own
+        for index, *item in todo:
+            with slot():
+                out[index] = run_one(*item)
+        return out
+
+    def held(ctx: contextvars.Context, hold, item: tuple) -> dict:
+        try:
+            return ctx.run(run_one, *item)
+        finally:
+            hold.__exit__(None, None, None)
+
+    futures = {}
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="trial") as pool:
+        for index, *item in todo:
+            hold = slot()
+            hold.__enter__()
+            try:
+                futures[index] = pool.submit(held, contextvars.copy_context(), hold, item)
+            except BaseException:
+                hold.__exit__(None, None, None)
+                raise
+    for index, future in futures.items():
+        out[index] = future.result()
+    return out
 
 
 def _batch_run_name(parameters: dict) -> str:
@@ -779,16 +903,21 @@ def _batch_run_name(parameters: dict) -> str:
 
 
 @task(name="run-trial-batch", persist_result=False, retries=0, task_run_name=_batch_run_name)
-def run_trial_batch(run_id: str, artifacts_root: str, batch: dict, retry_errors: bool = False) -> str:
+def run_trial_batch(
+    run_id: str, artifacts_root: str, batch: dict, retry_errors: bool = False,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+) -> str:
     """Run every trial of one batch and write its trials, tool-call, model-call and message
     rows.
 
     Returns the batch's trials URI. Skips all work when that artifact already exists (unless
     ``retry_errors``: then only its errored trials run again), and trials already checkpointed
-    by an interrupted attempt. Other settings (database servers, API keys) come from the
-    environment, never from parameters.
+    by an interrupted attempt. Its trials run concurrently within the stage's
+    ``max_concurrency`` and their model's cap (:func:`run_batch`). Other settings (database
+    servers, API keys) come from the environment, never from parameters.
     """
-    return run_batch(run_id, artifacts_root, batch, retry_errors=retry_errors)
+    return run_batch(run_id, artifacts_root, batch, retry_errors=retry_errors,
+                     max_concurrency=max_concurrency)
 
 
 @task(name="check-agents", persist_result=False)

@@ -25,10 +25,13 @@ DEFAULT_MAX_CANDIDATES = 3
 @dataclass(frozen=True)
 class Verdict:
     """A validator's judgement of one answer: ``ok`` and a one-line ``reason`` a person can
-    check (what was found or missing)."""
+    check (what was found or missing). ``errored``: the validator itself failed (a DAB
+    ``validate.py`` that raised or hung) — no verdict at all, ``ok`` is False and ``reason``
+    holds the traceback; the score stage records it as ``errored``, not ``incorrect``."""
 
     ok: bool
     reason: str
+    errored: bool = False
 
 
 def numbers_in(text: str) -> list[float]:
@@ -148,14 +151,20 @@ def check_items(answer: str, truth: Any, validator: dict, question: str | None =
 def check_dab_script(answer: str, truth: Any, validator: dict,
                      question: str | None = None) -> Verdict:
     """``{"kind": "dab_script", "script": <uri>, "folder": <uri>, "support": <uri>}`` (older
-    imports: ``"search_path": [...]``): an imported DAB query's own ``validate.py``, run in the
-    validators' sandbox with only its query folder (see
-    :func:`tasks.dab_import.run_validate_script`); its reason is kept."""
-    from tasks.dab_import import run_validate_script
+    imports: ``"search_path": [...]``; optional ``"timeout_s"``, default
+    :data:`tasks.dab_import.VALIDATE_TIMEOUT_S`): an imported DAB query's own ``validate.py``, run in the
+    validators' sandbox with its query folder as its directory (see
+    :func:`tasks.dab_import.run_validate_script`); its reason is kept. A script that raises,
+    hangs or returns no ``(is_valid, reason)`` pair gives an errored Verdict."""
+    from tasks.dab_import import VALIDATE_TIMEOUT_S, run_validate_script
 
     ok, reason = run_validate_script(validator["script"], answer, validator.get("search_path", []),
+                                     timeout_s=float(validator.get("timeout_s",
+                                                                   VALIDATE_TIMEOUT_S)),
                                      folder=validator.get("folder"),
                                      support=validator.get("support"))
+    if ok is None:  # the script gave no verdict: errored, with its traceback
+        return Verdict(False, f"validate.py errored: {reason}", errored=True)
     return Verdict(bool(ok), f"validate.py: {reason}" if reason else "validate.py")
 
 

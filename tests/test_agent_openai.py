@@ -48,7 +48,8 @@ def test_scripted_agent_correct_incorrect_and_tool_error(stocks_manifest, settin
         batch = plan_batches([_manifest_uri(stocks_manifest, settings)], ["openai:scripted"], 3)
         batch = [b for b in batch if any(q == QUERY for q, _ in b["items"])][0]
         batch = {**batch, "key": "agent-test", "items": [[QUERY, 0], [QUERY, 1], [QUERY, 2]]}
-        uri = run_trial_batch.fn("agent-run", settings.artifacts, batch)
+        # one trial after another: the script is consumed in request order
+        uri = run_trial_batch.fn("agent-run", settings.artifacts, batch, max_concurrency=1)
         requests = srv.requests
         headers = srv.request_headers
 

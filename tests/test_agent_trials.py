@@ -44,11 +44,13 @@ def priced_model(tmp_path, monkeypatch):
     return make
 
 
-def _run(tmp_path, manifest_uri, agent, items, options=None, key="b"):
+def _run(tmp_path, manifest_uri, agent, items, options=None, key="b", max_concurrency=1):
+    """Run one batch; its trials one after another by default (the list scripts here are
+    consumed in request order)."""
     batch = {"key": key, "agent": agent, "manifest_uri": manifest_uri, "items": items,
              "options": options or {}}
     root = str(tmp_path / "artifacts")
-    run_trial_batch.fn("r", root, batch)
+    run_trial_batch.fn("r", root, batch, max_concurrency=max_concurrency)
     read = lambda what: pl.read_parquet(batch_uri(root, "r", key, what))
     trials = read("trials")
     assert "is_correct" not in trials.columns  # the trial side never judges an answer

@@ -151,3 +151,108 @@ def test_validate_cannot_see_outside_its_folder(shop, tmp_path, settings):
     f.write_text(probe)
     ok, reason = run_validate_script(f, "x")
     assert ok, reason
+
+
+# -- scoring-only checkouts and misbehaving validators (issue 15, points 2 and 4) ----------------
+
+
+@pytest.mark.parametrize("how", ["validator", "ground-truth", "query-folder"])
+def test_a_scoring_only_checkout_cannot_reach_outside(shop, tmp_path, how):
+    """Links out of the dataset folder are refused by the scoring-only import too."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "validate.py").write_text("def validate(x):\n    return True, 'ok'\n")
+    (outside / "ground_truth.csv").write_text("answer\nsecret\n")
+    if how == "validator":
+        (shop / "query1" / "validate.py").unlink()
+        (shop / "query1" / "validate.py").symlink_to(outside / "validate.py")
+    elif how == "ground-truth":
+        (shop / "query1" / "ground_truth.csv").unlink(missing_ok=True)
+        (shop / "query1" / "ground_truth.csv").symlink_to(outside / "ground_truth.csv")
+    else:
+        (shop / "query7").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(DabImportError, match="outside") as err:
+        import_dab_dataset.fn(str(shop), str(tmp_path / "art"), scoring_only=True)
+    assert "\n" not in str(err.value)
+
+
+MISBEHAVING = {
+    "syntax-error": "def validate(out)\n    return True, 'ok'\n",
+    "no-validate": "def check(out):\n    return True, 'ok'\n",
+    "exits-0": "import sys\ndef validate(out):\n    sys.exit(0)\n",
+    "exits-at-import": "import os\nos._exit(0)\n",
+    "kills-itself": "import os, signal\ndef validate(out):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
+    "non-pair": "def validate(out):\n    return 'yes'\n",
+    "floods-stdout": "import sys\ndef validate(out):\n    sys.stdout.write('x' * 20_000_000)\n"
+                     "    return True, 'ok'\n",
+    "hangs": "def validate(out):\n    while True:\n        pass\n",
+}
+
+
+@pytest.mark.parametrize("name", list(MISBEHAVING))
+def test_a_misbehaving_validator_is_errored_not_incorrect(shop, tmp_path, name):
+    """Whatever validate.py does short of returning a pair, the trial is errored (no verdict,
+    the reason says why) — never a wrong answer — and the other queries still score."""
+    from tasks.scoring import load_scoring, score_rows
+
+    (shop / "query2" / "validate.py").write_text(MISBEHAVING[name])
+    uri = import_dab_dataset.fn(str(shop), str(tmp_path / "art"), scoring_only=True)
+    scoring = load_scoring(uri)
+    if name == "hangs":
+        scoring["queries"]["query2"]["validator"]["timeout_s"] = 2
+    base = {"run_id": "r", "agent": "a", "dataset": "tinyshop", "error": None,
+            "dataset_version": scoring["version"], "terminate_reason": "return_answer"}
+    trials = [{**base, "trial_key": "k1", "trial": 0, "query_id": "query2",
+               "answer": "Lovelace, Hopper"},
+              {**base, "trial_key": "k2", "trial": 0, "query_id": "query1",
+               "answer": "151.25"}]
+    rows = score_rows(trials, {"tinyshop": scoring})
+    assert rows[0]["verdict"] == "errored" and rows[0]["is_correct"] is None, rows[0]
+    assert rows[0]["reason"].startswith("validate.py errored"), rows[0]["reason"]
+    assert len(rows[0]["reason"]) < 20_000
+    assert rows[1]["verdict"] == "correct"
+
+
+def test_a_validator_cannot_change_its_ground_truth_for_the_next_trial(shop, tmp_path):
+    """Each call sees the imported folder as it was: a validator that rewrites
+    ground_truth.csv (or deletes it) does not change the next verdict."""
+    from tasks.scoring import load_scoring
+
+    (shop / "query2" / "ground_truth.csv").write_text("answer\nHopper\n")
+    (shop / "query2" / "validate.py").write_text(textwrap.dedent("""
+        from pathlib import Path
+        def validate(out):
+            gt = Path(__file__).parent / "ground_truth.csv"
+            want = gt.read_text().splitlines()[1]
+            try:
+                gt.write_text("answer\\n" + out + "\\n")
+            except OSError:
+                pass
+            return want in out, want
+    """))
+    scoring = load_scoring(import_dab_dataset.fn(str(shop), str(tmp_path / "art"),
+                                                 scoring_only=True))
+    v = scoring["queries"]["query2"]["validator"]
+    for answer in ("nobody", "nobody"):
+        ok, reason = run_validate_script(v["script"], answer, folder=v["folder"],
+                                         support=v["support"])
+        assert ok is False and reason == "Hopper"
+    assert (shop / "query2" / "ground_truth.csv").read_text() == "answer\nHopper\n"
+
+
+@pytest.mark.parametrize("lift", ["SET statement_timeout = 0;",
+                                  "SELECT pg_catalog.set_config('statement_timeout', '0', false);"])
+def test_a_dump_cannot_lift_the_statement_time_limit(tmp_path, settings, monkeypatch, lift):
+    """A dump's own ``SET statement_timeout = 0`` (QA12 minor 3) does not let a statement run
+    past querylab's limit: the watchdog cancels it and the import fails naming the line."""
+    import time
+
+    from tasks import dab_pgdump
+
+    monkeypatch.setattr(dab_pgdump, "DUMP_STATEMENT_TIMEOUT_S", 1)
+    f = tmp_path / "slow.sql"
+    f.write_text(f"{lift}\nSELECT pg_sleep(60);\nCREATE TABLE ok (a int);\n")
+    start = time.monotonic()
+    with pytest.raises(DabImportError, match=r"line 2: a statement ran longer than 1 s"):
+        read_postgres_dump(f, settings)
+    assert time.monotonic() - start < 30

@@ -55,10 +55,11 @@ def model(scripted_model):
 
 def _run(root: str, run_id: str, manifest_uri: str, agent: str, items: list, key: str = "b",
          options: dict | None = None) -> dict:
-    """One batch through the real trial task, combined and recorded as the run's trials."""
+    """One batch through the real trial task, combined and recorded as the run's trials; its
+    trials one after another (the list scripts are consumed in request order)."""
     batch = {"key": key, "agent": agent, "manifest_uri": manifest_uri, "items": items,
              "options": options or {}}
-    run_trial_batch.fn(run_id, root, batch)
+    run_trial_batch.fn(run_id, root, batch, max_concurrency=1)
     storage.write_json(storage.join(root, "runs", run_id, "trials", "manifests.json"),
                        [manifest_uri])
     return combine_trials.fn(run_id, root, [key])

@@ -340,6 +340,43 @@ def test_a_recycled_session_keeps_nothing_of_the_previous_trial():
         a.run("print(1)")  # the old handle is dead for good
 
 
+def test_reserve_fills_a_bounded_pool_handed_over_to_concurrent_trials(monkeypatch):
+    import tasks.sandbox
+
+    monkeypatch.setattr(tasks.sandbox, "MAX_SPARES", 5)
+    sb = Sandbox(spares=0)
+    try:
+        sb.reserve(4, disk_mb=16)
+        sb.reserve(3, disk_mb=16)  # a second batch of the stage: the pool is the larger ask
+        t0 = time.monotonic()
+        while len(sb._spares.get(16, [])) < 4 and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        ready = {s.pid for s in sb._spares[16]}
+        assert len(ready) == 4 and sb.spares == 4
+        sessions = [sb.open_session(disk_mb=16) for _ in range(4)]
+        # every trial got a session set up ahead (no fork on its path), each sealed and apart
+        assert {s.pid for s in sessions} == ready
+        outs = [s.run(f"import os; open('me', 'w').write('{i}'); print(os.listdir('.'))")
+                for i, s in enumerate(sessions)]
+        assert [o.stdout.strip() for o in outs] == ["['me']"] * 4, [o.error for o in outs]
+        for s in sessions:
+            s.close()
+        t0 = time.monotonic()
+        while len(sb._spares.get(16, [])) < 4 and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        assert len(sb._spares[16]) == 4  # closed sessions came back recycled, not more
+        sb.reserve(500, disk_mb=16)  # bounded: never more than MAX_SPARES
+        assert sb.spares == 5
+        t0 = time.monotonic()
+        while len(sb._spares.get(16, [])) < 5 and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert len(sb._spares[16]) == 5
+    finally:
+        sb.close()
+    assert not sb._spares
+
+
 # ---- the same attacks through the real ReAct loop over HTTP ---------------------------------
 
 

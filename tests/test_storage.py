@@ -65,3 +65,34 @@ def test_local_files_get_the_usual_permissions(tmp_path):
     os.umask(mask)
     uri = storage.write_bytes(str(tmp_path / "a" / "x.bin"), b"1")
     assert stat.S_IMODE(os.stat(uri).st_mode) == 0o666 & ~mask
+
+
+def test_scan_parquet_is_read_parquet_lazily(root):
+    """A lazy scan of the file / S3 object itself (the report's tables stream it) reads what
+    read_parquet reads, with the same schema check."""
+    import polars as pl
+
+    from schemas.artifacts import ArtifactSchemaError, added_later
+
+    old = pa.schema([pa.field("k", pa.string(), nullable=False), pa.field("n", pa.int32())],
+                    metadata={"schema_version": "1"})
+    new = pa.schema([*old, added_later(pa.field("late", pa.string()))],
+                    metadata={"schema_version": "1"})
+    rows = [{"k": f"t{i}", "n": i if i % 3 else None} for i in range(50)]
+    uri = storage.write_parquet(storage.join(root, "scan", "t.parquet"),
+                                pa.Table.from_pylist(rows, schema=old), old)
+    lf = storage.scan_parquet(uri, new)
+    assert isinstance(lf, pl.LazyFrame)
+    eager = pl.from_arrow(storage.read_parquet(uri, new))
+    lazy = lf.collect(engine="streaming")
+    assert lazy.equals(eager) and lazy.schema == eager.schema
+    assert lazy["late"].null_count() == 50  # written before the column existed: nulls
+    assert lf.filter(pl.col("n") > 40).select("k").collect()["k"].to_list() == [
+        "t41", "t43", "t44", "t46", "t47", "t49"]
+    with pytest.raises(ArtifactSchemaError, match="missing columns"):
+        storage.scan_parquet(uri, pa.schema([*old, pa.field("other", pa.int64())],
+                                            metadata={"schema_version": "1"}))
+    with pytest.raises(ArtifactSchemaError, match="schema_version 1 but querylab reads 2"):
+        storage.scan_parquet(uri, old.with_metadata({"schema_version": "2"}))
+    with pytest.raises(storage.StorageError, match="gone.parquet"):
+        storage.scan_parquet(storage.join(root, "scan", "gone.parquet"), old)

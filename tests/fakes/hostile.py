@@ -246,7 +246,7 @@ def run_payloads(payloads: list[Payload], server: ScriptedOpenAIServer, agent: s
     batch = {"key": key, "agent": agent, "manifest_uri": manifest_uri,
              "items": [[query_id, t] for t in range(len(payloads))], "options": opts}
     first = server.request_count
-    run_batch("hostile", root, batch)
+    run_batch("hostile", root, batch, max_concurrency=1)  # in order: the responder counts
     trials = pl.read_parquet(batch_uri(root, "hostile", key, "trials")).sort("trial").to_dicts()
     calls = pl.read_parquet(batch_uri(root, "hostile", key, "tool_calls")).sort(
         "trial_key", "call_index").to_dicts()

@@ -305,6 +305,9 @@ class ScriptedOpenAIServer:
     * ``request_count`` -- ``len(requests)``.
     * ``errors`` -- script problems (exhaustion, responder exceptions) as strings.
     * ``remaining_steps`` -- unconsumed steps of a list script (``None`` for a callable).
+    * ``in_flight`` / ``max_in_flight`` -- chat-completion requests being answered now / the
+      most answered at once so far (the server's view of a client's concurrency; a request
+      counts from its arrival until its reply is written, delays included).
 
     Requests with an invalid JSON body or ``"stream": true`` get a 400 and do
     not consume a step (streaming ones are still recorded).
@@ -335,6 +338,8 @@ class ScriptedOpenAIServer:
         self._errors: list[str] = []
         self._httpd: _QuietThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._in_flight = 0
+        self._max_in_flight = 0
 
     # ------------------------------------------------------------- lifecycle
 
@@ -418,6 +423,27 @@ class ScriptedOpenAIServer:
     def preflight_count(self) -> int:
         """querylab preflight requests received so far."""
         return sum(is_preflight(r) for r in self.requests)
+
+    @property
+    def in_flight(self) -> int:
+        """Chat-completion requests being answered right now."""
+        with self._lock:
+            return self._in_flight
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most chat-completion requests answered at once so far."""
+        with self._lock:
+            return self._max_in_flight
+
+    def _enter(self) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._in_flight -= 1
 
     @property
     def errors(self) -> list[str]:
@@ -588,7 +614,11 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
                     ),
                 )
                 return
-            self._respond(server._next(body, index), body, index)
+            server._enter()
+            try:
+                self._respond(server._next(body, index), body, index)
+            finally:
+                server._leave()
 
         def _respond(self, step: Step, body: dict[str, Any], index: int) -> None:
             while isinstance(step, DelayStep):

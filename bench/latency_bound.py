@@ -1,0 +1,204 @@
+"""Latency-bound trials: how close querylab gets to the model's latency limit.
+
+    .venv/bin/python bench/latency_bound.py [--trials 200] [--latency 0.5] [--concurrency 64]
+
+What runs: the scripted OpenAI-compatible server (tests/fakes/openai_server.py, in its own
+process) answers every model call after ``--latency`` seconds with a fixed 5-step trajectory
+(``list_db``, ``query_db`` on SQLite, ``query_db`` on DuckDB, ``execute_python`` over both results
+in the sealed sandbox, ``return_answer``), so each trial is 5 model calls over real HTTP and 5
+real tool calls on the built ``stocks`` dataset. The trials go through the production trials
+flow (:func:`flows.trials.run_trials`: Prefect tasks mapped over batches of 25, per-trial
+checkpoints, response cache written, Parquet artifacts, the batches combined), once with
+``--max-concurrency`` and once with the defaults (``--max-concurrency 32``). The Prefect server
+and the sandbox's zygote are started before the clock starts (once per process, not per run).
+
+W is the trials flow's wall time; L = calls × latency / concurrency is the limit no scheduler
+can beat (every slot busy on a model call all the time). Trials hold their slot from their first
+call to their last, so with T trials of c calls the best whole-trial schedule takes
+``ceil(T / concurrency) × c × latency`` (printed as the wave floor: 10 s for 200 trials at 64).
+During the ``--concurrency`` run the proportional set size (PSS: shared pages split between the
+processes sharing them) of querylab's process tree — the harness, its query workers and the
+sandbox zygote with every trial's session — is sampled every 0.2 s; its peak is printed with
+the harness process's own peak RSS (target: ≤ 1.5 GB at 64 concurrent trials).
+
+The last line is the figure:
+``latency-bound: W s for 1000 calls x 0.5 s at concurrency 64; limit L s; ratio W/L``
+(target ≤ 1.3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench._trajectory import bench_env, build_stocks, start_server, stop_server, write_models
+
+_TMP = bench_env("querylab-bench-latency-")
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every descendant (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class MemorySampler:
+    """Peak PSS of this process's tree (without ``exclude``) and peak count of its processes,
+    sampled every ``every_s`` seconds in a thread."""
+
+    def __init__(self, exclude: set[int], every_s: float = 0.2):
+        self.exclude, self.every_s = exclude, every_s
+        self.peak_kb, self.peak_procs = 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            pids = [p for p in _tree(os.getpid()) if p not in self.exclude]
+            self.peak_kb = max(self.peak_kb, sum(_pss_kb(p) for p in pids))
+            self.peak_procs = max(self.peak_procs, len(pids))
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def measure(runs: list[tuple[str, int]], trials: int, latency: float,
+            batch_size: int = 25) -> tuple[dict, str, int]:
+    """Run ``trials`` trials (rounded up to whole queries) through the production trials flow
+    once per (name, max_concurrency) of ``runs``, against the scripted server answering each
+    call after ``latency`` s. Returns (name → figures: concurrency, wall s, trials, peak PSS MB,
+    peak processes, mean model call s, mean tool call ms, mean ms by tool; the most requests the
+    server answered at once; model calls per run). Exits when the sandbox cannot be sealed."""
+    import polars as pl
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.trials import run_trials
+    from schemas.settings import Settings
+    from tasks.sandbox import _close_all, shared_sandbox
+    from tasks.task_runners import EnvTaskRunner
+
+    uri, manifest = build_stocks(Settings.from_env())
+    per_query = -(-trials // len(manifest["queries"]))
+    n_calls = 5 * per_query * len(manifest["queries"])
+    if not shared_sandbox().isolation().ok:
+        sys.exit("this machine cannot seal execute_python (python -m tasks.sandbox says what "
+                 "is missing)")
+    server, base_url = start_server(latency)
+    results = {}
+    try:
+        write_models(_TMP, base_url)
+        with prefect_test_harness(server_startup_timeout=300):
+            for name, conc in runs:
+                root = str(_TMP / f"a-{name}")
+                flow = run_trials.with_options(task_runner=EnvTaskRunner(conc))
+                with MemorySampler({server.pid}) as mem:
+                    t0 = time.perf_counter()
+                    out = flow(f"lat-{name}", [uri], ["openai:bench"], per_query,
+                               batch_size, root, max_concurrency=conc)
+                    wall = time.perf_counter() - t0
+                trials_df = pl.read_parquet(out["trials"])
+                llm = pl.read_parquet(out["llm_calls"])
+                calls = pl.read_parquet(out["tool_calls"])
+                assert set(trials_df["terminate_reason"]) == {"return_answer"}, \
+                    trials_df["error"].unique()
+                assert llm.height == n_calls and calls["success"].all()
+                results[name] = {
+                    "concurrency": conc, "wall": wall, "trials": trials_df.height,
+                    "pss_mb": mem.peak_kb / 1024, "procs": mem.peak_procs,
+                    "call_s": llm["latency_s"].mean(),
+                    "tool_ms": 1000 * calls["duration_s"].mean(),
+                    "by_tool": dict(calls.group_by("tool").agg(
+                        (1000 * pl.col("duration_s").mean()).round(1)).iter_rows()),
+                }
+    finally:
+        peak_requests = stop_server(server)
+        _close_all()
+        shutil.rmtree(_TMP, ignore_errors=True)
+    return results, peak_requests, n_calls
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trials", type=int, default=200)
+    p.add_argument("--latency", type=float, default=0.5, help="seconds per model call")
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=25)
+    p.add_argument("--no-defaults", action="store_true", help="skip the default-settings run")
+    args = p.parse_args()
+
+    from tasks.concurrency import DEFAULT_MAX_CONCURRENCY
+
+    runs = [("concurrency", args.concurrency)]
+    if not args.no_defaults:
+        runs.append(("defaults", DEFAULT_MAX_CONCURRENCY))
+    results, peak_requests, n_calls = measure(runs, args.trials, args.latency, args.batch_size)
+
+    import resource
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"machine: {os.cpu_count()} CPUs, load average {load}; server saw at most "
+          f"{peak_requests} requests at once")
+    for name, r in results.items():
+        c = r["concurrency"]
+        limit = n_calls * args.latency / c
+        floor = math.ceil(r["trials"] / c) * 5 * args.latency
+        print(f"{name:<12} max-concurrency {c:3d}: {r['wall']:6.2f} s for {r['trials']} trials "
+              f"({n_calls} calls, model call {r['call_s']:.3f} s, tool call {r['tool_ms']:.1f} ms "
+              f"mean); limit {limit:.2f} s, whole-trial wave floor {floor:.2f} s; ratio "
+              f"{r['wall'] / limit:.2f}; peak PSS {r['pss_mb']:.0f} MB over {r['procs']} "
+              f"processes; tool ms by tool {r['by_tool']}")
+    print(f"harness process peak RSS {rss_mb:.0f} MB")
+    if "defaults" in results:
+        d = results["defaults"]
+        limit = n_calls * args.latency / d["concurrency"]
+        print(f"latency-bound (defaults): {d['wall']:.1f} s for {n_calls} calls x "
+              f"{args.latency:g} s at concurrency {d['concurrency']}; limit {limit:.1f} s; "
+              f"ratio {d['wall'] / limit:.2f}")
+    r = results["concurrency"]
+    limit = n_calls * args.latency / args.concurrency
+    print(f"latency-bound: {r['wall']:.1f} s for {n_calls} calls x {args.latency:g} s at "
+          f"concurrency {args.concurrency}; limit {limit:.1f} s; ratio {r['wall'] / limit:.2f} "
+          f"(target <= 1.3; peak PSS {r['pss_mb']:.0f} MB, target <= 1536)")
+
+
+if __name__ == "__main__":
+    main()
