@@ -295,12 +295,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_agents_now(agents, options, "run")
 
     hints = list(dict.fromkeys(args.hints or ["off"]))
-    with run_lease(root, run_id):  # refuses at once (LeaseHeld) when another process runs it
-        # under the lease: a refused run pays nothing; the checks are recorded (paid requests)
-        run_preflight(agents, options, "run", (root, run_id))
-        print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
-              f"hints {'/'.join(hints)}, artifacts in {root}")
-        return _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started)
+    new_root = "://" not in root and not os.path.exists(root)
+    try:
+        with run_lease(root, run_id):  # refuses at once (LeaseHeld) when another process runs it
+            # under the lease: a refused run pays nothing; the checks are recorded (paid)
+            run_preflight(agents, options, "run", (root, run_id))
+            print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
+                  f"hints {'/'.join(hints)}, artifacts in {root}")
+            return _run_benchmark(args, run_id, root, names, agents, options, hints, plans,
+                                  started)
+    except UsageError:  # the preflight failed: nothing was built, leave nothing behind
+        if new_root:
+            _remove_lease_only_root(root, run_id)
+        raise
+
+
+def _remove_lease_only_root(root: str, run_id: str) -> None:
+    """Remove the local artifact ``root`` that this command created when it holds nothing but
+    the lease's lock file of ``run_id`` (a run whose preflight failed builds nothing)."""
+    import shutil
+    from pathlib import Path
+
+    run_dir = Path(root, "runs", run_id)
+    left = [p for p in Path(root).rglob("*") if p.is_file()]
+    if all(p.parent == run_dir and p.name.startswith(".lease") for p in left):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started) -> int:

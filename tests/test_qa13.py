@@ -44,7 +44,7 @@ def run_batch(root: str, run_id: str, manifest_uri: str, agent: str, items: list
     trial index) and the score summary."""
     batch = {"key": key, "agent": agent, "manifest_uri": manifest_uri, "items": items,
              "options": options or {}}
-    run_trial_batch.fn(run_id, root, batch)
+    run_trial_batch.fn(run_id, root, batch, max_concurrency=1)  # scripted in call order
     storage.write_json(storage.join(root, "runs", run_id, "trials", "manifests.json"),
                        [manifest_uri])
     combine_trials.fn(run_id, root, [key])
