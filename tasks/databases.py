@@ -54,10 +54,12 @@ import pathlib
 import re
 import sqlite3
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from tasks import sqlite_guard
+from tasks.sqlite_guard import SQLITE_MAX_LENGTH
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -871,32 +873,6 @@ def stop_running_queries(reason: str) -> int:
 
 # ---- SQLite ---------------------------------------------------------------------------------
 
-_SQLITE_ALLOWED_ACTIONS = frozenset({
-    sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
-})
-#: Longest string or blob an SQLite query may build (``SQLITE_LIMIT_LENGTH``), bytes.
-SQLITE_MAX_LENGTH = 64 << 20
-
-
-#: SQL functions an SQLite query may not call even though reads are allowed: ``fts3_tokenizer``
-#: leaks a pointer and (two arguments) overwrites a tokenizer in the shared query worker;
-#: the others touch files or load code when an extension provides them.
-_SQLITE_DENIED_FUNCTIONS = frozenset({
-    "fts3_tokenizer", "load_extension", "readfile", "writefile", "edit", "fsdir", "zipfile",
-})
-
-
-def _sqlite_authorizer(action: int, arg1: Any = None, arg2: Any = None, *_args: Any) -> int:
-    """SQLite authorizer for untrusted SQL: reads, read-only functions and recursive CTEs
-    only (``SQLITE_DENY`` for everything else, and for :data:`_SQLITE_DENIED_FUNCTIONS`)."""
-    if action not in _SQLITE_ALLOWED_ACTIONS:
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_FUNCTION and str(arg2 or "").lower() in _SQLITE_DENIED_FUNCTIONS:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-
 def _sqlite_connect(path: pathlib.Path, name: str) -> sqlite3.Connection:
     p = path.expanduser().resolve()
     if not p.is_file():
@@ -911,28 +887,16 @@ def _sqlite_connect(path: pathlib.Path, name: str) -> sqlite3.Connection:
 def sqlite_run_local(path: str | os.PathLike, sql: str, timeout_ms: int,
                      limits: ResultLimits) -> QueryResult:
     """Run ``sql`` (no parser check) on the SQLite file ``path`` in this process: opened
-    ``mode=ro`` with the read-only authorizer, no ATTACH, values at most
-    :data:`SQLITE_MAX_LENGTH` bytes, interrupted after ``timeout_ms``; rows are fetched one at
-    a time into a :class:`_ResultBuilder`. What the query worker runs; QueryError on failure."""
+    ``mode=ro`` under the guarded executor (:func:`tasks.sqlite_guard.guarded`: read-only
+    authorizer, no ATTACH, values at most :data:`SQLITE_MAX_LENGTH` bytes, interrupted after
+    ``timeout_ms``); rows are fetched one at a time into a :class:`_ResultBuilder`. What the
+    query worker runs; QueryError on failure."""
     conn = _sqlite_connect(pathlib.Path(path), pathlib.Path(path).stem)
-    deadline = time.monotonic() + timeout_ms / 1000
-    timed_out = []
     running = _Running()
-
-    def progress() -> int:
-        if running.reason is not None:
-            return 1
-        if time.monotonic() > deadline:
-            timed_out.append(True)
-            return 1
-        return 0
-
+    guard = None
     try:
-        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_MAX_LENGTH)
-        conn.set_authorizer(_sqlite_authorizer)
-        conn.set_progress_handler(progress, 10_000)
-        with running:
+        with running, sqlite_guard.guarded(conn, timeout_ms,
+                                           lambda: running.reason is not None) as guard:
             cur = conn.execute(sql)
             builder = _ResultBuilder(limits, [d[0] for d in cur.description or []])
             if cur.description:
@@ -943,7 +907,7 @@ def sqlite_run_local(path: str | os.PathLike, sql: str, timeout_ms: int,
         return builder.result()
     except sqlite3.Error as e:
         running.check()
-        if timed_out:
+        if guard is not None and guard.timed_out:
             raise QueryError(f"Query timed out after {timeout_ms} ms.") from None
         msg = _short(e)
         if "too big" in msg:

@@ -415,12 +415,15 @@ def prepare_pairs(pairs_path: str, run_id: str, artifacts_root: str) -> dict:
 
 
 def plan_equivalence_batches(pair_ids: list[str], methods: list[str], batch_size: int,
-                             options: EquivalenceOptions | None = None) -> list[dict]:
+                             options: EquivalenceOptions | None = None,
+                             pairs_uri: str | None = None) -> list[dict]:
     """Expand methods × pairs into batches of at most ``batch_size`` pairs of one method.
 
     Returns JSON-able ``{"key", "method", "pair_ids"}``; keys are stable for the same inputs
     and options (so a re-run finds finished batches, and changed options start new ones).
-    Raises ValueError for an unknown method or a bad batch size."""
+    ``pairs_uri`` (the run's ``pairs.jsonl``): keys also digest each pair's content, so a pair
+    whose SQL, schema or label changed under the same id is judged again. Raises ValueError
+    for an unknown method or a bad batch size, KeyError for an id not in ``pairs_uri``."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     parsed = [parse_method(m) for m in methods]
@@ -429,11 +432,16 @@ def plan_equivalence_batches(pair_ids: list[str], methods: list[str], batch_size
     # the artifact schema version is part of the key: batches written by an older version are
     # never combined with new ones
     opts = (options or EquivalenceOptions()).model_dump_json() + f"|v{eqs.SCHEMA_VERSION}"
+    pairs = _read_pairs(pairs_uri) if pairs_uri is not None else None
     batches = []
     for m in parsed:
         for start in range(0, len(pair_ids), batch_size):
             chunk = pair_ids[start:start + batch_size]
-            digest = hashlib.sha256(json.dumps([m.name, chunk, opts]).encode()).hexdigest()[:10]
+            material: list = [m.name, chunk, opts]
+            if pairs is not None:
+                material.append([pairs[p].model_dump(mode="json", by_alias=True) for p in chunk])
+            digest = hashlib.sha256(
+                json.dumps(material, sort_keys=True).encode()).hexdigest()[:10]
             slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", m.name)
             batches.append({"key": f"{slug}-{start // batch_size:04d}-{digest}",
                             "method": m.name, "pair_ids": chunk})

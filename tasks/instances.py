@@ -31,6 +31,7 @@ from sqlglot.errors import SqlglotError
 from tasks.result_match import results_match
 from tasks.sql_dialects import ReadQuery, read_query, sqlglot_dialect
 from tasks.sql_dialects import engine_sql as _engine_sql
+from tasks.sqlite_guard import ReadGate
 
 Instance = dict[str, list[tuple]]
 
@@ -759,6 +760,7 @@ class Sandbox:
             self._watchdog.start()
         else:
             self.con = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            self._gate = ReadGate(self.con)  # queries read only; the harness loads
             if constraints:
                 self.con.execute("PRAGMA foreign_keys = ON")
         checks = constraints if checks is None else checks
@@ -797,7 +799,7 @@ class Sandbox:
                 self._deadline = None
 
     def _exec(self, sql: str) -> None:
-        self.con.execute(sql)
+        self.con.execute(self._gate.trusted(sql) if self.engine == "sqlite" else sql)
 
     def close(self) -> None:
         """Close the connection and stop the watchdog thread."""
@@ -853,16 +855,15 @@ class Sandbox:
 
     def run(self, sql: str) -> Outcome:
         """Run one query (in the engine's dialect) and fetch every row; errors and timeouts
-        become an :class:`Outcome` with ``error``."""
-        if self.engine == "sqlite":
-            deadline = time.monotonic() + self.query_timeout_s
-            self.con.set_progress_handler(lambda: int(time.monotonic() > deadline), 20_000)
+        become an :class:`Outcome` with ``error``. On SQLite the query runs under
+        :class:`tasks.sqlite_guard.ReadGate`: only reads are authorised (no ATTACH, no write,
+        no PRAGMA), interrupted after ``query_timeout_s``, the result bounded in bytes."""
+        if self.engine == "sqlite":  # the guarded executor: reads only, time and byte limits
             try:
-                return Outcome(rows=[tuple(r) for r in self.con.execute(sql).fetchall()])
+                return Outcome(rows=self._gate.query(sql, self.query_timeout_s * 1000,
+                                                     steps=20_000))
             except (sqlite3.Error, ValueError, OverflowError) as exc:
                 return Outcome(error=_short(exc))
-            finally:
-                self.con.set_progress_handler(None, 0)
         self._deadline = time.monotonic() + self.query_timeout_s
         try:
             return Outcome(rows=[tuple(r) for r in self.con.execute(sql).fetchall()])

@@ -399,6 +399,44 @@ def _stage_attempt(artifacts_root: str, run_id: str, stage: str) -> Iterator[Sta
 # --------------------------------------------------------------------------------------------
 
 
+def batch_key(label: str, index: int, material: Any) -> str:
+    """Key of one batch of a mapped stage: ``<label slug>-<index:04d>-<digest>``.
+
+    ``material``: everything the batch's output depends on, JSON-able — the items (their
+    content, not only their ids), the agent's fingerprint (:func:`spec_fingerprint`) and the
+    full stage configuration — so a re-run with any of them changed gets a new key and runs
+    again, while an unchanged one finds its finished batch. ``digest``: the first 10 hex digits
+    of SHA-256 over ``material`` as canonical JSON (sorted keys; other values via ``str``)."""
+    import hashlib
+    import re
+
+    text = json.dumps(material, sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")[:60] or "x"
+    return f"{slug}-{index:04d}-{digest}"
+
+
+def spec_fingerprint(spec: str) -> str | None:
+    """What identifies an agent / generator spec beyond its name: for ``replay:<path>`` the
+    SHA-256 (hex) of the file's bytes, or of every file of a directory (relative path and
+    bytes, in path order); None for every other spec (``oracle``, models by name). Raises
+    OSError when the replay source cannot be read."""
+    import hashlib
+    from pathlib import Path
+
+    kind, _, arg = spec.partition(":")
+    if kind != "replay" or not arg:
+        return None
+    path, h = Path(arg), hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    else:
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 def gather(futures: Sequence, keys: Sequence[str], run_id: str, stage: str) -> list:
     """Wait for every Prefect future of a mapped stage, then return their results in order.
 

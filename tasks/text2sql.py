@@ -26,7 +26,6 @@ may hold a password): tasks rebuild it from :class:`schemas.settings.Settings`.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import re
@@ -62,6 +61,7 @@ from tasks.llm import (
     resolve_model,
     settings_env,
 )
+from tasks.runs import batch_key, spec_fingerprint
 from tasks.sql_features import (
     BAG_FEATURES,
     HISTOGRAM_FEATURES,
@@ -560,10 +560,6 @@ def generate_with_validation(
 # --------------------------------------------------------------------------------------------
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:60] or "x"
-
-
 def stage_prefix(artifacts_root: str, run_id: str, stage: str) -> str:
     """``<root>/runs/<run_id>/<stage>``."""
     return storage.join(artifacts_root, "runs", run_id, stage)
@@ -574,13 +570,20 @@ def plan_generation_batches(
     query_ids: list[str],
     batch_size: int = 10,
     known_query_ids: Iterable[str] | None = None,
+    config: GenerationConfig | dict | None = None,
+    descriptions_path: str | None = None,
 ) -> list[dict]:
     """(generator × query) work in batches of at most ``batch_size`` queries.
 
-    Returns JSON-able dicts ``{"key", "generator", "query_ids"}``; keys are stable for equal
-    inputs, so a re-run finds finished batches. Raises ValueError for no generators/queries, a
-    duplicate generator or query, a query id not in ``known_query_ids`` (when given), or
-    ``batch_size < 1``; :class:`GeneratorConfigError` for a bad generator spec."""
+    Returns JSON-able dicts ``{"key", "generator", "query_ids"}``. A key digests the
+    generator (and a replay source's content), the batch's queries (business question and
+    parameters from ``descriptions_path`` — none when None — and gold SQL) and the full
+    ``config`` (:class:`GenerationConfig`; the default when None): a re-run with the same
+    inputs finds its finished batches, one with any of them changed generates again
+    (:func:`tasks.runs.batch_key`). Raises ValueError for no generators/queries, a duplicate
+    generator or query, a query id not in ``known_query_ids`` (when given), or
+    ``batch_size < 1``; :class:`GeneratorConfigError` for a bad generator spec, CorpusError
+    for a bad descriptions file."""
     if not generators:
         raise ValueError("no generators given")
     if not query_ids:
@@ -600,12 +603,25 @@ def plan_generation_batches(
     labels = [generator_label(g) for g in generators]
     if len(set(labels)) != len(labels):
         raise ValueError(f"duplicate generators {labels}")
+    cfg = GenerationConfig.model_validate(
+        config.model_dump() if isinstance(config, GenerationConfig) else config or {}
+    ).model_dump(mode="json")
+    corpus = load_tpcds_corpus(descriptions_path).by_id()
+
+    def item(qid: str) -> list:  # what the prompt is built from, and the oracle's answer
+        q = corpus.get(qid)
+        return [qid] if q is None else [qid, q.description, list(q.params), q.sql]
+
     batches = []
     for gen in generators:
+        try:
+            fingerprint = spec_fingerprint(gen)
+        except OSError as exc:
+            raise GeneratorConfigError(f"{gen}: cannot read the replay source: {exc}") from None
         for start in range(0, len(query_ids), batch_size):
             chunk = [str(q) for q in query_ids[start : start + batch_size]]
-            digest = hashlib.sha256(json.dumps([gen, chunk]).encode()).hexdigest()[:10]
-            key = f"{_slug(generator_label(gen))}-{start // batch_size:04d}-{digest}"
+            material = [gen, fingerprint, [item(q) for q in chunk], cfg]
+            key = batch_key(generator_label(gen), start // batch_size, material)
             batches.append({"key": key, "generator": gen, "query_ids": chunk})
     return batches
 
