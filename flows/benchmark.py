@@ -85,9 +85,11 @@ def benchmark(
     label_flow_run(run_tag_list, name=f"benchmark-{run_id}")
     with runs.run_lease(root, run_id):  # one process per run id, across all the stages
         if preflight:  # under the lease: a run refused by it pays for no request
-            failed = [r for r in preflight_agents(agents, agent_options) if not r.ok]
+            checks = preflight_agents(agents, agent_options)
+            failed = [r for r in checks if not r.ok]
             if failed:
                 raise AgentConfigError("preflight failed: " + "; ".join(r.line() for r in failed))
+            runs.record_preflight(root, run_id, checks)  # paid requests: in the report's cost
         runs.record_benchmark(root, run_id, {
             "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
             "agent_options": agent_options or {}, "hints": hint_conditions(hints),

@@ -40,7 +40,8 @@ def register(subparsers) -> None:
         help="re-run only the errored trials (api_error / error), then score and report again",
     )
     r.add_argument("--max-error-share", type=float, default=None, metavar="X",
-                   help="share of errored trials allowed for exit 0 (default: the run's, 0)")
+                   help="share of each agent's trials that may error for exit 0 (default: "
+                   "the run's, 0)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -55,6 +56,10 @@ def register(subparsers) -> None:
     rs.add_argument("--run-id", required=True)
     rs.add_argument("--manifest", action="append",
                     help="dataset manifest URI to score with (repeat; default: the run's)")
+    rs.add_argument("--scoring", choices=["spec", "recorded"], default="spec",
+                    help="spec (default): re-derive ground truth and validators from the "
+                    "current dataset spec (refused when its data version differs from the "
+                    "run's); recorded: the datasets' scoring files as they are")
     rs.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     rs.set_defaults(func=cmd_rescore)
 
@@ -135,7 +140,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         return 2
     if not stages:
         print(f"run {args.run_id}: every stage has completed; name one with --stage to re-run it")
-        return 0
+        return _errored_status(root, args.run_id, getattr(args, "max_error_share", None),
+                               "rerun")
     try:
         lease = contextlib.ExitStack()
         lease.enter_context(runs.run_lease(root, args.run_id))  # refuses at once if it is running
@@ -145,7 +151,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     with lease:  # held until the stages are done (released if preflight fails)
         if "trials" in stages:
             config = runs.benchmark_config(root, args.run_id)
-            run_preflight(config.agents, config.agent_options, "rerun")
+            run_preflight(config.agents, config.agent_options, "rerun", (root, args.run_id))
         print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}"
               + (" (errored trials only)" if retry else "") + f"; artifacts in {root}")
         from flows.stages import run_stage
@@ -171,32 +177,50 @@ def cmd_rerun(args: argparse.Namespace) -> int:
                     status = max(status, print_report(with_run_details(out, root, args.run_id)))
                 else:
                     _print_outputs(stage, out)
-    if "score" in stages:
-        record = runs.find_run(root, args.run_id)
-        allowed = args.max_error_share if getattr(args, "max_error_share", None) is not None \
-            else (record.benchmark.max_error_share if record and record.benchmark else 0.0)
-        try:
-            runs.check_error_share(root, args.run_id, allowed)
-        except runs.TrialsErrored as exc:
-            print(f"querylab rerun: {exc}", file=sys.stderr)
-            status = max(status, 1)
-    elif "trials" in stages:
+    if "trials" in stages and "score" not in stages:
         print(f"note: the trials changed; score and report them with `querylab rerun --run-id "
               f"{args.run_id} --stage score --stage report`")
-    return status
+        return status
+    return max(status, _errored_status(root, args.run_id,
+                                       getattr(args, "max_error_share", None), "rerun"))
+
+
+def _errored_status(root: str, run_id: str, max_share: float | None, command: str) -> int:
+    """1 (the reason printed on stderr) when a scored benchmark run has an agent whose share
+    of errored trials is above ``max_share`` (None: the run's recorded ``max_error_share``),
+    else 0 — the rule ``querylab run`` exits by, so ``rerun`` of a finished run, ``rerun
+    --stage report`` and ``rescore`` say the same. A run without a score summary is 0."""
+    from tasks import runs
+
+    if runs.score_summary(root, run_id) is None:
+        return 0
+    record = runs.find_run(root, run_id)
+    recorded = record.benchmark.max_error_share if record and record.benchmark else 0.0
+    allowed = recorded if max_share is None else max_share
+    try:
+        runs.check_error_share(root, run_id, allowed)
+    except runs.TrialsErrored as exc:
+        print(f"querylab {command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
-    """``querylab rescore``: re-apply the validators (as they are now) to a run's stored
-    answers, rewrite ``score/`` and the report, and say how many verdicts changed. No model
-    is called and no Prefect server started. Exit 1 when the oracle failed a query or errored
-    trials are above the run's allowed share, 2 for bad input."""
+    """``querylab rescore``: re-derive each dataset's scoring from its current spec (when the
+    data version the trials saw is unchanged; ``--scoring recorded``: the scoring files as
+    they are), re-apply it to the run's stored answers, rewrite ``score/`` and the report, and
+    say which scoring it used, what changed and how many verdicts changed. No model is called
+    and no Prefect server started. Exit 1 when the oracle failed a query or errored trials are
+    above the run's allowed share; 2 for bad input and for a refused rescore (a changed data
+    version), which writes nothing and leaves the run's stage records as they were."""
     import polars as pl
 
     from querylab.cmd_report import print_report, with_run_details
     from tasks import runs, storage
     from tasks.report import report_run
     from tasks.scoring import SCORER_VERSION, score_run, scores_uri
+
+    from tasks.rescore import RescoreRefused, apply_rescore, plan_rescore
 
     root = _root(args)
     runs.valid_run_id(args.run_id)
@@ -205,12 +229,23 @@ def cmd_rescore(args: argparse.Namespace) -> int:
         before = pl.read_parquet(storage.read_bytes(scores_uri(root, args.run_id)),
                                  columns=["trial_key", "verdict"])
     record = runs.find_run(root, args.run_id)
+    try:  # everything checked before anything is written: a refusal records nothing
+        plans = plan_rescore(args.run_id, root, args.manifest or None,
+                             getattr(args, "scoring", "spec"))
+    except RescoreRefused as exc:
+        print(f"querylab rescore: {exc}", file=sys.stderr)
+        return 2
+
+    def score() -> dict:
+        apply_rescore(plans)
+        return score_run(args.run_id, root, args.manifest or None)
+
     if record is not None:
         with runs.stage_run(root, args.run_id, "score") as stage:
-            out = score_run(args.run_id, root, args.manifest or None)
+            out = score()
             stage.outputs = {k: v for k, v in out.items() if k != "manifests"}
     else:
-        out = score_run(args.run_id, root, args.manifest or None)
+        out = score()
     after = pl.read_parquet(storage.read_bytes(out["scores"]), columns=["trial_key", "verdict"])
     changed = None
     if before is not None:
@@ -219,6 +254,12 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     print(f"rescored run {args.run_id} (scorer {SCORER_VERSION}): {out['trials']} trials, "
           f"{out['correct']} correct, {out['incorrect']} incorrect, {out['errored']} errored; "
           + ("first scoring" if changed is None else f"{changed.height} verdict(s) changed"))
+    for plan in plans:
+        print(f"  {plan.line()}")
+        for change in plan.changes[:10]:
+            print(f"    {change}")
+        if len(plan.changes) > 10:
+            print(f"    ... ({len(plan.changes)} in all)")
     if changed is not None:
         for row in changed.head(10).iter_rows(named=True):
             print(f"  {row['trial_key']}: {row['verdict_before']} -> {row['verdict']}")
@@ -230,13 +271,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     else:
         rep = report_run(args.run_id, root, args.manifest or None)
     status = print_report(with_run_details(rep, root, args.run_id))
-    allowed = record.benchmark.max_error_share if record and record.benchmark else 0.0
-    try:
-        runs.check_error_share(root, args.run_id, allowed)
-    except runs.TrialsErrored as exc:
-        print(f"querylab rescore: {exc}", file=sys.stderr)
-        status = max(status, 1)
-    return status
+    return max(status, _errored_status(root, args.run_id, None, "rescore"))
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

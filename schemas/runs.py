@@ -76,7 +76,7 @@ class BenchmarkConfig(BaseModel):
     DAB's ``--use_hints``), each run for every agent that reads a prompt — two conditions
     compare both in one run; ``query_ids`` (``<id>`` or ``<dataset>/<id>``; empty: all) and
     ``limit`` (the first N queries of each dataset; None: all) select a subset;
-    ``max_error_share``: the share of errored trials a run may have and still succeed
+    ``max_error_share``: the share of errored trials each agent may have and the run still succeed
     (default 0: any errored trial fails the run); ``agent_plans``: per-agent datasets and
     trial counts (:class:`AgentPlan`) for agents of ``agents``; ``score_no_tool_call``: on
     datasets imported in DAB's format, score the text of a ``no_tool_call`` ending instead

@@ -125,6 +125,23 @@ def tpcds_postgres_dsn(settings: Settings | None = None, dbname: str = TPCDS_PG_
     return dsn
 
 
+def tpcds_validator_dsn(settings: Settings | None = None, dbname: str = TPCDS_PG_DATABASE) -> str:
+    """DSN of the TPC-DS schema database as its least-privilege agent role ``<db>_ro``
+    (:func:`tasks.pg_roles.ensure_agent_role`: SELECT on its tables, read-only transactions,
+    no server-file or signalling functions): what model-written SQL is validated as, never the
+    administrator that created the schema. Creates the schema first (:func:`tpcds_postgres_dsn`).
+    Raises ``psycopg.Error`` when the server cannot be reached or refuses the role."""
+    from tasks.databases import postgres_server_url
+    from tasks.pg_roles import agent_dsn, ensure_agent_role
+
+    settings = settings or Settings.from_env()
+    tpcds_postgres_dsn(settings, dbname)
+    server = postgres_server_url(settings.postgres_url, settings.home)
+    home = Path(settings.home)
+    ensure_agent_role(server, dbname, home, embedded=not settings.postgres_url)
+    return agent_dsn(server, dbname, home)
+
+
 @task(name="tpcds-postgres-schema", persist_result=False)
 def prepare_tpcds_postgres() -> str:
     """Create (if missing) the PostgreSQL database holding the empty TPC-DS schema; returns the
@@ -161,10 +178,19 @@ def clean_sql(sql: str) -> str:
     return re.sub(r"[\s;]+$", "", sql.strip())
 
 
+#: How a query the validator plans may begin (comments and parentheses first): it is prefixed
+#: with ``EXPLAIN``, so anything else, e.g. ``ANALYZE`` or an option list, would turn the plan
+#: into an execution.
+_QUERY_START = re.compile(
+    r"(?is)(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/|\()*(?:select|with|values|table)\b")
+
+
 class PostgresValidator:
     """Validates SQL with ``EXPLAIN`` (the query is planned, never run) on one PostgreSQL
-    connection opened read-only with a ``statement_timeout``. Use as a context manager or call
-    :meth:`close`. ``validate(sql)`` returns None when PostgreSQL accepts the query, else the
+    connection opened read-only with a ``statement_timeout``; ``dsn`` should log in as the
+    database's agent role (:func:`tpcds_validator_dsn`). Text that does not begin as a query
+    (``ANALYZE ...``, which ``EXPLAIN`` would execute) is refused. Use as a context manager or
+    call :meth:`close`. ``validate(sql)`` returns None when PostgreSQL accepts the query, else the
     error message shown to the model."""
 
     def __init__(self, dsn: str, statement_timeout_ms: int = 10_000):
@@ -192,6 +218,9 @@ class PostgresValidator:
             return f"{len(trees)} statements found; write exactly one SELECT query"
         if trees and not isinstance(trees[0], exp.Query):
             return f"not a query: a {type(trees[0]).__name__.upper()} statement; write one SELECT query"
+        if not _QUERY_START.match(sql):  # e.g. "ANALYZE SELECT ...": EXPLAIN would run it
+            first = sql.split(None, 1)[0][:40]
+            return f"not a query: it starts with {first!r}; write one SELECT query"
         prefix = "EXPLAIN "
         try:
             self._conn.execute(prefix + sql, prepare=False)
@@ -631,8 +660,8 @@ def run_generation_batch(
     rows: list[dict] = []
     generator = make_generator(batch["generator"], settings, cfg, artifacts_root)
     try:
-        with PostgresValidator(
-            tpcds_postgres_dsn(settings), cfg.statement_timeout_ms
+        with PostgresValidator(  # as the read-only agent role: the SQL is the model's
+            tpcds_validator_dsn(settings), cfg.statement_timeout_ms
         ) as validator:
             for qid in batch["query_ids"]:
                 prompt = build_prompt(corpus[qid], ddl)

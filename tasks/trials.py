@@ -499,7 +499,8 @@ class _Agent:
             self.error = f"{type(exc).__name__}: {exc}" if not isinstance(
                 exc, AgentConfigError) else str(exc)
 
-    def run(self, query: dict, trial: int, toolbox: ToolBox) -> TrialOutcome:
+    def run(self, query: dict, trial: int, toolbox: ToolBox,
+            on_call: Callable[[list], None] | None = None) -> TrialOutcome:
         if self.error is not None:
             return TrialOutcome(None, "error", self.error)
         if self.kind == "oracle":
@@ -514,7 +515,7 @@ class _Agent:
             return outcome
         assert self.chat is not None
         prompt = user_prompt(self.manifest, query["question"], self.hints)
-        return run_react(self.chat, toolbox, prompt, self.system, trial, self.options)
+        return run_react(self.chat, toolbox, prompt, self.system, trial, self.options, on_call)
 
     def concurrency_cap(self) -> tuple[int | None, str | None, str | None]:
         """``(max_concurrency, model name, base URL)`` of this agent's model (the models
@@ -529,10 +530,61 @@ class _Agent:
             self.chat.close()
 
 
+def _llm_row(run_id: str, key: str, c, attempt: int) -> dict:
+    """One ``llm_calls`` row of trial ``key`` for the call record ``c``
+    (:class:`tasks.llm.LLMCallRecord`) made by attempt ``attempt`` of the trial."""
+    return {
+        "run_id": run_id, "trial_key": key, "call_index": c.call_index, "model": c.model,
+        "base_url": c.base_url, "prompt_tokens": c.prompt_tokens,
+        "cached_tokens": c.cached_tokens, "completion_tokens": c.completion_tokens,
+        "cost_usd": c.cost_usd, "latency_s": c.latency_s, "finish_reason": c.finish_reason,
+        "n_tool_calls": c.n_tool_calls, "attempts": c.attempts, "cache_hit": c.cache_hit,
+        "error": c.error, "priced": c.priced, "trial_attempt": attempt,
+    }
+
+
+def _journal_uri(artifacts_root: str, run_id: str, key: str, index: int) -> str:
+    """The model calls of the attempt of batch item ``index`` running now (rewritten after
+    every call; ``<key>.calls/`` beside the checkpoints, removed with them): what an
+    interrupted attempt paid for, read back on resume."""
+    return storage.join(artifacts_root, "runs", run_id, "trials", "batches", f"{key}.calls",
+                        f"{index:05d}.json")
+
+
+def _earlier_calls(journal_uri: str, previous: list[dict]) -> tuple[list[dict], int]:
+    """The ``llm_calls`` rows of a trial's earlier attempts that reached the API (cache hits
+    cost nothing and are dropped), and the number of the attempt about to run.
+
+    ``previous``: the rows of the trial's last recorded (errored) attempt, earlier attempts'
+    rows included; the journal adds an attempt that was interrupted before it was recorded
+    (a killed process)."""
+    attempts = {r.get("trial_attempt") or 0 for r in previous}
+    rows = [{**r, "trial_attempt": r.get("trial_attempt") or 0}
+            for r in previous if not r["cache_hit"]]
+    if storage.exists(journal_uri):
+        journal = storage.read_json(journal_uri)
+        if journal["attempt"] not in attempts:
+            attempts.add(journal["attempt"])
+            rows += [r for r in journal["calls"] if not r["cache_hit"]]
+    return rows, (max(attempts) + 1 if attempts else 0)
+
+
+def _with_earlier_calls(rows: dict, earlier: list[dict]) -> dict:
+    """A trial's rows with the paid calls of its earlier attempts: their ``llm_calls`` rows
+    first, their cost and tokens added to the trial row (what the trial cost in all)."""
+    if not earlier:
+        return rows
+    trial = dict(rows["trial"])
+    for col in ("cost_usd", "prompt_tokens", "completion_tokens", "cached_tokens"):
+        trial[col] += sum(r[col] for r in earlier)
+    return {**rows, "trial": trial, "llm_calls": earlier + rows["llm_calls"]}
+
+
 def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, query: dict,
-          trial: int, outcome: TrialOutcome, hints: str | None = None) -> dict:
+          trial: int, outcome: TrialOutcome, hints: str | None = None, attempt: int = 0) -> dict:
     """The artifact rows of one finished trial: ``{"trial": row, "tool_calls": [...],
-    "llm_calls": [...], "messages": [...]}`` (the checkpoint of the trial). No verdict."""
+    "llm_calls": [...], "messages": [...]}`` (the checkpoint of the trial; ``attempt``: the
+    trial attempt that made the model calls). No verdict."""
     trial_row = {
         "run_id": run_id,
         "trial_key": key,
@@ -572,27 +624,7 @@ def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, 
                 "duration_s": o.duration_s,
             }
         )
-    llm_rows = [
-        {
-            "run_id": run_id,
-            "trial_key": key,
-            "call_index": c.call_index,
-            "model": c.model,
-            "base_url": c.base_url,
-            "prompt_tokens": c.prompt_tokens,
-            "cached_tokens": c.cached_tokens,
-            "completion_tokens": c.completion_tokens,
-            "cost_usd": c.cost_usd,
-            "latency_s": c.latency_s,
-            "finish_reason": c.finish_reason,
-            "n_tool_calls": c.n_tool_calls,
-            "attempts": c.attempts,
-            "cache_hit": c.cache_hit,
-            "error": c.error,
-            "priced": c.priced,
-        }
-        for c in outcome.llm_calls
-    ]
+    llm_rows = [_llm_row(run_id, key, c, attempt) for c in outcome.llm_calls]
     message_rows = [{"run_id": run_id, "trial_key": key, **m} for m in outcome.messages]
     return {"trial": trial_row, "tool_calls": tool_rows, "llm_calls": llm_rows,
             "messages": message_rows}
@@ -725,17 +757,31 @@ def run_batch(
         for index, (query_id, trial) in enumerate(batch["items"]):
             part_uri = _parts_uri(artifacts_root, run_id, batch["key"], index)
             key = trial_key(label, manifest["name"], query_id, trial)
+            previous: list[dict] = []  # the llm_calls rows of the errored attempt re-run now
             if storage.exists(part_uri):
                 part = storage.read_json(part_uri)
                 if not (retry_errors and is_errored(part["trial"]["terminate_reason"])):
                     done[index] = part
                     continue
-            elif key in finished and not is_errored(finished[key]["trial"]["terminate_reason"]):
-                done[index] = finished[key]
-                continue
-            yield index, query_id, trial, part_uri, key
+                previous = part["llm_calls"]
+            elif key in finished:
+                if not is_errored(finished[key]["trial"]["terminate_reason"]):
+                    done[index] = finished[key]
+                    continue
+                previous = finished[key]["llm_calls"]
+            yield index, query_id, trial, part_uri, key, index, previous
 
-    def run_one(query_id: str, trial: int, part_uri: str, key: str) -> dict:
+    def run_one(query_id: str, trial: int, part_uri: str, key: str, index: int = 0,
+                previous: list[dict] | None = None) -> dict:
+        journal = _journal_uri(artifacts_root, run_id, batch["key"], index)
+        earlier, attempt = _earlier_calls(journal, previous or [])
+
+        def on_call(calls) -> None:  # what this attempt paid for, in case it is cut short
+            storage.write_bytes(journal, json.dumps({
+                "attempt": attempt,
+                "calls": [_llm_row(run_id, key, c, attempt) for c in calls],
+            }, default=str).encode())
+
         query = queries[query_id]
         workdir = batch_dir / f"{query_id}-{trial}"
         if workdir.exists():  # left by a killed run
@@ -751,15 +797,20 @@ def run_batch(
                 max_content_chars=options.preview_chars, preview_rows=options.preview_rows,
                 preview_value_chars=options.preview_value_chars,
             )
-            outcome = runner.run(query, trial, toolbox)
+            outcome = runner.run(query, trial, toolbox, on_call)
         except Exception as exc:  # noqa: BLE001 - one trial's harness failure is recorded
             log.exception("trial %s failed in the harness", key)
             outcome = _harness_error(exc)
+            made = storage.read_json(journal) if storage.exists(journal) else {}
+            if made.get("attempt") == attempt:  # the calls it made before it failed
+                earlier += made["calls"]
         finally:
             if toolbox is not None:
                 toolbox.close()  # the trial's sandbox session (back to the warm pool)
             shutil.rmtree(workdir, ignore_errors=True)
-        rows = _rows(run_id, key, label, runner.model, manifest, query, trial, outcome, hints)
+        rows = _with_earlier_calls(_rows(
+            run_id, key, label, runner.model, manifest, query, trial, outcome, hints, attempt
+        ), earlier)
         storage.write_bytes(part_uri, json.dumps(rows, default=str).encode())
         return rows
 
@@ -787,6 +838,8 @@ def run_batch(
         out_uri, pa.Table.from_pylist(trials, schema=artifacts.TRIALS), artifacts.TRIALS
     )
     _remove_local(_parts_uri(artifacts_root, run_id, batch["key"]))
+    _remove_local(storage.join(artifacts_root, "runs", run_id, "trials", "batches",
+                               f"{batch['key']}.calls"))
     log.info(
         "batch %s: %d trials (%d run now, %d kept), %d errored, $%.4f",
         batch["key"], len(trials), len(ran), len(trials) - len(ran),
@@ -896,11 +949,13 @@ def combine_trials(run_id: str, artifacts_root: str, batch_keys: list[str]) -> d
     whose trials artifact is missing (a batch from before transcripts adds no messages).
     """
     by_call = [("trial_key", "ascending"), ("call_index", "ascending")]
+    by_attempt = [("trial_key", "ascending"), ("trial_attempt", "ascending"),
+                  ("call_index", "ascending")]
     out = {}
     for what, schema, order in (
         ("trials", artifacts.TRIALS, [("trial_key", "ascending")]),
         ("tool_calls", artifacts.TOOL_CALLS, by_call),
-        ("llm_calls", artifacts.LLM_CALLS, by_call),
+        ("llm_calls", artifacts.LLM_CALLS, by_attempt),
         ("messages", artifacts.MESSAGES, [("trial_key", "ascending"), ("index", "ascending")]),
     ):
         uris = [batch_uri(artifacts_root, run_id, k, what) for k in batch_keys]
