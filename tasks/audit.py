@@ -54,7 +54,9 @@ the viewer. The checks (:data:`CHECKS`), in the order they are reported:
 Ground-truth values that can be checked without drowning in coincidences: a number whose
 absolute value is at least 100 or which has a fractional part (``5`` would match every
 ``LIMIT 5``), matched within the validator's tolerance; an item (or a DAB ground-truth line) of
-at least 4 characters, matched case- and whitespace-insensitively. The trusted ``oracle`` reads
+at least 4 characters, matched as the validator matches items (whole words,
+whitespace-insensitively, case-insensitively unless the validator is ``case_sensitive``).
+The trusted ``oracle`` reads
 reference solutions by design, so its trials skip the three answer checks; replayed answers
 have no trajectory, so they skip ``answer_not_in_tool_output``. Tool results are compared as
 the model saw them (JSON decoded, so ``\\u00fc`` matches ``ü``).
@@ -69,7 +71,7 @@ from typing import Any
 
 import polars as pl
 
-from tasks.validate import normalise, number_tolerance, numbers_in, shotgun_reason
+from tasks.validate import item_in, normalise, number_tolerance, numbers_in, shotgun_reason
 
 #: Every check, in report order.
 CHECKS = (
@@ -327,13 +329,13 @@ class Values:
         if kind == "number" and truth is not None:
             self._number(float(truth), number_tolerance(truth, self.validator))
         elif isinstance(truth, list | tuple):
-            self.items = [normalise(t) for t in truth if len(normalise(t)) >= 4]
+            self.items = [_squeeze(t) for t in truth if len(_squeeze(t)) >= 4]
         elif isinstance(truth, str):
             found = numbers_in(truth)
             if len(found) == 1 and re.fullmatch(r"\s*[-−]?[\d,.]+\s*", truth):
                 self._number(found[0], 0.005 + 1e-9 * abs(found[0]))
             else:
-                lines = [normalise(x) for x in re.split(r"[\n;]", truth)]
+                lines = [_squeeze(x) for x in re.split(r"[\n;]", truth)]
                 self.items = [x for x in lines if len(x) >= 4]
         elif isinstance(truth, int | float) and not isinstance(truth, bool):
             self._number(float(truth), 0.005 + 1e-9 * abs(float(truth)))
@@ -354,12 +356,21 @@ class Values:
                 for value, tol in self.numbers:
                     if abs(x - value) <= tol:
                         return f"{x:g}"
-        if self.items:
-            norm = normalise(text)
-            for item in self.items:
-                if item in norm:
-                    return item
+        for item in self.items:
+            if self.has(item, text):
+                return item
         return None
+
+    def has(self, item: str, text: str) -> bool:
+        """Whether the ground-truth ``item`` appears in ``text`` as the validator compares
+        items (:func:`tasks.validate.item_in`: whole words; case-sensitive when the validator
+        says so)."""
+        return item_in(item, text, bool(self.validator.get("case_sensitive")))
+
+
+def _squeeze(text: Any) -> str:
+    """``text`` with runs of whitespace collapsed to one space (case kept)."""
+    return " ".join(str(text).split())
 
 
 def _answer_values(answer: str, values: Values) -> tuple[list[tuple[float, float]], list[str]]:
@@ -373,8 +384,7 @@ def _answer_values(answer: str, values: Values) -> tuple[list[tuple[float, float
             continue
         decimals = len(m.group(1) or "")
         nums.append((x[0], max(tol_v, 0.5 * 10 ** -decimals + 1e-9 * abs(x[0]))))
-    norm = normalise(answer)
-    return nums, [i for i in values.items if i in norm]
+    return nums, [i for i in values.items if values.has(i, answer)]
 
 
 def audit_trial(
@@ -484,8 +494,7 @@ def audit_trial(
                 if any(abs(x - y) <= tol for x, tol in nums for y in out_nums):
                     derived = True
                     break
-                norm = normalise(text)
-                if any(i in norm for i in items) or normalise(answer) in norm:
+                if any(values.has(i, text) for i in items) or normalise(answer) in normalise(text):
                     derived = True
                     break
             if not derived:

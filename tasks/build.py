@@ -249,6 +249,8 @@ def derive_scoring(
     out: dict[str, dict] = {}
     for i, q in enumerate(spec.queries):
         validator = q.validator.model_dump()
+        if not validator["case_sensitive"]:  # the default: scoring files as before
+            del validator["case_sensitive"]
         if q.validator.options_sql:
             if con is None:
                 con = duckdb.connect()

@@ -52,6 +52,18 @@ def normalise(s: str) -> str:
     return " ".join(str(s).casefold().split())
 
 
+def item_in(item: str, text: str, case_sensitive: bool = False) -> bool:
+    """Whether ``item`` appears in ``text`` as whole words (not inside a longer word: ``GOOG``
+    is not in ``GOOGL``), whitespace-insensitively, and case-insensitively unless
+    ``case_sensitive`` (for an item that is also an everyday word, e.g. the sub-category
+    ``Tables`` in "I could not read the tables")."""
+    words = str(item).split()
+    if not words:
+        return False
+    pattern = r"(?<!\w)" + r"\s+".join(re.escape(w) for w in words) + r"(?!\w)"
+    return re.search(pattern, str(text), 0 if case_sensitive else re.IGNORECASE) is not None
+
+
 def number_tolerance(truth: float, validator: dict) -> float:
     """Absolute tolerance of a ``number`` validator: ``tolerance`` when given, else half a unit
     of the stated rounding (``0.5 * 10**-decimals``), plus 1e-9 relative slack."""
@@ -134,12 +146,13 @@ def check_number(answer: str, truth: Any, validator: dict, question: str | None 
 
 
 def check_items(answer: str, truth: Any, validator: dict, question: str | None = None) -> Verdict:
-    """``{"kind": "items", "options": [...]|None}``: every item of ``truth`` (a list of strings)
-    appears in the answer, compared case- and whitespace-insensitively; with ``options`` (the
+    """``{"kind": "items", "options": [...]|None, "case_sensitive": bool}``: every item of
+    ``truth`` (a list of strings) appears in the answer as whole words (:func:`item_in`),
+    whitespace-insensitively and, unless ``case_sensitive``, case-insensitively; with ``options`` (the
     values the question chooses among, from the spec's ``options`` / ``options_sql``) the
     answer must also name no option outside the ground truth, so listing every option fails."""
-    text = normalise(answer)
-    missing = [item for item in truth if normalise(item) not in text]
+    exact = bool(validator.get("case_sensitive"))
+    missing = [item for item in truth if not item_in(item, answer, exact)]
     if missing:
         return Verdict(False, f"{len(missing)} of {len(truth)} items missing: {_short(missing)}")
     shotgun = shotgun_reason(answer, truth, validator, question)
