@@ -26,6 +26,12 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: Small /etc files bound read-only when present (the dynamic linker's cache, MIME types).
 ETC_BINDS = ("/etc/ld.so.cache", "/etc/mime.types")
+#: Where the cells' own file systems are mounted over the template (a view path under one of
+#: them would be hidden): the session's work directory is added to these.
+SCRATCH_MOUNTS = ("/tmp", "/dev/shm")
+#: Where a view tree that lies under a scratch mount is bound instead (``<root>/<n>``); a
+#: symlink at its own path (made on the scratch file system by the session) points there.
+RELOCATED_ROOT = "/opt/querylab-view"
 #: Name prefix of the sandbox's cgroup directories (``<prefix><pid>-<n>``).
 CGROUP_PREFIX = "querylab-sandbox-"
 
@@ -101,10 +107,15 @@ def filesystem_view(uid: int, gid: int, home: str) -> dict:
     bound = [src for src, _ in ro]
 
     def add_dir(path: str) -> None:
-        path = os.path.realpath(path)
+        logical, path = os.path.abspath(path), os.path.realpath(path)
         if os.path.isdir(path) and not any(_under(path, b) for b in bound):
             ro.append([path, path])
             bound.append(path)
+        # reached through a symlink (``.venv -> /elsewhere/.venv``): import paths name the
+        # logical path, so it must lead to the bound tree in the view too
+        if (os.path.isdir(path) and logical != path
+                and not any(_under(logical, b) for b in bound + [p for p, _ in symlinks])):
+            symlinks.append([logical, path])
 
     for prefix in (sys.base_prefix, sys.base_exec_prefix):
         add_dir(prefix)
@@ -145,10 +156,48 @@ def filesystem_view(uid: int, gid: int, home: str) -> dict:
     }
     if os.path.isfile("/etc/timezone"):
         files["/etc/timezone"] = Path("/etc/timezone").read_text()
-    visible = [dst for _, dst in ro] + [p for p, _ in symlinks]
-    hide = own_distribution_entries() + _unused_base_site_packages()
-    return {"ro": ro, "symlinks": symlinks, "files": files, "hide": hide,
-            "dev": [d for d in DEVICES if os.path.exists(f"/dev/{d}")], "visible": visible}
+    hide = [os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
+            for p in own_distribution_entries() + _unused_base_site_packages()]
+    view = {"ro": ro, "symlinks": symlinks, "files": files, "hide": hide,
+            "dev": [d for d in DEVICES if os.path.exists(f"/dev/{d}")]}
+    return _relocate_scratch(view, (*SCRATCH_MOUNTS, home))
+
+
+def _relocate_scratch(view: dict, covered: tuple[str, ...]) -> dict:
+    """Move the view's trees and symlinks that lie under a directory a session mounts its
+    own file system on (``covered``: /tmp, /dev/shm, the work directory; a repository or venv
+    under /tmp would be hidden by it) to ``RELOCATED_ROOT/<n>``, and list in
+    ``scratch_links`` the [path, target] symlinks the session makes on its scratch file
+    systems so the original paths still lead there. Sets ``visible`` (every path import
+    paths may name)."""
+    def hidden(path: str) -> bool:
+        return any(path == c or path.startswith(c.rstrip("/") + "/") for c in covered)
+
+    moved: list[tuple[str, str]] = []  # (original dst, relocated dst)
+    links: list[list[str]] = []
+    for i, (src, dst) in enumerate(view["ro"]):
+        if hidden(dst):
+            new = f"{RELOCATED_ROOT}/{i}"
+            view["ro"][i] = [src, new]
+            moved.append((dst, new))
+            links.append([dst, new])
+
+    def mapped(path: str) -> str:
+        for old, new in moved:
+            if path == old or path.startswith(old.rstrip("/") + "/"):
+                return new + path[len(old):]
+        return path
+
+    keep = []
+    for path, target in view["symlinks"]:
+        target = mapped(target) if os.path.isabs(target) else target
+        (links if hidden(path) else keep).append([path, target])
+    view["symlinks"] = keep
+    view["hide"] = [mapped(p) for p in view["hide"]]
+    view["scratch_links"] = links
+    view["visible"] = ([dst for _, dst in view["ro"]] + [p for p, _ in keep]
+                       + [p for p, _ in links])
+    return view
 
 
 def protected_paths() -> list[str]:

@@ -975,9 +975,18 @@ class _Session:
             if self.owner:
                 os.chown(f"{_SCRATCH}/{sub}", *self.owner)
             _bind(f"{_SCRATCH}/{sub}", dst or self.home, MS_NOSUID | MS_NODEV)
+        self._scratch_links()
         owner = f",uid={self.uid},gid={self.gid}" if self.owner else ""
         mount("tmpfs", OUT_DIR, "tmpfs", MS_NOSUID | MS_NODEV,
               f"size={self.out_max},nr_inodes=1024,mode=700{owner}")
+
+    def _scratch_links(self) -> None:
+        """The symlinks on the scratch file systems that lead view paths under /tmp, /dev/shm
+        or the work directory to where the template bound them (root-owned directories: a
+        cell of another uid cannot replace them)."""
+        for path, target in CONFIG["view"].get("scratch_links", []):
+            _mkdirs(os.path.dirname(path))
+            os.symlink(target, path)
 
     def recycle(self) -> None:
         """Make this session as good as new for another trial (a warm spare): every process
@@ -996,6 +1005,7 @@ class _Session:
         # nothing of the previous trial is left to read
         for _, dst, mode in self._SCRATCH_DIRS:
             _wipe(dst or self.home, mode, self.owner)
+        self._scratch_links()
         _wipe(OUT_DIR, 0o700, self.owner)
         if self.mech["ipc_namespace"]:
             unshare(CLONE_NEWIPC)
