@@ -13,7 +13,7 @@ from tasks.concurrency import DEFAULT_MAX_CONCURRENCY
 from tasks.dab_import import imported_datasets, imported_name
 from tasks.prefect_task import label_flow_run, run_tags
 from tasks.trials import agent_options as check_agent_options
-from tasks.trials import hint_conditions, parse_agent, preflight_agents
+from tasks.trials import hint_conditions, model_agent_defaults, parse_agent, preflight_agents
 
 
 def _benchmark_run_name() -> str:
@@ -96,6 +96,7 @@ def benchmark(
             "query_ids": list(query_ids or []), "limit": limit, "max_error_share": max_error_share,
             "agent_plans": agent_plans or {}, "score_no_tool_call": score_no_tool_call,
             "max_concurrency": max_concurrency,
+            "agent_defaults": model_agent_defaults(agents),
         })
         with local_model.serving(), tags(*run_tag_list):  # local servers live until the run ends
             manifests = datasets_stage(run_id, root)

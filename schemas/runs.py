@@ -82,7 +82,9 @@ class BenchmarkConfig(BaseModel):
     datasets imported in DAB's format, score the text of a ``no_tool_call`` ending instead
     of DAB's rule (invalid); ``max_concurrency``: trials in flight at once across the trials
     stage (batches run their trials concurrently; batch size only sets checkpoint and Parquet
-    granularity)."""
+    granularity); ``agent_defaults``: agent → its model's own default options from the models
+    table when the run was recorded (``agent_defaults`` of the entry; the explicit
+    ``agent_options`` override them), so a rerun plans the same trials."""
 
     datasets: list[str] = Field(min_length=1)
     agents: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
@@ -96,6 +98,7 @@ class BenchmarkConfig(BaseModel):
     agent_plans: dict[str, AgentPlan] = Field(default_factory=dict)
     score_no_tool_call: bool = False
     max_concurrency: int = Field(default=32, ge=1)
+    agent_defaults: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("hints")
     @classmethod

@@ -176,8 +176,13 @@ def check_agents(
     options: dict | None = None,
     env: dict | None = None,
     hints: list[str] | None = None,
+    agent_defaults: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Check that every agent can run before any trial does; return their descriptions.
+
+    ``options`` (explicit) over ``agent_defaults`` (agent → its model's defaults; None: the
+    models table's, :func:`model_agent_defaults`) give each LLM agent's ``options`` (all
+    fields) and ``model_defaults`` in its description.
 
     Each description has ``hints``: the hint conditions the agent runs under (``["off"]`` by
     default; ``[]`` for the oracle and replay agents, which read no prompt) and ``labels``:
@@ -234,9 +239,14 @@ def check_agents(
         out.append(desc)
     sandbox = check_sandbox(agents, opts)
     if any(d["kind"] in ("openai", "local") for d in out):
+        if agent_defaults is None:
+            agent_defaults = model_agent_defaults(agents, config)
         for d in out:
             d["options"] = opts.model_dump()
             if d["kind"] in ("openai", "local"):
+                own = agent_defaults.get(d["agent"], {})
+                d["options"] = agent_options({**own, **(options or {})}).model_dump()
+                d["model_defaults"] = dict(own)
                 d["sandbox"] = sandbox
     return out
 
@@ -320,6 +330,23 @@ def trial_key(agent: str, dataset: str, query_id: str, trial: int) -> str:
     return f"{agent}|{dataset}|{query_id}|{trial}"
 
 
+def model_agent_defaults(agents: list[str], config=None) -> dict[str, dict]:
+    """Agent → the models table's ``agent_defaults`` of its model (``openai:<name>`` or
+    ``local:<name>`` with an entry that sets some; other agents are left out), e.g.
+    ``{"local:smollm2-135m": {"max_iterations": 4, "max_wall_time_s": 300}}``. A run's explicit
+    options override them (:func:`plan_batches`). AgentConfigError for a bad models table."""
+    out: dict[str, dict] = {}
+    for agent in agents:
+        kind, name = parse_agent(agent)
+        if kind not in ("openai", "local") or not name:
+            continue
+        config = load_models_config() if config is None else config
+        entry = config.get(name.split("@", 1)[0] if kind == "openai" else name)
+        if entry is not None and entry.agent_defaults:
+            out[agent] = dict(entry.agent_defaults)
+    return out
+
+
 def _fingerprint(agent: str) -> str | None:
     """Content that identifies an agent beyond its name (a replay file's hash)."""
     kind, arg = parse_agent(agent)
@@ -371,9 +398,14 @@ def plan_batches(
     query_ids: list[str] | None = None,
     limit: int | None = None,
     agent_plans: dict[str, dict] | None = None,
+    agent_defaults: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Expand agents × hint conditions × datasets × queries × trials into batches of at most
     ``batch_size``.
+
+    ``agent_defaults``: agent → its model's own default options (the run record's, see
+    :func:`model_agent_defaults`; None: read from the models table now); ``options`` (the
+    run's explicit ones) override them.
 
     ``hints``: the run's hint conditions (:func:`hint_conditions`; default ``["off"]``). An
     agent that reads a prompt is planned once per condition (its trials are labelled
@@ -403,6 +435,8 @@ def plan_batches(
     agent_options(options)  # the options given are valid
     conditions = hint_conditions(hints)
     fingerprints = {agent: _fingerprint(agent) for agent in agents}
+    if agent_defaults is None:
+        agent_defaults = model_agent_defaults(agents)
     manifests = {uri: storage.read_json(uri) for uri in manifest_uris}
     check_query_selection(list(manifests.values()), query_ids)
     batches = []
@@ -414,7 +448,8 @@ def plan_batches(
                 if plan.get("datasets") is not None and manifest["name"] not in plan["datasets"]:
                     continue
                 # DAB datasets: DAB's limits unless given (tasks.dab_rules)
-                opts = agent_options(agent_options_for(manifest, options)).model_dump(
+                explicit = {**agent_defaults.get(agent, {}), **(options or {})}
+                opts = agent_options(agent_options_for(manifest, explicit)).model_dump(
                     exclude_defaults=True)
                 runs = (_replay_runs(agent, manifest) if agent.startswith("replay:")
                         else plan.get("n_trials") or n_trials)
@@ -924,13 +959,15 @@ def run_trial_batch(
 def describe_agents(
     run_id: str, artifacts_root: str, agents: list[str], manifest_uris: list[str],
     options: dict | None = None, hints: list[str] | None = None,
+    agent_defaults: dict[str, dict] | None = None,
 ) -> str:
     """:func:`check_agents` (with the run's hint conditions) and write the descriptions to
     ``runs/<run_id>/trials/agents.json`` (endpoints actually called, prices, ``priced``,
     options; never a key), and the dataset manifests of the trials to
     ``trials/manifests.json`` (what the score step reads). Returns the agents.json URI; raises
     AgentConfigError before any trial runs when an agent cannot."""
-    described = check_agents(agents, manifest_uris, options, hints=hints)
+    described = check_agents(agents, manifest_uris, options, hints=hints,
+                             agent_defaults=agent_defaults)
     for d in described:
         for warning in d.get("warnings", []):
             log.warning("%s", warning)
