@@ -326,6 +326,7 @@ def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, sta
     _prefect_defaults()
     from flows.benchmark import benchmark
     from querylab.cmd_report import print_report, with_run_details
+    from tasks import interrupt
     from tasks.progress import console_progress
     from tasks.runs import StageFailed, TrialsErrored
 
@@ -334,23 +335,29 @@ def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, sta
     status = 0
     try:
         with console_progress(args.progress):
-            out = benchmark(
+            out = interrupt.run_interruptible(benchmark, dict(  # Ctrl-C / SIGTERM stop it
                 run_id=run_id, datasets=names, agents=agents, n_trials=args.trials,
                 batch_size=args.batch_size, artifacts_root=root, agent_options=options,
                 hints=hints, query_ids=args.query or None, limit=args.limit,
                 max_error_share=args.max_error_share, preflight=False, agent_plans=plans,
                 score_no_tool_call=args.score_no_tool_call,
                 max_concurrency=args.max_concurrency,
-            )
-    except StageFailed as exc:
-        print(f"querylab run: {exc}", file=sys.stderr)
-        return 1
+            ), artifacts_root=root, run_id=run_id)
     except TrialsErrored as exc:
         if exc.result is None:
             print(f"querylab run: {exc}", file=sys.stderr)
             return 1
         out, status = exc.result, 1
         error_line = str(exc)
+    except Exception as exc:
+        line = interrupt.interrupted_line("run", run_id)
+        if line is not None:
+            print(line, file=sys.stderr)
+            return 130
+        if not isinstance(exc, StageFailed):
+            raise
+        print(f"querylab run: {exc}", file=sys.stderr)
+        return 1
     else:
         error_line = None
     status = max(status, print_report(with_run_details(out["report"], root, run_id)))

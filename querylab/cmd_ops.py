@@ -155,6 +155,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}"
               + (" (errored trials only)" if retry else "") + f"; artifacts in {root}")
         from flows.stages import run_stage
+        from tasks import interrupt
         from tasks.progress import console_progress
 
         if not getattr(args, "debug", False):
@@ -164,11 +165,17 @@ def cmd_rerun(args: argparse.Namespace) -> int:
             for stage in stages:
                 params = {"retry_errors": True} if stage == "trials" and retry else {}
                 try:
-                    out = run_stage(stage, args.run_id, root, **params)
+                    out = interrupt.run_interruptible(  # Ctrl-C / SIGTERM stop it
+                        run_stage, dict(stage=stage, run_id=args.run_id, artifacts_root=root,
+                                        **params), artifacts_root=root, run_id=args.run_id)
                 except runs.RunError as exc:
                     print(f"querylab rerun: {exc}", file=sys.stderr)
                     return 2
                 except Exception as exc:  # noqa: BLE001 - reported in one line, exit status 1
+                    line = interrupt.interrupted_line("rerun", args.run_id)
+                    if line is not None:
+                        print(line, file=sys.stderr)
+                        return 130
                     print(f"querylab rerun: stage {stage} of run {args.run_id} failed: "
                           f"{first_line(exc)}", file=sys.stderr)
                     return 1

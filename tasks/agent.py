@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schemas.models import AgentOptions
+from tasks import interrupt
 from tasks.llm import ChatModel, LLMCallError, LLMCallRecord
 from tasks.tools import TOOL_SCHEMAS, ToolBox, ToolOutcome, as_text, clean_text
 
@@ -390,6 +391,7 @@ def run_react(
 
     try:
         for turn in range(o.max_iterations):
+            interrupt.check()  # Ctrl-C / SIGTERM: the trial is cancelled, not scored
             if time.monotonic() >= deadline:
                 stop("max_wall_time", f"wall time of {o.max_wall_time_s:g} s used up")
                 break
@@ -448,7 +450,7 @@ def run_react(
                 if time.monotonic() >= deadline:
                     stop("max_wall_time", f"wall time of {o.max_wall_time_s:g} s used up")
                     break
-                out = toolbox.call(name, args, cid)
+                out = interrupt.call(toolbox.call, name, args, cid)  # abandoned on a signal
                 result.tool_calls.append(ToolCallRecord(turn=turn, outcome=out))
                 if out.harness_error:  # shown in the transcript: why the trial is errored
                     transcript.tool_result(turn, out)
@@ -468,6 +470,8 @@ def run_react(
                 break
         else:
             result.error = f"{o.max_iterations} model calls made without an answer"
+    except interrupt.RunInterrupted:
+        raise  # not a harness bug: the run is stopping (the trial is not checkpointed)
     except Exception as exc:  # noqa: BLE001 - a harness bug: errored, with what happened so far
         paid = getattr(chat, "in_flight", None)
         if paid is not None and all(paid is not c for c in result.llm_calls):

@@ -57,7 +57,7 @@ from openai.types.chat import ChatCompletion
 from pydantic import ValidationError
 
 from schemas.models import AgentOptions, ModelConfig, ModelsConfig, Prices, check_base_url
-from tasks import storage, tool_protocol
+from tasks import interrupt, storage, tool_protocol
 from tasks.safe_text import terminal_text
 
 log = logging.getLogger(__name__)
@@ -908,7 +908,7 @@ class ChatModel:
         resolved: ResolvedModel,
         options: AgentOptions | None = None,
         cache: ResponseCache | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = interrupt.sleep,
         rng: random.Random | None = None,
         limits: ModelLimits | None | bool = True,
     ):
@@ -1056,13 +1056,14 @@ class ChatModel:
                 # client.post is what chat.completions.create ends in (same HTTP, auth, error
                 # mapping and ChatCompletion parsing) minus its per-call parameter transform,
                 # a no-op for the plain JSON querylab builds that costs ms on long histories
+                # in a thread of its own: abandoned at once on Ctrl-C / SIGTERM
                 if self.limits is None:
-                    resp = self.client.post(
-                        "/chat/completions", body=kwargs, cast_to=ChatCompletion,
-                        options={"timeout": timeout},
+                    resp = interrupt.call(
+                        self.client.post, "/chat/completions", body=kwargs,
+                        cast_to=ChatCompletion, options={"timeout": timeout},
                     )
                 else:
-                    resp = self._limited_post(kwargs, timeout, deadline)
+                    resp = interrupt.call(self._limited_post, kwargs, timeout, deadline)
                 if not resp.choices:
                     raise _EmptyResponse("the response has no choices")
                 break

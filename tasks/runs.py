@@ -313,6 +313,20 @@ def stage_statuses(artifacts_root: str, run_id: str) -> dict[str, StageStatus]:
     return out
 
 
+def fail_running_stages(artifacts_root: str, run_id: str, error: str) -> list[str]:
+    """Record every ``running`` stage of ``run_id`` as ``failed`` with ``error`` (a process
+    that is about to exit without unwinding, :mod:`tasks.interrupt`); returns their names."""
+    out = []
+    for stage, status in stage_statuses(artifacts_root, run_id).items():
+        if status.status == "running":
+            status.status, status.finished_at = "failed", now_iso()
+            status.error = error[:MAX_ERROR_CHARS]
+            storage.write_json(stage_uri(artifacts_root, run_id, stage),
+                               status.model_dump(mode="json"))
+            out.append(stage)
+    return out
+
+
 def pending_stages(artifacts_root: str, run_id: str) -> list[str]:
     """The configured stages of the run that have not completed (failed, interrupted while
     ``running``, or never started), in DAG order."""

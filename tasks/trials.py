@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from schemas import artifacts
 from schemas.models import AgentOptions
 from schemas.settings import Settings
-from tasks import storage
+from tasks import interrupt, storage
 from tasks.dab_rules import agent_options_for
 from tasks.agent import (
     Transcript,
@@ -833,6 +833,8 @@ def run_batch(
                 preview_value_chars=options.preview_value_chars,
             )
             outcome = runner.run(query, trial, toolbox, on_call)
+        except interrupt.RunInterrupted as exc:  # not checkpointed: a rerun runs it again
+            raise interrupt.RunInterrupted(f"trial {key}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - one trial's harness failure is recorded
             log.exception("trial %s failed in the harness", key)
             outcome = _harness_error(exc)
