@@ -300,7 +300,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         errored = "" if r["errored"] is None else f"{r['errored']}/{r['trials']}"
         rows.append([r["run_id"], r["created_at"].replace("T", " ").rstrip("Z"),
                      ", ".join(r["agents"]) or "–", ", ".join(r["datasets"]) or "–",
-                     r["status"], errored, p1])
+                     r["status"] + (" UNSAFE-SANDBOX" if r.get("unsafe_sandbox") else ""),
+                     errored, p1])
     head = ["run", "created (UTC)", "agents", "datasets", "status", "errored", "pass@1"]
     width = [min(max(len(str(x)) for x in col), 48) for col in zip(head, *rows)]
     for row in [head, *rows]:
@@ -335,6 +336,11 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{b.max_concurrency} at once")
     for stage, params in record.stages.items():
         print(f"{stage}: {json.dumps(params, sort_keys=True)}")
+    from tasks.sandbox import missing_text
+
+    for agent, missing in runs.unsafe_agents(root, args.run_id).items():
+        print(f"sandbox: UNSAFE: {agent} ran with --unsafe-sandbox; {missing_text(missing)}")
+    alive = runs.lease_alive(root, args.run_id)
     print(f"\n{'stage':<12} {'status':<10} {'attempt':>7}  {'started':<20} {'finished':<20} error")
     for stage in runs.configured_stages(record) + [s for s in statuses
                                                    if s not in runs.configured_stages(record)]:
@@ -343,7 +349,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{stage:<12} {'-':<10} {'':>7}  {'':<20} {'':<20}")
             continue
         error = (st.error or "").splitlines()[0][:100] if st.error else ""
-        print(f"{stage:<12} {st.status:<10} {st.attempt:>7}  {st.started_at:<20} "
+        state = st.status
+        if state == "running" and not alive:
+            state = "interrupted"
+            error = error or "recorded running, but no live process holds the run"
+        print(f"{stage:<12} {state:<10} {st.attempt:>7}  {st.started_at:<20} "
               f"{st.finished_at or '':<20} {error}")
     summary = runs.score_summary(root, args.run_id)
     if summary:

@@ -769,6 +769,12 @@ def build_document(
     )
     sections.append(Section("Terminate reasons", "", [Table("Terminate reasons", terminate)]))
 
+    from tasks.report_agents import agents_section
+
+    agents = agents_section(artifacts_root, run_id)  # what the agents were, first
+    if agents is not None:
+        sections.insert(0, agents)
+
     from tasks import plots
 
     pngs = {

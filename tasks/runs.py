@@ -828,11 +828,34 @@ def _run_status(record: RunRecord, statuses: dict[str, StageStatus],
     return "errored" if summary and errored_over(summary, allowed) else "completed"
 
 
+def lease_alive(artifacts_root: str, run_id: str) -> bool:
+    """True when a live process holds the run's lease (see :func:`lease_is_stale`)."""
+    uri = lease_uri(artifacts_root, run_id)
+    try:
+        return storage.exists(uri) and not lease_is_stale(storage.read_json(uri))
+    except Exception:  # noqa: BLE001 - an unreadable lease holds nothing
+        return False
+
+
+def unsafe_agents(artifacts_root: str, run_id: str) -> dict[str, list[str]]:
+    """Agent → the sandbox mechanisms it ran without, for the LLM agents of the run that ran
+    with ``--unsafe-sandbox`` on a machine missing some (from ``trials/agents.json``)."""
+    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
+    try:
+        described = storage.read_json(uri) if storage.exists(uri) else []
+    except Exception:  # noqa: BLE001 - no record, nothing to mark
+        return {}
+    return {d["agent"]: list(d["sandbox"].get("missing") or []) for d in described
+            if (d.get("sandbox") or {}).get("unsafe_sandbox") and d["sandbox"].get("missing")}
+
+
 def list_runs(artifacts_root: str) -> list[dict]:
     """Every run under the artifact root with a run record, newest first: ``{"run_id",
     "created_at", "updated_at", "agents", "datasets", "stages", "status", "trials",
-    "errored", "pass_at_1": {agent: value}}`` (status: see :func:`_run_status`, ``errored``
-    when more trials errored than the run allows; trials/errored from the score summary, pass@1 —
+    "errored", "pass_at_1": {agent: value}, "unsafe_sandbox": {agent: missing}}`` (status:
+    see :func:`_run_status`, ``errored`` when more trials errored than the run allows,
+    ``interrupted`` when a stage is recorded running but no live process holds the lease;
+    trials/errored from the score summary, pass@1 —
     mean over queries — from the report's ``pass_at_k_summary.parquet``; None when missing). A
     record that cannot be read is listed with ``status`` ``unreadable``."""
     out = []
@@ -857,7 +880,11 @@ def list_runs(artifacts_root: str) -> list[dict]:
             "agents": list(b.agents) if b else list(record.stages.get("lifecycle", {}).get("models", [])),
             "datasets": list(b.datasets) if b else [],
             "stages": configured_stages(record),
-            "status": _run_status(record, statuses, summary),
+            # a "running" stage nobody runs any more (its process was killed)
+            "status": ("interrupted" if _run_status(record, statuses, summary) == "running"
+                       and not lease_alive(artifacts_root, run_id)
+                       else _run_status(record, statuses, summary)),
+            "unsafe_sandbox": unsafe_agents(artifacts_root, run_id),
             "trials": summary.get("trials"),
             "errored": summary.get("errored"),
             "pass_at_1": _pass_at_1(artifacts_root, run_id),

@@ -887,6 +887,9 @@ class Sandbox:
         if self._view_error:
             mech["filesystem_view"] = False
             notes["filesystem_view"] = self._view_error
+        for ctl in ("memory", "pids", "cpu"):  # say why, per missing limit
+            if not mech.get(f"cgroup_{ctl}") and f"cgroup_{ctl}" not in notes:
+                notes[f"cgroup_{ctl}"] = notes.get("cgroups") or sandbox_host.cgroup_reason(ctl)
         return Isolation(mech, notes)
 
     def require_isolation(self) -> Isolation:
@@ -1094,6 +1097,27 @@ def run_validator(
     return bool(result["ok"]), str(result["reason"])
 
 
+#: Mechanisms that only bound resources: without them a cell can use more memory, processes,
+#: CPU or disk than its limits, but still sees nothing of the host.
+RESOURCE_MECHANISMS = ("cgroup_memory", "cgroup_pids", "cgroup_cpu", "tmpfs_size_cap")
+
+
+def missing_text(missing: list[str]) -> str:
+    """What ``missing`` mechanisms (an unsafe run's) mean for its scores, in one sentence:
+    resource limits only (the answer key stayed out of reach) or the isolation itself."""
+    if not missing:
+        return "nothing was missing"
+    names = ", ".join(f"{m}: {REQUIRED_MECHANISMS[m]}" if m in REQUIRED_MECHANISMS else m
+                      for m in missing)
+    if all(m in RESOURCE_MECHANISMS for m in missing):
+        return (f"only resource limits were missing ({names}); the file-system view, "
+                "unprivileged uid and namespaces held, so the cells could not reach the answer "
+                "key or the host, but a cell could use more memory, processes or CPU than its "
+                "limits say")
+    return (f"missing {names}: the cells may have reached the answer key or the host, so the "
+            "scores are not sealed")
+
+
 def sandbox_notes(artifacts_root: str, run_id: str) -> list[str]:
     """Report lines for a run whose LLM agents ran with ``--unsafe-sandbox`` (read from
     ``runs/<run_id>/trials/agents.json``, written by :func:`tasks.trials.describe_agents`);
@@ -1109,9 +1133,8 @@ def sandbox_notes(artifacts_root: str, run_id: str) -> list[str]:
         if not sb.get("unsafe_sandbox"):
             continue
         if sb.get("missing"):
-            how = ("its `execute_python` cells ran WITHOUT full isolation (missing: "
-                   f"{', '.join(sb['missing'])}): the agent may have reached the answer key or "
-                   "the host, so its scores are not sealed")
+            how = ("its `execute_python` cells ran WITHOUT full isolation: "
+                   + missing_text(sb["missing"]))
         else:
             how = "this machine still isolated its `execute_python` cells (nothing was missing)"
         notes.append(f"UNSAFE SANDBOX: `{d['agent']}` ran with --unsafe-sandbox; {how}.")

@@ -300,6 +300,35 @@ def cgroup_dirs() -> tuple[int, dict[str, str]] | None:
     return (1, v1) if v1 else None
 
 
+def cgroup_reason(ctl: str) -> str:
+    """Why this process cannot give cells a cgroup limit of controller ``ctl`` (``memory``,
+    ``pids`` or ``cpu``): not mounted, our cgroup not visible, read-only or not delegated."""
+    own, mounts = _own_cgroups(), _mountinfo()
+    v1 = [(m, r) for m, r, t, o in mounts if t == "cgroup" and ctl in o]
+    v2 = [(m, r) for m, r, t, _ in mounts if t == "cgroup2"]
+    for mnt, root in v1:
+        d = _join(mnt, root, own.get(ctl, "/"))
+        if not d or not os.path.isdir(d):
+            return f"our {ctl} cgroup ({own.get(ctl)}) is not visible under {mnt}"
+        if not os.access(d, os.W_OK):
+            if os.statvfs(d).f_flag & os.ST_RDONLY:
+                return f"{d} is mounted read-only"
+            return f"{d} is not writable by uid {os.geteuid()} (not delegated to this user)"
+        return f"{d} is writable, but the session's cgroup could not be made there"
+    for mnt, root in v2:
+        d = _join(mnt, root, own.get("", "/"))
+        try:
+            ctls = set(Path(d or "", "cgroup.controllers").read_text().split())
+        except OSError as exc:
+            return f"cgroup v2 at {mnt}: our cgroup {d} is not readable ({exc.strerror})"
+        if ctl not in ctls:
+            return f"cgroup v2 at {mnt}: the {ctl} controller is not enabled for {d}"
+        if not os.access(d or "", os.W_OK):
+            return f"cgroup v2: {d} is not writable by uid {os.geteuid()} (not delegated)"
+        return f"cgroup v2: {d} is writable, but the session's cgroup could not be made there"
+    return f"no cgroup hierarchy with the {ctl} controller is mounted"
+
+
 def create_cgroup_base(name: str) -> dict | None:
     """Create ``<our cgroup>/<name>`` for each controller; returns ``{"version", "dirs"}``
     (JSON-able, passed to the zygote) or None when no cgroup can be created here. On v2 the

@@ -215,6 +215,7 @@ def check_agents(
             config = config or load_models_config(env=env)
             resolved = resolve_model(agent if kind == "local" else arg, config, env)
             desc.update(resolved.describe())
+            desc["tool_protocol_configured"] = resolved.tool_protocol  # auto: probed here
             desc["tool_protocol"] = check_tool_protocol(resolved, opts)
             warnings = [endpoint_warning(resolved)]
             if not resolved.priced:

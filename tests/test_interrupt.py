@@ -104,7 +104,8 @@ def test_interruptible_calls_end_at_once_on_a_request():
         assert time.monotonic() - t0 < 5
         with pytest.raises(interrupt.RunInterrupted):
             interrupt.sleep(30)
-        assert interrupt.interrupted_line("run", "r1").endswith("`querylab rerun --run-id r1` resumes")
+        line = interrupt.interrupted_line("run", "r1")
+        assert line.endswith("`querylab rerun --run-id r1` resumes")
     finally:
         interrupt.reset()
     assert interrupt.requested() is None and interrupt.interrupted_line("run", "r1") is None
