@@ -241,13 +241,15 @@ def _print_timings(root: str, run_id: str, trials: dict, total_s: float) -> None
     from schemas.runs import BENCHMARK_STAGES
     from tasks.runs import stage_status
 
-    stages = []
+    stages, summed = [], 0.0
     for stage in BENCHMARK_STAGES:
         st = stage_status(root, run_id, stage)
         if st is not None and st.started_at and st.finished_at:
             took = (datetime.fromisoformat(st.finished_at)
                     - datetime.fromisoformat(st.started_at)).total_seconds()
             stages.append(f"{stage} {took:.1f} s")
+            summed += took
+    stages.append(f"start-up and checks {max(total_s - summed, 0.0):.1f} s")  # Prefect, preflight
     print(f"time:      {total_s:.1f} s in all ({', '.join(stages)})")
     if trials.get("trials"):
         table = pl.from_arrow(storage.read_parquet(trials["trials"], artifacts.TRIALS))
@@ -300,7 +302,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         with run_lease(root, run_id):  # refuses at once (LeaseHeld) when another process runs it
             # under the lease: a refused run pays nothing; the checks are recorded (paid)
             run_preflight(agents, options, "run", (root, run_id))
-            print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
+            own = "".join(f"; {a}: {p.get('n_trials', args.trials)} per query on "
+                          f"{', '.join(p.get('datasets') or ['every dataset'])}"
+                          for a, p in plans.items())  # --agent-trials / --agent-datasets
+            print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query{own}, "
                   f"hints {'/'.join(hints)}, artifacts in {root}")
             return _run_benchmark(args, run_id, root, names, agents, options, hints, plans,
                                   started)

@@ -107,8 +107,8 @@ def cmd_models(args: argparse.Namespace) -> int:
             try:
                 local_entry(m.name, cfg)
                 key = "served by querylab"
-            except AgentConfigError:
-                key = "served by querylab: not installed (`make setup`)"
+            except AgentConfigError as exc:  # what is missing: xllamacpp, package or file
+                key = "served by querylab: " + str(exc).removeprefix(f"local:{m.name}: ")
         elif m.api_key_env:
             have = any(os.environ.get(v) for v in m.api_key_env)
             key = ("set" if have else "missing") + f" ({' / '.join(m.api_key_env)})"

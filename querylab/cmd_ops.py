@@ -154,6 +154,9 @@ def cmd_rerun(args: argparse.Namespace) -> int:
             run_preflight(config.agents, config.agent_options, "rerun", (root, args.run_id))
         print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}"
               + (" (errored trials only)" if retry else "") + f"; artifacts in {root}")
+        from querylab.cli import _prefect_defaults
+
+        _prefect_defaults()  # no telemetry attempts (and their ERROR lines) offline, as `run`
         from flows.stages import run_stage
         from tasks import interrupt
         from tasks.progress import console_progress
@@ -236,6 +239,9 @@ def cmd_rescore(args: argparse.Namespace) -> int:
         before = pl.read_parquet(storage.read_bytes(scores_uri(root, args.run_id)),
                                  columns=["trial_key", "verdict"])
     record = runs.find_run(root, args.run_id)
+    if record is None and not storage.list_uris(storage.join(root, "runs", args.run_id)):
+        print(f"querylab rescore: no run {args.run_id!r} under {root}", file=sys.stderr)
+        return 2
     try:  # everything checked before anything is written: a refusal records nothing
         plans = plan_rescore(args.run_id, root, args.manifest or None,
                              getattr(args, "scoring", "spec"))

@@ -107,6 +107,10 @@ def _read_models_file(path: Path) -> list[ModelConfig]:
         raise AgentConfigError(f"{path}: models file not found") from exc
     except yaml.YAMLError as exc:
         raise AgentConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise AgentConfigError(
+            f"{path}: expected a mapping with a `models:` list (as data/models.yaml), got "
+            f"{'a list: put it under `models:`' if isinstance(raw, list) else type(raw).__name__}")
     try:
         return ModelsConfig.model_validate(raw).models
     except ValidationError as exc:

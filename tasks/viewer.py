@@ -167,7 +167,7 @@ select{font-size:.85rem;max-width:14rem}main{display:flex;height:calc(100vh - 6.
 #list td{border-bottom:1px solid #eee;padding:.25rem .4rem;cursor:pointer;overflow-wrap:break-word}
 #list tr.sel td{background:#e8f0fe}#detail{flex:1;overflow-y:auto;padding:.8rem 1.2rem}
 .v-correct{color:#1a7f37;font-weight:600}.v-incorrect{color:#cf222e;font-weight:600}
-.v-errored{color:#9a6700;font-weight:600}.flag{color:#cf222e}
+.v-errored{color:#9a6700;font-weight:600}.v-correct,.v-incorrect,.v-errored{white-space:nowrap}.flag{color:#cf222e}
 dl{display:grid;grid-template-columns:9rem 1fr;gap:.2rem .8rem;margin:.4rem 0 1rem}
 dt{color:#555}dd{margin:0;white-space:pre-wrap;overflow-wrap:anywhere}
 .msg{border:1px solid #ddd;border-radius:4px;margin:.5rem 0;padding:.4rem .6rem}
