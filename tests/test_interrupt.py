@@ -95,6 +95,11 @@ def test_interruptible_calls_end_at_once_on_a_request():
     interrupt.reset()
     try:
         assert interrupt.call(lambda x: x + 1, 1) == 2
+        import contextvars
+
+        var = contextvars.ContextVar("v", default="unset")
+        var.set("caller's")
+        assert interrupt.call(var.get) == "caller's"  # Prefect's settings and run context
         with pytest.raises(ZeroDivisionError):
             interrupt.call(lambda: 1 / 0)
         threading.Timer(0.2, interrupt.request, ["SIGINT"]).start()
