@@ -114,3 +114,40 @@ def test_interruptible_calls_end_at_once_on_a_request():
     finally:
         interrupt.reset()
     assert interrupt.requested() is None and interrupt.interrupted_line("run", "r1") is None
+
+
+_STUCK = r"""
+import sys, time
+from tasks import interrupt, runs
+
+root = sys.argv[1]
+runs.record_benchmark(root, "stuck", {"datasets": ["stocks"]})
+
+def stage():  # a stage that never checks for a stop request (e.g. a dataset build)
+    with runs.stage_run(root, "stuck", "datasets"):
+        print("started", flush=True)
+        time.sleep(120)
+
+interrupt.run_interruptible(stage, {}, artifacts_root=root, run_id="stuck", grace_s=1.0)
+"""
+
+
+def test_a_stage_that_does_not_stop_is_ended_after_the_grace_period(tmp_path):
+    """The fallback: the process exits 130 a grace period after the signal and records the
+    running stage as failed (it was left `running` when only SIGKILL ended a run)."""
+    root = str(tmp_path / "art")
+    child = subprocess.Popen([sys.executable, "-c", _STUCK, root], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert child.stdout.readline().strip() == "started", child.stderr.read()[-2000:]
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130 and time.monotonic() - t0 < 15, err[-2000:]
+    assert "did not stop within 1 s" in err
+    status = runs.stage_status(root, "stuck", "datasets")
+    assert status.status == "failed" and "interrupted (SIGTERM)" in status.error
