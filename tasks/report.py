@@ -771,9 +771,9 @@ def build_document(
 
     from tasks.report_agents import agents_section
 
-    agents = agents_section(artifacts_root, run_id)  # what the agents were, first
+    agents = agents_section(artifacts_root, run_id)  # what the agents were
     if agents is not None:
-        sections.insert(0, agents)
+        sections.insert(1, agents)  # after pass@k (render_report reads sections[0])
 
     from tasks import plots
 
