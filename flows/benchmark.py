@@ -13,7 +13,7 @@ from tasks.concurrency import DEFAULT_MAX_CONCURRENCY
 from tasks.dab_import import imported_datasets, imported_name
 from tasks.prefect_task import label_flow_run, run_tags
 from tasks.trials import agent_options as check_agent_options
-from tasks.trials import hint_conditions, parse_agent, preflight_agents
+from tasks.trials import hint_conditions, model_agent_defaults, parse_agent, preflight_agents
 
 
 def _benchmark_run_name() -> str:
@@ -85,15 +85,18 @@ def benchmark(
     label_flow_run(run_tag_list, name=f"benchmark-{run_id}")
     with runs.run_lease(root, run_id):  # one process per run id, across all the stages
         if preflight:  # under the lease: a run refused by it pays for no request
-            failed = [r for r in preflight_agents(agents, agent_options) if not r.ok]
+            checks = preflight_agents(agents, agent_options)
+            failed = [r for r in checks if not r.ok]
             if failed:
                 raise AgentConfigError("preflight failed: " + "; ".join(r.line() for r in failed))
+            runs.record_preflight(root, run_id, checks)  # paid requests: in the report's cost
         runs.record_benchmark(root, run_id, {
             "datasets": names, "agents": agents, "n_trials": n_trials, "batch_size": batch_size,
             "agent_options": agent_options or {}, "hints": hint_conditions(hints),
             "query_ids": list(query_ids or []), "limit": limit, "max_error_share": max_error_share,
             "agent_plans": agent_plans or {}, "score_no_tool_call": score_no_tool_call,
             "max_concurrency": max_concurrency,
+            "agent_defaults": model_agent_defaults(agents),
         })
         with local_model.serving(), tags(*run_tag_list):  # local servers live until the run ends
             manifests = datasets_stage(run_id, root)

@@ -13,6 +13,7 @@ from tasks.equivalence import (
     prepare_pairs,
     run_equivalence_batch,
 )
+from tasks.runs import gather
 from tasks.task_runners import EnvTaskRunner
 
 DEFAULT_METHODS = ["exec_match", "finder"]
@@ -31,19 +32,21 @@ def equivalence(
     and the counterexample finder; judges as ``judge:<technique>:<notion>:<model>``).
 
     ``options``: an :class:`EquivalenceOptions` as a dict (match semantics, finder budget,
-    judge settings, ``db_root``). Finished batches of the same run are skipped on re-run.
+    judge settings, ``db_root``). Finished batches of the same run are skipped on re-run (a
+    changed pair, method or option runs again); every batch runs to its end even when another
+    fails, then :class:`tasks.runs.StageFailed` names each failed one.
     Returns ``{"pairs", "equivalence", "tables"}`` (URIs; ``tables`` also holds the Markdown).
     """
     root = artifacts_root or Settings.from_env().artifacts
     opts = EquivalenceOptions.model_validate(options or {})
     prepared = prepare_pairs(pairs_path, run_id, root)
-    batches = plan_equivalence_batches(prepared["ids"], methods or DEFAULT_METHODS, batch_size, opts)
+    batches = plan_equivalence_batches(prepared["ids"], methods or DEFAULT_METHODS, batch_size,
+                                       opts, pairs_uri=prepared["pairs_uri"])
     futures = run_equivalence_batch.map(
         unmapped(run_id), unmapped(root), unmapped(prepared["pairs_uri"]), batches,
         unmapped(opts.model_dump(mode="json")),
     )
-    for future in futures:
-        future.result()
+    gather(futures, [b["key"] for b in batches], run_id, "equivalence")
     uri = combine_equivalence(run_id, root, [b["key"] for b in batches])
     return {"pairs": prepared["pairs_uri"], "equivalence": uri,
             "tables": equivalence_tables(run_id, root)}

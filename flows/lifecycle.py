@@ -21,6 +21,7 @@ from tasks.lifecycle.pipeline import (
     run_lifecycle_batch,
 )
 from tasks.lifecycle.rewrite import check_rewrite_spec
+from tasks.runs import gather
 from tasks.task_runners import EnvTaskRunner
 
 
@@ -46,7 +47,9 @@ def lifecycle(
     optional): paraphrase the templated requirements of design/implementation items with that
     model (:mod:`tasks.lifecycle.rewrite`; the template is kept beside it). Items are generated once per run id
     (one mapped task per phase), then every (model × phase × batch of items) is a mapped task; a
-    re-run with the same ``run_id`` skips finished batches. Returns the URIs of
+    re-run with the same ``run_id``, items, models and config skips finished batches (a changed
+    config or replay file runs them again); every batch runs to its end even when another
+    fails, then :class:`tasks.runs.StageFailed` names each failed one. Returns the URIs of
     :func:`tasks.lifecycle.pipeline.lifecycle_report` plus ``"items"`` (manifests per phase),
     ``"results"`` (per phase) and ``"databases"``."""
     root = artifacts_root or Settings.from_env().artifacts
@@ -74,13 +77,12 @@ def lifecycle(
         unmapped(cfg),
         unmapped(rewrite_model),
     )
-    manifests = [f.result() for f in futures]
-    batches = plan_lifecycle_batches(models, manifests, cfg["batch_size"])
+    manifests = gather(futures, [f"items/{p}" for p in selected], run_id, "lifecycle")
+    batches = plan_lifecycle_batches(models, manifests, cfg["batch_size"], cfg)
     futures = run_lifecycle_batch.map(
         unmapped(run_id), unmapped(root), batches, unmapped(databases), unmapped(cfg)
     )
-    for f in futures:
-        f.result()
+    gather(futures, [b["key"] for b in batches], run_id, "lifecycle")
     results = combine_lifecycle_results(run_id, root, batches)
     return {
         **lifecycle_report(run_id, root),

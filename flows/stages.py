@@ -99,7 +99,7 @@ def trials_stage(run_id: str, root: str, retry_errors: bool = False) -> dict[str
             config.agent_options, config.hints, retry_errors=retry_errors,
             query_ids=config.query_ids, limit=config.limit,
             agent_plans={a: p.model_dump() for a, p in config.agent_plans.items()},
-            max_concurrency=config.max_concurrency,
+            max_concurrency=config.max_concurrency, agent_defaults=config.agent_defaults,
         )
         stage.outputs = dict(out)
     return out

@@ -9,6 +9,7 @@ from prefect import flow, unmapped
 from schemas.settings import Settings
 from schemas.text2sql import CorpusSpec, GenerationConfig
 from tasks.corpora import tpcds_gold_queries
+from tasks.runs import gather
 from tasks.task_runners import EnvTaskRunner
 from tasks.text2sql import (
     analyse_generations,
@@ -58,17 +59,22 @@ def text2sql_generation(
     ``replay:<path>``), mapped over (generator × query) batches; validate by ``EXPLAIN`` on the
     TPC-DS schema in PostgreSQL with up to ``config.max_retries`` retries; write
     ``generations.parquet`` and the paper's tables. ``query_ids`` default: all 99. A re-run with
-    the same ``run_id`` skips finished batches. Returns ``{"generations": uri, ...}`` (see
-    :func:`tasks.text2sql.analyse_generations`)."""
+    the same ``run_id`` and inputs skips finished batches (a changed ``config``, description or
+    replay source generates again); every batch runs to its end even when another fails, then
+    :class:`tasks.runs.StageFailed` names each failed one. Returns ``{"generations": uri,
+    ...}`` (see :func:`tasks.text2sql.analyse_generations`)."""
     root = artifacts_root or Settings.from_env().artifacts
     cfg = GenerationConfig.model_validate(config or {}).model_dump(mode="json")
     gold_ids = list(tpcds_gold_queries())
-    batches = plan_generation_batches(generators, query_ids or gold_ids, batch_size, gold_ids)
+    batches = plan_generation_batches(
+        generators, query_ids or gold_ids, batch_size, gold_ids, cfg, descriptions_path
+    )
     prepare_tpcds_postgres()  # the schema exists before the batches run concurrently
     futures = run_generation_batch.map(
         unmapped(run_id), unmapped(root), batches, unmapped(descriptions_path), unmapped(cfg)
     )
-    generations = combine_generations(run_id, root, [f.result() for f in futures])
+    uris = gather(futures, [b["key"] for b in batches], run_id, "generation")
+    generations = combine_generations(run_id, root, uris)
     return {"generations": generations, **analyse_generations(run_id, root, generations)}
 
 

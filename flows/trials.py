@@ -28,6 +28,7 @@ def run_trials(
     limit: int | None = None,
     agent_plans: dict[str, dict] | None = None,
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    agent_defaults: dict[str, dict] | None = None,
 ) -> dict[str, str]:
     """Check the agents (fails before any trial when one cannot run), run every trial
     (finished batches and checkpointed trials are skipped) and combine the batches.
@@ -39,6 +40,8 @@ def run_trials(
     trials (``api_error`` / ``error``) and keep every other row. ``query_ids`` / ``limit``
     select a subset of each dataset's queries (:func:`tasks.trials.select_queries`);
     ``agent_plans``: per-agent datasets and trials (:class:`schemas.runs.AgentPlan` dicts).
+    ``agent_defaults``: agent → its model's default options (the run record's; None: the
+    models table's now; :func:`tasks.trials.plan_batches`).
     ``max_concurrency``: trials in flight at once across every batch (each batch runs its
     trials concurrently; the models table's ``max_concurrency`` caps a model further, see
     :mod:`tasks.concurrency`); the batches run on the task runner ``QUERYLAB_TASK_RUNNER``
@@ -52,10 +55,11 @@ def run_trials(
     """
     root = artifacts_root or Settings.from_env().artifacts
     with local_model.serving():
-        agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options, hints)
+        agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options, hints,
+                                     agent_defaults)
         batches = plan_batches(manifest_uris, agents, n_trials, batch_size, agent_options,
                                hints, query_ids=query_ids, limit=limit,
-                               agent_plans=agent_plans)
+                               agent_plans=agent_plans, agent_defaults=agent_defaults)
         keys = [b["key"] for b in batches]
         total = sum(len(b["items"]) for b in batches)
         with StageProgress("trials", run_id, total, unit="trials") as progress:

@@ -18,6 +18,55 @@ import traceback
 from querylab import UsageError, run_id_or_new
 
 
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line: ``querylab <command>: <problem>``
+    with a did-you-mean for a mistyped option or choice (:mod:`difflib`) and where to find
+    the options, exit status 2 — not the usage block. Sub-command parsers are of this class
+    too (``add_subparsers`` makes them so); an unknown option after a sub-command is
+    reported by that sub-command."""
+
+    def parse_args(self, args=None, namespace=None):  # noqa: D102 - argparse's contract
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            sub = self._chosen(parsed)
+            (sub or self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+    def _chosen(self, parsed) -> argparse.ArgumentParser | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action.choices.get(getattr(parsed, action.dest, None) or "")
+        return None
+
+    def _options(self) -> list[str]:
+        return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+
+    def error(self, message: str):
+        """Print ``<prog>: <message>`` (plus a suggestion) as one line and exit 2."""
+        import difflib
+        import re
+
+        hint = ""
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        choice = re.match(r"argument (\S+): invalid choice: '([^']*)' \(choose from (.*)\)",
+                          message)
+        if unknown:
+            for token in unknown.group(1).split():
+                if token.startswith("--"):
+                    near = difflib.get_close_matches(token.split("=")[0], self._options(), 1, 0.6)
+                    if near:
+                        hint = f"; did you mean {near[0]}?"
+                        break
+        elif choice:
+            options = re.findall(r"'([^']*)'", choice.group(3)) or [
+                o.strip() for o in choice.group(3).split(",")]
+            near = difflib.get_close_matches(choice.group(2), options, 1, 0.6)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+        print(f"{self.prog}: {message}{hint} (`{self.prog} --help` lists the options)",
+              file=sys.stderr)
+        sys.exit(2)
+
+
 def _prefect_defaults() -> None:
     """Offline-friendly Prefect defaults (an explicit environment always wins)."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -52,6 +101,8 @@ def check_datasets(names: list[str] | None, root: str | None = None) -> list[str
     """The named datasets (all by default are resolved later): querylab's own, or DAB datasets
     imported into the artifact ``root`` by DAB's name (``PATENTS``; a name that differs only
     in case is resolved to it). UsageError for an unknown name. Needs no Prefect."""
+    import difflib
+
     from tasks.catalogue import dataset_names
 
     known = dataset_names()
@@ -69,8 +120,11 @@ def check_datasets(names: list[str] | None, root: str | None = None) -> list[str
                                                      if m.casefold() == n.casefold()]
         (out.append(folded[0]) if len(folded) == 1 else unknown.append(n))
     if unknown:
+        near = difflib.get_close_matches(unknown[0], [*known, *imported], 1, 0.6)
         extra = f" and the imported DAB datasets {sorted(imported)}" if imported else ""
-        raise UsageError(f"unknown dataset(s) {unknown}; have {sorted(known)}{extra} "
+        raise UsageError(f"unknown dataset(s) {unknown}"
+                         + (f" (did you mean {near[0]!r}?)" if near else "")
+                         + f"; have {sorted(known)}{extra} "
                          "(`querylab import-dab PATH` imports DAB datasets)")
     return out
 
@@ -117,10 +171,14 @@ def check_agents_now(agents: list[str], options: dict | None, command: str) -> l
     return described
 
 
-def run_preflight(agents: list[str], options: dict | None, command: str) -> None:
+def run_preflight(agents: list[str], options: dict | None, command: str,
+                  record: tuple[str, str] | None = None) -> list:
     """Check every LLM agent with one minimal real request (:func:`tasks.trials.preflight_agents`)
     before anything is built; UsageError with one line per failing agent (agent, endpoint,
-    problem). Warnings (a rate limit at the check) are printed."""
+    problem). Warnings (a rate limit at the check) are printed. ``record``: ``(artifacts root,
+    run id)`` to record the checks with (:func:`tasks.runs.record_preflight`: they are paid
+    requests; a failed check of a run that never started is not recorded). Returns the
+    results."""
     from tasks.trials import preflight_agents
 
     results = preflight_agents(agents, options)
@@ -130,6 +188,11 @@ def run_preflight(agents: list[str], options: dict | None, command: str) -> None
     failed = [r for r in results if not r.ok]
     if failed:
         raise UsageError("preflight failed: " + "; ".join(r.line() for r in failed))
+    if record is not None:
+        from tasks.runs import record_preflight
+
+        record_preflight(record[0], record[1], results)
+    return results
 
 
 def _agent_plans(args: argparse.Namespace, agents: list[str], names: list[str]) -> dict:
@@ -178,13 +241,15 @@ def _print_timings(root: str, run_id: str, trials: dict, total_s: float) -> None
     from schemas.runs import BENCHMARK_STAGES
     from tasks.runs import stage_status
 
-    stages = []
+    stages, summed = [], 0.0
     for stage in BENCHMARK_STAGES:
         st = stage_status(root, run_id, stage)
         if st is not None and st.started_at and st.finished_at:
             took = (datetime.fromisoformat(st.finished_at)
                     - datetime.fromisoformat(st.started_at)).total_seconds()
             stages.append(f"{stage} {took:.1f} s")
+            summed += took
+    stages.append(f"start-up and checks {max(total_s - summed, 0.0):.1f} s")  # Prefect, preflight
     print(f"time:      {total_s:.1f} s in all ({', '.join(stages)})")
     if trials.get("trials"):
         table = pl.from_arrow(storage.read_parquet(trials["trials"], artifacts.TRIALS))
@@ -232,17 +297,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_agents_now(agents, options, "run")
 
     hints = list(dict.fromkeys(args.hints or ["off"]))
-    with run_lease(root, run_id):  # refuses at once (LeaseHeld) when another process runs it
-        run_preflight(agents, options, "run")  # under the lease: a refused run pays nothing
-        print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query, "
-              f"hints {'/'.join(hints)}, artifacts in {root}")
-        return _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started)
+    new_root = "://" not in root and not os.path.exists(root)
+    try:
+        with run_lease(root, run_id):  # refuses at once (LeaseHeld) when another process runs it
+            # under the lease: a refused run pays nothing; the checks are recorded (paid)
+            run_preflight(agents, options, "run", (root, run_id))
+            own = "".join(f"; {a}: {p.get('n_trials', args.trials)} per query on "
+                          f"{', '.join(p.get('datasets') or ['every dataset'])}"
+                          for a, p in plans.items())  # --agent-trials / --agent-datasets
+            print(f"querylab run {run_id}: agents {agents}, {args.trials} trials per query{own}, "
+                  f"hints {'/'.join(hints)}, artifacts in {root}")
+            return _run_benchmark(args, run_id, root, names, agents, options, hints, plans,
+                                  started)
+    except UsageError:  # the preflight failed: nothing was built, leave nothing behind
+        if new_root:
+            _remove_lease_only_root(root, run_id)
+        raise
+
+
+def _remove_lease_only_root(root: str, run_id: str) -> None:
+    """Remove the local artifact ``root`` that this command created when it holds nothing but
+    the lease's lock file of ``run_id`` (a run whose preflight failed builds nothing)."""
+    import shutil
+    from pathlib import Path
+
+    run_dir = Path(root, "runs", run_id)
+    left = [p for p in Path(root).rglob("*") if p.is_file()]
+    if all(p.parent == run_dir and p.name.startswith(".lease") for p in left):
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, started) -> int:
     _prefect_defaults()
     from flows.benchmark import benchmark
     from querylab.cmd_report import print_report, with_run_details
+    from tasks import interrupt
     from tasks.progress import console_progress
     from tasks.runs import StageFailed, TrialsErrored
 
@@ -251,23 +340,29 @@ def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, sta
     status = 0
     try:
         with console_progress(args.progress):
-            out = benchmark(
+            out = interrupt.run_interruptible(benchmark, dict(  # Ctrl-C / SIGTERM stop it
                 run_id=run_id, datasets=names, agents=agents, n_trials=args.trials,
                 batch_size=args.batch_size, artifacts_root=root, agent_options=options,
                 hints=hints, query_ids=args.query or None, limit=args.limit,
                 max_error_share=args.max_error_share, preflight=False, agent_plans=plans,
                 score_no_tool_call=args.score_no_tool_call,
                 max_concurrency=args.max_concurrency,
-            )
-    except StageFailed as exc:
-        print(f"querylab run: {exc}", file=sys.stderr)
-        return 1
+            ), artifacts_root=root, run_id=run_id)
     except TrialsErrored as exc:
         if exc.result is None:
             print(f"querylab run: {exc}", file=sys.stderr)
             return 1
         out, status = exc.result, 1
         error_line = str(exc)
+    except Exception as exc:
+        line = interrupt.interrupted_line("run", run_id)
+        if line is not None:
+            print(line, file=sys.stderr)
+            return 130
+        if not isinstance(exc, StageFailed):
+            raise
+        print(f"querylab run: {exc}", file=sys.stderr)
+        return 1
     else:
         error_line = None
     status = max(status, print_report(with_run_details(out["report"], root, run_id)))
@@ -410,8 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd_text2sql,
     )
 
-    p = argparse.ArgumentParser(prog="querylab", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="querylab", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true",
                    help="show tracebacks (and Prefect's) instead of one-line errors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -439,8 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument("--max-error-share", type=float, default=0.0, metavar="X",
-                   help="share of errored trials (api_error / error) the run may have and still "
-                   "exit 0 (default 0)")
+                   help="share of each agent's trials that may error (api_error / error) with "
+                   "the run still exiting 0 (default 0)")
     r.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,
         help="progress bar (default: when stderr is a terminal)",
@@ -474,7 +569,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args([a for a in argv if a != "--debug"])
     args.debug = debug
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # inside the try: a closed pipe (`querylab runs | head`) is quiet
+        return status
+    except BrokenPipeError:  # the reader went away: stop quietly, as `cat | head` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 141
     except KeyboardInterrupt:
         print(f"querylab {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -100,15 +100,15 @@ def cmd_models(args: argparse.Namespace) -> int:
         print(json.dumps([m.model_dump() for m in cfg.models], indent=2))
         return 0
     header = f"{'agent':42s} {'provider':10s} {'in $/M':>7s} {'cached':>7s} {'out $/M':>7s} " \
-             f"{'context':>9s}  key"
+             f"{'context':>9s} {'tools':11s}  key"
     print(header)
     for m in cfg.models:
         if m.local is not None:
             try:
                 local_entry(m.name, cfg)
                 key = "served by querylab"
-            except AgentConfigError:
-                key = "served by querylab: not installed (`make setup`)"
+            except AgentConfigError as exc:  # what is missing: xllamacpp, package or file
+                key = "served by querylab: " + str(exc).removeprefix(f"local:{m.name}: ")
         elif m.api_key_env:
             have = any(os.environ.get(v) for v in m.api_key_env)
             key = ("set" if have else "missing") + f" ({' / '.join(m.api_key_env)})"
@@ -118,8 +118,10 @@ def cmd_models(args: argparse.Namespace) -> int:
             key = "not needed"
         p = m.prices
         label = ("local:" if m.local is not None else "openai:") + m.name
+        own = ", ".join(f"{k} {v:g}" for k, v in m.agent_defaults.items() if v is not None)
         print(f"{label:42s} {m.provider:10s} {p.input:7.3f} {p.cached_input:7.3f} "
-              f"{p.output:7.3f} {m.context_window:9d}  {key}")
+              f"{p.output:7.3f} {m.context_window:9d} {m.tool_protocol:11s}  {key}"
+              + (f"; defaults: {own}" if own else ""))
     return 0
 
 

@@ -309,15 +309,20 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """Build and load the named datasets; prints each manifest URI."""
+    """Build and load the named datasets; prints each manifest URI. An unknown name is one
+    line (``querylab datasets build: ...``, with a did-you-mean) before Prefect is imported."""
+    from querylab import UsageError
+    from querylab.cli import check_datasets
+
+    try:
+        check_datasets(args.names)
+    except UsageError as exc:
+        print(f"querylab datasets build: {exc}", file=sys.stderr)
+        return 2
     from flows.datasets import dataset_flows
     from tasks.spec import SpecError
 
     flows = dataset_flows()
-    unknown = [n for n in args.names if n not in flows]
-    if unknown:
-        print(f"unknown datasets {unknown}; have {list(flows)}", file=sys.stderr)
-        return 2
     for name in args.names:
         try:
             print(flows[name](artifacts_root=args.artifacts, source_dir=args.source_dir))
@@ -360,11 +365,11 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
         print(f"querylab import-dab: {exc}", file=sys.stderr)
         return 2
     options = agent_options_from_args(args)
+    root = args.artifacts or Settings.from_env().artifacts
     if run_id is not None:
         check_agents_now(agents, options, "import-dab")
-        run_preflight(agents, options, "import-dab")
+        run_preflight(agents, options, "import-dab", (root, run_id))  # recorded: paid requests
         _check_replay_files(agents, args)
-    root = args.artifacts or Settings.from_env().artifacts
     from flows.datasets.dab_import import import_dab
 
     if not getattr(args, "debug", False):
@@ -476,7 +481,8 @@ def register(subparsers) -> None:
                      help="run only this query (query<N> or <dataset>/query<N>); repeat")
     imp.add_argument("--limit", type=int, help="run only the first N queries of each dataset")
     imp.add_argument("--max-error-share", type=float, default=0.0, metavar="X",
-                     help="share of errored trials allowed for exit 0 (default 0)")
+                     help="share of each agent's trials that may error for exit 0 "
+                     "(default 0)")
     imp.add_argument("--run-id", help="run id (default: a new one; an existing one resumes)")
     imp.add_argument("--no-run", action="store_true", help="import and load only")
     imp.add_argument("--scoring-only", action="store_true",

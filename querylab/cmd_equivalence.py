@@ -95,6 +95,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _schema_arg(text: str) -> str | dict:
+    """``--schema``: a DDL file, the JSON mapping form, or DDL text. Raises ValueError with a
+    one-line message for JSON that does not parse."""
+    candidate = text.strip()
+    if candidate and "\n" not in candidate and len(candidate) < 1024 and not candidate.startswith("{"):
+        try:
+            path = Path(candidate).expanduser()
+            if path.is_file():
+                return path.read_text()
+        except OSError:
+            pass  # not a usable path (too long, ...): DDL text
+    if candidate.startswith("{"):
+        try:
+            return json.loads(candidate)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--schema: not valid JSON for the mapping form ({exc.msg} at line "
+                             f"{exc.lineno} column {exc.colno})") from None
+    return text
+
+
 def cmd_find(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -116,11 +136,7 @@ def cmd_find(args: argparse.Namespace) -> int:
                 print("error: give --pairs FILE --id ID, or --schema, --sql1 and --sql2",
                       file=sys.stderr)
                 return 2
-            schema = args.schema
-            if Path(schema).is_file():
-                schema = Path(schema).read_text()
-            elif schema.lstrip().startswith("{"):
-                schema = json.loads(schema)
+            schema = _schema_arg(args.schema)
             pair = QueryPair.model_validate({"id": "cli", "sql1": args.sql1, "sql2": args.sql2,
                                              "schema": schema, "dialect": args.dialect,
                                              "schema_dialect": args.schema_dialect})
@@ -140,6 +156,9 @@ def cmd_find(args: argparse.Namespace) -> int:
         print(f"reading: {reading}")
     for problem in res.type_errors:
         print(f"type error: {problem}")
+    if res.verdict == "nondeterministic" or (res.choices and res.verdict != "not_equivalent"):
+        for choice in res.choices:
+            print(f"arbitrary choice: {choice}")
     for note in res.notes:
         print(f"note: {note}")
     if res.counterexample:
@@ -151,7 +170,9 @@ def cmd_find(args: argparse.Namespace) -> int:
     if res.error_script:
         print("\n-- a minimal database on which one query fails (not a counterexample) --")
         print(res.error_script)
-    print(f"instances tried: {res.instances_tried}, seconds: {res.seconds:.2f} ({res.engine})")
+    limit = ", time limit reached" if res.hit_time_limit else ""
+    print(f"instances tried: {res.instances_tried}, seconds: {res.seconds:.2f}{limit}, "
+          f"engine: {res.engine}")
     return 1 if res.verdict == "error" else 0
 
 
@@ -161,12 +182,22 @@ def register(subparsers) -> None:
                                "counterexample finder, LLM judges")
     sub = eq.add_subparsers(dest="equivalence_command", required=True)
 
-    r = sub.add_parser("run", help="judge every pair of a JSONL file with every method")
+    r = sub.add_parser(
+        "run", help="judge every pair of a JSONL file with every method",
+        description="Judge every pair of a JSONL file with every method. Pairs: one JSON object "
+        "a line, {id, sql1, sql2, schema, dialect, schema_dialect, db, label, hardness}: schema is "
+        "DDL text (any dialect) or the mapping form {table: {columns: {name: type}, primary_key, "
+        "unique, not_null, foreign_keys}}; label is equivalent / not_equivalent (also "
+        "inequivalent, true/false) or {semantic: .., relaxed: ..}. exec_match needs db: it runs "
+        "both queries on that database (a SQLite/DuckDB file, a postgresql:// URL, or a name "
+        "under --db-root) and is 'skipped' for pairs without one; the finder needs only the "
+        "schema (or a db to read it from).")
     r.add_argument("pairs", help="pairs JSONL: {id, sql1, sql2, schema, dialect, db, label, hardness}")
     r.add_argument("--method", action="append",
-                   help="exec_match | finder | judge:<technique>:<notion>:<model>; repeat "
-                        "(default: exec_match and finder)")
-    r.add_argument("--db-root", help="directory where database names in 'db' are looked up")
+                   help="exec_match (needs the pair's db) | finder | "
+                        "judge:<technique>:<notion>:<model>; repeat (default: exec_match and finder)")
+    r.add_argument("--db-root", help="directory where database names in 'db' are looked up "
+                   "(db: the database execution match runs both queries on)")
     r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument("--batch-size", type=int, default=20, help="pairs per mapped task")
@@ -177,8 +208,9 @@ def register(subparsers) -> None:
     _budget_args(r)
     r.set_defaults(func=cmd_run)
 
-    rp = sub.add_parser("report", help="recompute a run's equivalence tables from its artifacts")
-    rp.add_argument("--run-id", required=True)
+    rp = sub.add_parser("report", help="recompute a run's equivalence tables from its artifacts "
+                        "(--run-id: the id `run` printed)")
+    rp.add_argument("--run-id", required=True, help="the run's id (printed by `run`)")
     rp.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     rp.set_defaults(func=cmd_report)
 
@@ -189,7 +221,10 @@ def register(subparsers) -> None:
     f.add_argument("--sql1")
     f.add_argument("--sql2")
     f.add_argument("--dialect", default="duckdb",
-                   help="the queries' SQL dialect (sqlglot's names, or ansi / calcite)")
+                   help="the queries' SQL dialect (sqlglot's names, or ansi / calcite); it "
+                        "picks the engine: postgres → a real PostgreSQL server, sqlite → "
+                        "SQLite, duckdb → DuckDB, mysql and others → DuckDB approximating them "
+                        "(stated in the output)")
     f.add_argument("--schema-dialect",
                    help="the DDL's dialect when it differs (default: detected from the DDL, "
                         "e.g. backticks → mysql, then --dialect)")

@@ -40,7 +40,8 @@ def register(subparsers) -> None:
         help="re-run only the errored trials (api_error / error), then score and report again",
     )
     r.add_argument("--max-error-share", type=float, default=None, metavar="X",
-                   help="share of errored trials allowed for exit 0 (default: the run's, 0)")
+                   help="share of each agent's trials that may error for exit 0 (default: "
+                   "the run's, 0)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -55,6 +56,10 @@ def register(subparsers) -> None:
     rs.add_argument("--run-id", required=True)
     rs.add_argument("--manifest", action="append",
                     help="dataset manifest URI to score with (repeat; default: the run's)")
+    rs.add_argument("--scoring", choices=["spec", "recorded"], default="spec",
+                    help="spec (default): re-derive ground truth and validators from the "
+                    "current dataset spec (refused when its data version differs from the "
+                    "run's); recorded: the datasets' scoring files as they are")
     rs.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     rs.set_defaults(func=cmd_rescore)
 
@@ -135,7 +140,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         return 2
     if not stages:
         print(f"run {args.run_id}: every stage has completed; name one with --stage to re-run it")
-        return 0
+        return _errored_status(root, args.run_id, getattr(args, "max_error_share", None),
+                               "rerun")
     try:
         lease = contextlib.ExitStack()
         lease.enter_context(runs.run_lease(root, args.run_id))  # refuses at once if it is running
@@ -145,10 +151,14 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     with lease:  # held until the stages are done (released if preflight fails)
         if "trials" in stages:
             config = runs.benchmark_config(root, args.run_id)
-            run_preflight(config.agents, config.agent_options, "rerun")
+            run_preflight(config.agents, config.agent_options, "rerun", (root, args.run_id))
         print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}"
               + (" (errored trials only)" if retry else "") + f"; artifacts in {root}")
+        from querylab.cli import _prefect_defaults
+
+        _prefect_defaults()  # no telemetry attempts (and their ERROR lines) offline, as `run`
         from flows.stages import run_stage
+        from tasks import interrupt
         from tasks.progress import console_progress
 
         if not getattr(args, "debug", False):
@@ -158,11 +168,17 @@ def cmd_rerun(args: argparse.Namespace) -> int:
             for stage in stages:
                 params = {"retry_errors": True} if stage == "trials" and retry else {}
                 try:
-                    out = run_stage(stage, args.run_id, root, **params)
+                    out = interrupt.run_interruptible(  # Ctrl-C / SIGTERM stop it
+                        run_stage, dict(stage=stage, run_id=args.run_id, artifacts_root=root,
+                                        **params), artifacts_root=root, run_id=args.run_id)
                 except runs.RunError as exc:
                     print(f"querylab rerun: {exc}", file=sys.stderr)
                     return 2
                 except Exception as exc:  # noqa: BLE001 - reported in one line, exit status 1
+                    line = interrupt.interrupted_line("rerun", args.run_id)
+                    if line is not None:
+                        print(line, file=sys.stderr)
+                        return 130
                     print(f"querylab rerun: stage {stage} of run {args.run_id} failed: "
                           f"{first_line(exc)}", file=sys.stderr)
                     return 1
@@ -171,32 +187,50 @@ def cmd_rerun(args: argparse.Namespace) -> int:
                     status = max(status, print_report(with_run_details(out, root, args.run_id)))
                 else:
                     _print_outputs(stage, out)
-    if "score" in stages:
-        record = runs.find_run(root, args.run_id)
-        allowed = args.max_error_share if getattr(args, "max_error_share", None) is not None \
-            else (record.benchmark.max_error_share if record and record.benchmark else 0.0)
-        try:
-            runs.check_error_share(root, args.run_id, allowed)
-        except runs.TrialsErrored as exc:
-            print(f"querylab rerun: {exc}", file=sys.stderr)
-            status = max(status, 1)
-    elif "trials" in stages:
+    if "trials" in stages and "score" not in stages:
         print(f"note: the trials changed; score and report them with `querylab rerun --run-id "
               f"{args.run_id} --stage score --stage report`")
-    return status
+        return status
+    return max(status, _errored_status(root, args.run_id,
+                                       getattr(args, "max_error_share", None), "rerun"))
+
+
+def _errored_status(root: str, run_id: str, max_share: float | None, command: str) -> int:
+    """1 (the reason printed on stderr) when a scored benchmark run has an agent whose share
+    of errored trials is above ``max_share`` (None: the run's recorded ``max_error_share``),
+    else 0 — the rule ``querylab run`` exits by, so ``rerun`` of a finished run, ``rerun
+    --stage report`` and ``rescore`` say the same. A run without a score summary is 0."""
+    from tasks import runs
+
+    if runs.score_summary(root, run_id) is None:
+        return 0
+    record = runs.find_run(root, run_id)
+    recorded = record.benchmark.max_error_share if record and record.benchmark else 0.0
+    allowed = recorded if max_share is None else max_share
+    try:
+        runs.check_error_share(root, run_id, allowed)
+    except runs.TrialsErrored as exc:
+        print(f"querylab {command}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
-    """``querylab rescore``: re-apply the validators (as they are now) to a run's stored
-    answers, rewrite ``score/`` and the report, and say how many verdicts changed. No model
-    is called and no Prefect server started. Exit 1 when the oracle failed a query or errored
-    trials are above the run's allowed share, 2 for bad input."""
+    """``querylab rescore``: re-derive each dataset's scoring from its current spec (when the
+    data version the trials saw is unchanged; ``--scoring recorded``: the scoring files as
+    they are), re-apply it to the run's stored answers, rewrite ``score/`` and the report, and
+    say which scoring it used, what changed and how many verdicts changed. No model is called
+    and no Prefect server started. Exit 1 when the oracle failed a query or errored trials are
+    above the run's allowed share; 2 for bad input and for a refused rescore (a changed data
+    version), which writes nothing and leaves the run's stage records as they were."""
     import polars as pl
 
     from querylab.cmd_report import print_report, with_run_details
     from tasks import runs, storage
     from tasks.report import report_run
     from tasks.scoring import SCORER_VERSION, score_run, scores_uri
+
+    from tasks.rescore import RescoreRefused, apply_rescore, plan_rescore
 
     root = _root(args)
     runs.valid_run_id(args.run_id)
@@ -205,12 +239,26 @@ def cmd_rescore(args: argparse.Namespace) -> int:
         before = pl.read_parquet(storage.read_bytes(scores_uri(root, args.run_id)),
                                  columns=["trial_key", "verdict"])
     record = runs.find_run(root, args.run_id)
+    if record is None and not storage.list_uris(storage.join(root, "runs", args.run_id)):
+        print(f"querylab rescore: no run {args.run_id!r} under {root}", file=sys.stderr)
+        return 2
+    try:  # everything checked before anything is written: a refusal records nothing
+        plans = plan_rescore(args.run_id, root, args.manifest or None,
+                             getattr(args, "scoring", "spec"))
+    except RescoreRefused as exc:
+        print(f"querylab rescore: {exc}", file=sys.stderr)
+        return 2
+
+    def score() -> dict:
+        apply_rescore(plans)
+        return score_run(args.run_id, root, args.manifest or None)
+
     if record is not None:
         with runs.stage_run(root, args.run_id, "score") as stage:
-            out = score_run(args.run_id, root, args.manifest or None)
+            out = score()
             stage.outputs = {k: v for k, v in out.items() if k != "manifests"}
     else:
-        out = score_run(args.run_id, root, args.manifest or None)
+        out = score()
     after = pl.read_parquet(storage.read_bytes(out["scores"]), columns=["trial_key", "verdict"])
     changed = None
     if before is not None:
@@ -219,6 +267,12 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     print(f"rescored run {args.run_id} (scorer {SCORER_VERSION}): {out['trials']} trials, "
           f"{out['correct']} correct, {out['incorrect']} incorrect, {out['errored']} errored; "
           + ("first scoring" if changed is None else f"{changed.height} verdict(s) changed"))
+    for plan in plans:
+        print(f"  {plan.line()}")
+        for change in plan.changes[:10]:
+            print(f"    {change}")
+        if len(plan.changes) > 10:
+            print(f"    ... ({len(plan.changes)} in all)")
     if changed is not None:
         for row in changed.head(10).iter_rows(named=True):
             print(f"  {row['trial_key']}: {row['verdict_before']} -> {row['verdict']}")
@@ -230,13 +284,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     else:
         rep = report_run(args.run_id, root, args.manifest or None)
     status = print_report(with_run_details(rep, root, args.run_id))
-    allowed = record.benchmark.max_error_share if record and record.benchmark else 0.0
-    try:
-        runs.check_error_share(root, args.run_id, allowed)
-    except runs.TrialsErrored as exc:
-        print(f"querylab rescore: {exc}", file=sys.stderr)
-        status = max(status, 1)
-    return status
+    return max(status, _errored_status(root, args.run_id, None, "rescore"))
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -258,7 +306,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         errored = "" if r["errored"] is None else f"{r['errored']}/{r['trials']}"
         rows.append([r["run_id"], r["created_at"].replace("T", " ").rstrip("Z"),
                      ", ".join(r["agents"]) or "–", ", ".join(r["datasets"]) or "–",
-                     r["status"], errored, p1])
+                     r["status"] + (" UNSAFE-SANDBOX" if r.get("unsafe_sandbox") else ""),
+                     errored, p1])
     head = ["run", "created (UTC)", "agents", "datasets", "status", "errored", "pass@1"]
     width = [min(max(len(str(x)) for x in col), 48) for col in zip(head, *rows)]
     for row in [head, *rows]:
@@ -293,6 +342,11 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{b.max_concurrency} at once")
     for stage, params in record.stages.items():
         print(f"{stage}: {json.dumps(params, sort_keys=True)}")
+    from tasks.sandbox import missing_text
+
+    for agent, missing in runs.unsafe_agents(root, args.run_id).items():
+        print(f"sandbox: UNSAFE: {agent} ran with --unsafe-sandbox; {missing_text(missing)}")
+    alive = runs.lease_alive(root, args.run_id)
     print(f"\n{'stage':<12} {'status':<10} {'attempt':>7}  {'started':<20} {'finished':<20} error")
     for stage in runs.configured_stages(record) + [s for s in statuses
                                                    if s not in runs.configured_stages(record)]:
@@ -301,7 +355,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{stage:<12} {'-':<10} {'':>7}  {'':<20} {'':<20}")
             continue
         error = (st.error or "").splitlines()[0][:100] if st.error else ""
-        print(f"{stage:<12} {st.status:<10} {st.attempt:>7}  {st.started_at:<20} "
+        state = st.status
+        if state == "running" and not alive:
+            state = "interrupted"
+            error = error or "recorded running, but no live process holds the run"
+        print(f"{stage:<12} {state:<10} {st.attempt:>7}  {st.started_at:<20} "
               f"{st.finished_at or '':<20} {error}")
     summary = runs.score_summary(root, args.run_id)
     if summary:

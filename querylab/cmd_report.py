@@ -19,6 +19,10 @@ def print_report(rep: dict) -> int:
     print("\npass@k over scored trials (n = scored, n_errored = errored, left out; mean over "
           "queries per dataset; ALL rows: over all queries / over datasets)")
     print(rep["table"])
+    if rep.get("queries_table"):
+        print("\nqueries behind each pass@k: a query needs k scored trials for pass@k (fewer: "
+              "left out of that mean); `all errored`: no scored trial, in no mean")
+        print(rep["queries_table"])
     if rep.get("per_query_table"):
         print("\npass@1 per query")
         print(rep["per_query_table"])
@@ -38,12 +42,17 @@ def print_report(rep: dict) -> int:
         reasons = ", ".join(f"{r} {n}" for r, n in (rep.get("errored") or {}).get("by_reason", {}).items())
         print(f"\nErrored trials: {counts['errored']} of {counts['trials']} ({reasons}); no "
               "verdict, left out of every score.")
-        for agent, error in (rep.get("errors") or {}).items():
-            print(f"  {agent}: e.g. {error}")
+        from tasks.safe_text import terminal_text
+
+        for agent, error in (rep.get("errors") or {}).items():  # endpoint text: no escapes
+            print(f"  {agent}: e.g. {terminal_text(error, 300)}")
     if counts.get("flagged"):
         print(f"\nTrace audit: {counts['flagged']} trial(s) flagged (see the report and viewer).")
     for note in rep.get("notes", []):
-        print(f"note: {note}")
+        if note.startswith("Warning: "):  # e.g. every call answered from an earlier run's cache
+            print(f"warning: {note.removeprefix('Warning: ')}", file=sys.stderr)
+        else:
+            print(f"note: {note}")
     print(f"\nreport:    {rep['markdown']}")
     if rep.get("html"):
         print(f"html:      {rep['html']}")

@@ -36,7 +36,8 @@ def added_later(field: pa.Field) -> pa.Field:
 #: of the dataset the trial ran on; latency in seconds; tokens as reported by the API (0 for
 #: offline agents); ``cached_tokens`` is the part of the prompt tokens the provider served from
 #: its prompt cache; ``cost_usd`` the sum of the trial's ``llm_calls`` costs (0 for offline
-#: agents and response-cache hits). A trial row carries the answer and the terminate reason but
+#: agents and response-cache hits), earlier attempts' paid calls included (tokens likewise;
+#: ``n_llm_calls`` and ``latency_s`` are the last attempt's). A trial row carries the answer and the terminate reason but
 #: **no verdict**: verdicts are written by the score step (:data:`SCORES`). Version 2:
 #: ``is_correct`` moved to ``scores``, ``dataset_version`` added.
 TRIALS = artifact_schema(
@@ -70,6 +71,9 @@ TRIALS = artifact_schema(
 #: ``attempts`` HTTP attempts including infrastructure retries, ``n_tool_calls`` tool calls the
 #: response asked for; ``priced`` false when the model has no price in the models table (its
 #: ``cost_usd`` is then 0, not measured). ``base_url`` never carries credentials.
+#: ``trial_attempt``: which attempt of the trial made the call (0 first; a trial re-run by
+#: ``--retry-errors`` or after an interrupted run keeps the rows of the calls its earlier
+#: attempts sent to the API, so the costs paid stay in the totals; null in older artifacts).
 LLM_CALLS = artifact_schema(
     "llm_calls",
     [
@@ -89,6 +93,7 @@ LLM_CALLS = artifact_schema(
         pa.field("cache_hit", pa.bool_(), nullable=False),
         pa.field("priced", pa.bool_()),
         pa.field("error", pa.string()),
+        added_later(pa.field("trial_attempt", pa.int32())),
     ],
 )
 
@@ -122,7 +127,9 @@ TOOL_CALLS = artifact_schema(
 #: text when the API returned one (``reasoning_content`` / ``reasoning``); ``tool_calls`` JSON
 #: ``[{"id", "name", "arguments"}]`` of an assistant message; ``tool_call_id`` / ``tool_name`` of a
 #: tool result; ``content_chars`` the length of ``content``; ``full_size`` the length in
-#: characters of the full tool result (``tool_calls.result_size``; null for other roles).
+#: characters of the full tool result (``tool_calls.result_size``; null for other roles);
+#: ``runtime_events`` JSON of what an ``execute_python`` cell's run-time audit hook reported
+#: (file accesses outside its work directory, network and process events; null when none).
 #: Oracle trials record the question, each reference step as an assistant tool call and its
 #: result; replay trials the question and the recorded answer.
 MESSAGES = artifact_schema(
@@ -140,6 +147,7 @@ MESSAGES = artifact_schema(
         pa.field("tool_name", pa.string()),
         pa.field("content_chars", pa.int64(), nullable=False),
         pa.field("full_size", pa.int64()),
+        added_later(pa.field("runtime_events", pa.string())),
     ],
 )
 

@@ -42,6 +42,11 @@ NOTIONS: tuple[str, ...] = ("semantic", "relaxed")
 #: - ``equivalent`` / ``not_equivalent``: a decision (execution match, or an LLM judge);
 #: - ``no_counterexample_within_budget``: the counterexample finder searched its whole budget
 #:   without separating the queries (never read as "equivalent");
+#: - ``nondeterministic``: the counterexample finder found no counterexample, but on some
+#:   databases the two queries' results differed only as an arbitrary choice their SQL leaves
+#:   to the engine explains (ties under ORDER BY, LIMIT over ties, STRING_AGG without ORDER
+#:   BY, ...; the reason is in ``explanation`` / ``details.choices``). Never a counterexample,
+#:   never read as "equivalent";
 #: - ``error_on_instance``: on some database exactly one of the two queries raised a runtime
 #:   error (a conversion error, a scalar subquery with two rows, ...) and no database separated
 #:   their results. An error is not a result, so this is never a counterexample;
@@ -49,8 +54,8 @@ NOTIONS: tuple[str, ...] = ("semantic", "relaxed")
 #: - ``skipped``: the method cannot run on this pair (e.g. execution match without a database);
 #: - ``error``: a query failed to parse/run, or the model API failed (message in ``error``).
 VERDICTS: tuple[str, ...] = (
-    "equivalent", "not_equivalent", "no_counterexample_within_budget", "error_on_instance",
-    "unparsed", "skipped", "error",
+    "equivalent", "not_equivalent", "no_counterexample_within_budget", "nondeterministic",
+    "error_on_instance", "unparsed", "skipped", "error",
 )
 DECIDED: tuple[str, ...] = ("equivalent", "not_equivalent")
 
@@ -201,8 +206,9 @@ class MatchOptions(_Strict):
 
 class FinderBudget(_Strict):
     """Budget of the counterexample finder: at most ``max_instances`` database instances
-    executed, at most ``time_limit_s`` seconds of search (checked between instances; shrinking
-    and verifying a candidate may run past it), random instances of at most ``max_rows`` rows
+    executed, at most ``time_limit_s`` seconds of search (each query gets at most the time
+    left, and ``query_timeout_s`` seconds; shrinking a candidate found late may take a quarter
+    of the limit more; a run that hit the limit says so), random instances of at most ``max_rows`` rows
     per table, and at most ``row_budget`` rows in one table for the instances the queries'
     predicates ask for (a ``HAVING COUNT(*) > 10`` wants a group of 11 rows, a ``LIMIT 5
     OFFSET 2`` eight rows; a wish above the budget is noted, not met); random choices seeded

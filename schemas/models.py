@@ -106,6 +106,11 @@ class LocalModel(_Strict):
         return self
 
 
+#: The :class:`AgentOptions` a models-table entry may give defaults of (``agent_defaults``).
+MODEL_DEFAULT_OPTIONS = ("max_iterations", "max_wall_time_s", "max_tool_calls_per_turn",
+                         "max_total_tokens", "request_timeout_s")
+
+
 class ModelConfig(_Strict):
     """One entry of the models table.
 
@@ -130,6 +135,10 @@ class ModelConfig(_Strict):
     - ``max_concurrency``: trials of this model in flight at once, across the whole trials
       stage (:mod:`tasks.concurrency`; on top of the stage's ``--max-concurrency``). None: no
       cap of its own — except a ``local`` model, capped at its ``parallel`` slots.
+    - ``agent_defaults``: this model's own defaults of the per-trial limits
+      (:data:`MODEL_DEFAULT_OPTIONS` fields of :class:`AgentOptions`, e.g. a small local
+      model's ``max_iterations: 4``); a run's explicit options (the CLI flags) override them,
+      and they override querylab's (and DAB's) defaults. Recorded in ``run.json``.
     """
 
     name: str = Field(min_length=1)
@@ -144,6 +153,18 @@ class ModelConfig(_Strict):
     tool_protocol: ToolProtocol = "native"
     local: LocalModel | None = None
     max_concurrency: int | None = Field(default=None, ge=1)
+    agent_defaults: dict[str, float | int | None] = Field(default_factory=dict)
+
+    @field_validator("agent_defaults", mode="before")
+    @classmethod
+    def _agent_defaults_ok(cls, v):
+        if not isinstance(v, dict):
+            return v
+        bad = sorted(set(v) - set(MODEL_DEFAULT_OPTIONS))
+        if bad:
+            raise ValueError(f"agent_defaults may set {list(MODEL_DEFAULT_OPTIONS)}, not {bad}")
+        AgentOptions.model_validate(v)  # each value within the option's bounds
+        return v
 
     @model_validator(mode="after")
     def _local_has_no_endpoint(self) -> ModelConfig:

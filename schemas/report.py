@@ -55,18 +55,22 @@ PASS_AT_K = _schema(
 
 #: Mean pass@k / pass^k per (agent, dataset, k) over the ``queries`` scored at that k, plus the
 #: two overall rows per agent and k; ``n`` scored and ``n_errored`` errored trials behind it.
+#: The queries left out of a k's mean are counted: ``queries_short`` (fewer than k scored
+#: trials), ``queries_errored`` (every trial errored). Version 3 added both.
 PASS_AT_K_SUMMARY = _schema(
     "pass_at_k_summary",
     [
         *_KEYS,
         _f("k", pa.int32(), False),
         _f("queries", pa.int32(), False),
+        _f("queries_short", pa.int32(), False),
+        _f("queries_errored", pa.int32(), False),
         _f("n", pa.int64(), False),
         _f("n_errored", pa.int64(), False),
         _f("pass_at_k", pa.float64()),
         _f("pass_hat_k", pa.float64()),
     ],
-    version="2",
+    version="3",
 )
 
 #: pass@1 per (agent, dataset) with a Wilson score interval (``confidence``, default 0.95):

@@ -76,13 +76,15 @@ class BenchmarkConfig(BaseModel):
     DAB's ``--use_hints``), each run for every agent that reads a prompt — two conditions
     compare both in one run; ``query_ids`` (``<id>`` or ``<dataset>/<id>``; empty: all) and
     ``limit`` (the first N queries of each dataset; None: all) select a subset;
-    ``max_error_share``: the share of errored trials a run may have and still succeed
+    ``max_error_share``: the share of errored trials each agent may have and the run still succeed
     (default 0: any errored trial fails the run); ``agent_plans``: per-agent datasets and
     trial counts (:class:`AgentPlan`) for agents of ``agents``; ``score_no_tool_call``: on
     datasets imported in DAB's format, score the text of a ``no_tool_call`` ending instead
     of DAB's rule (invalid); ``max_concurrency``: trials in flight at once across the trials
     stage (batches run their trials concurrently; batch size only sets checkpoint and Parquet
-    granularity)."""
+    granularity); ``agent_defaults``: agent → its model's own default options from the models
+    table when the run was recorded (``agent_defaults`` of the entry; the explicit
+    ``agent_options`` override them), so a rerun plans the same trials."""
 
     datasets: list[str] = Field(min_length=1)
     agents: list[str] = Field(default_factory=lambda: ["oracle"], min_length=1)
@@ -96,6 +98,7 @@ class BenchmarkConfig(BaseModel):
     agent_plans: dict[str, AgentPlan] = Field(default_factory=dict)
     score_no_tool_call: bool = False
     max_concurrency: int = Field(default=32, ge=1)
+    agent_defaults: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("hints")
     @classmethod

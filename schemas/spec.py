@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Engine = Literal["postgres", "mongodb", "sqlite", "duckdb"]
 ColumnType = Literal["int64", "float64", "string", "bool", "date", "list[string]"]
@@ -194,13 +194,35 @@ class ValidatorSpec(_Strict):
     """DAB-style answer check.
 
     - ``number``: some number in the answer is within ``tolerance`` (default half a unit of the
-      ``decimals``-th place) of the ground truth.
-    - ``items``: every expected item appears in the answer (case- and whitespace-insensitive).
+      ``decimals``-th place) of the ground truth, and the answer holds at most
+      ``max_candidates`` distinct numbers that the question does not (default 3): a list of
+      guesses is wrong.
+    - ``items``: every expected item appears in the answer as whole words (whitespace- and,
+      unless ``case_sensitive``, case-insensitive: set it when an item is also an everyday
+      word, so "could not read the tables" does not name the sub-category ``Tables``).
+      With ``options`` (literal values) or ``options_sql`` (DuckDB SQL over the canonical
+      tables, column 0, evaluated at build time) — the values the question chooses among — an
+      answer that also names an option outside the ground truth is wrong (listing every
+      option is not an answer).
     """
 
     kind: Literal["number", "items"]
     decimals: int = 2
     tolerance: float | None = None
+    max_candidates: int | None = Field(default=None, ge=1)
+    options: list[str] | None = None
+    options_sql: str | None = None
+    case_sensitive: bool = False
+
+    @model_validator(mode="after")
+    def _options_for_items(self) -> "ValidatorSpec":
+        if self.kind != "items" and self.case_sensitive:
+            raise ValueError("case_sensitive applies to items validators only")
+        if self.kind != "items" and (self.options is not None or self.options_sql is not None):
+            raise ValueError("options / options_sql apply to items validators only")
+        if self.kind != "number" and self.max_candidates is not None:
+            raise ValueError("max_candidates applies to number validators only")
+        return self
 
 
 class StepSpec(_Strict):

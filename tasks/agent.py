@@ -23,11 +23,15 @@ replay agent its question and recorded answer.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schemas.models import AgentOptions
+from tasks import interrupt
 from tasks.llm import ChatModel, LLMCallError, LLMCallRecord
 from tasks.tools import TOOL_SCHEMAS, ToolBox, ToolOutcome, as_text, clean_text
 
@@ -85,20 +89,25 @@ class Transcript:
     def add(self, role: str, turn: int, content: str | None = None, *,
             reasoning: str | None = None, tool_calls: list[dict] | None = None,
             tool_call_id: str | None = None, tool_name: str | None = None,
-            full_size: int | None = None) -> None:
-        """Append one message; ``tool_calls`` as ``[{"id", "name", "arguments"}]``."""
+            full_size: int | None = None, runtime_events: list | None = None) -> None:
+        """Append one message; ``tool_calls`` as ``[{"id", "name", "arguments"}]``;
+        ``runtime_events`` what an execute_python cell's audit hook reported (stored as
+        JSON)."""
         self.rows.append({
             "index": len(self.rows), "turn": turn, "role": role, "content": content,
             "reasoning": reasoning,
             "tool_calls": json.dumps(tool_calls, ensure_ascii=False) if tool_calls else None,
             "tool_call_id": tool_call_id, "tool_name": tool_name,
             "content_chars": len(content or ""), "full_size": full_size,
+            "runtime_events": (json.dumps(runtime_events, ensure_ascii=False, default=str)
+                               if runtime_events else None),
         })
 
     def tool_result(self, turn: int, out: ToolOutcome) -> None:
-        """Append a tool result exactly as the model saw it, with the full result's size."""
+        """Append a tool result exactly as the model saw it, with the full result's size (and
+        a cell's run-time audit events)."""
         self.add("tool", turn, out.content, tool_call_id=out.call_id, tool_name=out.tool,
-                 full_size=out.result_size)
+                 full_size=out.result_size, runtime_events=out.runtime_events)
 
 
 def reasoning_text(msg) -> str | None:
@@ -140,6 +149,9 @@ class TrialOutcome:
     cost_usd: float = 0.0
     llm_calls: list[LLMCallRecord] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)
+    #: Called with the model-call records so far after each one is added (the batch journals
+    #: them, so the calls of a trial interrupted by a kill are still counted on resume).
+    on_call: Callable[[list[LLMCallRecord]], None] | None = field(default=None, repr=False)
 
     def add_call(self, rec: LLMCallRecord) -> None:
         """Count one model call (its tokens and cost) in the totals."""
@@ -149,6 +161,8 @@ class TrialOutcome:
         self.completion_tokens += rec.completion_tokens
         self.cached_tokens += rec.cached_tokens
         self.cost_usd += rec.cost_usd
+        if self.on_call is not None:
+            self.on_call(self.llm_calls)
 
 
 def system_prompt(manifest: dict | None = None) -> str:
@@ -252,20 +266,61 @@ def _field(obj, name: str):
     return getattr(obj, name, None)
 
 
-def _tool_call_parts(tc, turn: int, i: int) -> tuple[str, str, str]:
-    """``(call_id, name, arguments)`` of a returned tool call as clean text, whatever its shape
-    (model output is hostile: ids of any length or type, names and arguments that are not
-    strings, lone surrogates). A missing id (some local servers) becomes ``call_<turn>_<i>``;
-    a non-function (custom) tool call is reported to the model as an unknown tool."""
+#: A tool-call id echoed back to the API as the model sent it: what OpenAI accepts (at most 40
+#: characters of ``[A-Za-z0-9_-]``). Any other id is replaced (:func:`safe_call_id`).
+_SAFE_CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
+#: Longest original tool-call id kept in the transcript beside its replacement (characters).
+ORIGINAL_ID_CHARS = 200
+
+
+def safe_call_id(raw, turn: int, i: int, taken: set[str] | None = None) -> str:
+    """The id querylab uses for a tool call the model returned (``raw``, any type): ``raw``
+    itself when it is 1–40 characters of ``[A-Za-z0-9_-]`` and not already used in the
+    conversation (``taken``), else ``call_<turn>_<i>_<8 hex of SHA-256 of the original>`` —
+    short, valid for any OpenAI-compatible endpoint (which may reject longer or odd ids with
+    HTTP 400), unique within the trial and stable (the same response gives the same id, so the
+    next request, and its response-cache key, are the same on a re-run). A missing id (some
+    local servers send none) becomes ``call_<turn>_<i>``."""
+    taken = taken if taken is not None else set()
+    if isinstance(raw, str) and _SAFE_CALL_ID.fullmatch(raw) and raw not in taken:
+        return raw
+    if raw in (None, ""):
+        cid = f"call_{turn}_{i}"
+    else:
+        text = raw if isinstance(raw, str) else as_text(raw)
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        cid = f"call_{turn}_{i}_{digest}"
+    n = 1
+    while cid in taken:  # a model reusing ids (or colliding with ours)
+        cid, n = f"{cid[:36]}_{n}", n + 1
+    return cid
+
+
+def _tool_call_parts(tc, turn: int, i: int,
+                     taken: set[str] | None = None) -> tuple[str, str, str, str | None]:
+    """``(call_id, name, arguments, original id)`` of a returned tool call as clean text,
+    whatever its shape (model output is hostile: ids of any length or type, names and arguments
+    that are not strings, lone surrogates). ``call_id`` is :func:`safe_call_id` (what the
+    conversation, the tools and the variables use); the original id is given when it was
+    replaced (cut to :data:`ORIGINAL_ID_CHARS`), else None. A non-function (custom) tool call is
+    reported to the model as an unknown tool."""
     fn = _field(tc, "function")
     if fn is None:
         fn = _field(tc, "custom")
         name, args = _field(fn, "name"), _field(fn, "input")
     else:
         name, args = _field(fn, "name"), _field(fn, "arguments")
-    cid = _field(tc, "id")
-    return (as_text(cid) if cid not in (None, "") else f"call_{turn}_{i}", as_text(name),
-            as_text(args) if not isinstance(args, str) else clean_text(args))
+    raw = _field(tc, "id")
+    cid = safe_call_id(raw, turn, i, taken)
+    if taken is not None:
+        taken.add(cid)
+    original = None
+    if raw not in (None, "") and cid != raw:
+        text = as_text(raw)
+        original = text if len(text) <= ORIGINAL_ID_CHARS else (
+            text[:ORIGINAL_ID_CHARS] + f"… [{len(text)} characters]")
+    return (cid, as_text(name),
+            as_text(args) if not isinstance(args, str) else clean_text(args), original)
 
 
 def _reply_parts(resp) -> tuple[object, str | None, list]:
@@ -294,6 +349,7 @@ def run_react(
     system: str,
     trial: int = 0,
     options: AgentOptions | None = None,
+    on_call: Callable[[list[LLMCallRecord]], None] | None = None,
 ) -> TrialOutcome:
     """ReAct loop: ask the model, run the tool calls it returns in order, feed results back.
 
@@ -304,8 +360,15 @@ def run_react(
     and execute_python), ``max_tool_calls_per_turn`` (none of that turn's calls is run),
     ``token_budget`` (checked before each call), ``context_window`` (the estimated prompt —
     last call's prompt + completion tokens + 1 token per 4 new characters — exceeds the model's
-    window, or the API said so), ``api_error``. Tool errors (bad SQL, malformed JSON
-    arguments, unknown tool) go back to the model and the trial continues.
+    window, or the API said so), ``api_error`` (also when the wall time ran out waiting for
+    the API: a hang, a ``Retry-After`` beyond it, no concurrency slot) or ``error`` (querylab's
+    side failed: a database server gone, the sandbox broken, a harness bug; the trial keeps
+    its model calls and transcript so far). Tool errors (bad SQL, malformed JSON arguments,
+    unknown tool) go back to the model and the trial continues. Tool-call ids are echoed back
+    to the API only as :func:`safe_call_id` makes them (the original is kept in the
+    transcript as ``original_id``). ``on_call``: called with the call records so far after
+    each model call (:attr:`TrialOutcome.on_call`); a call whose response arrived before a
+    harness failure is counted too (its cost was paid).
     """
     o = options or chat.options
     start = time.monotonic()
@@ -318,88 +381,102 @@ def run_react(
     transcript = Transcript()
     transcript.add("system", 0, system)
     transcript.add("user", 0, question)
-    result = TrialOutcome(None, "max_iterations", messages=transcript.rows)
+    result = TrialOutcome(None, "max_iterations", messages=transcript.rows, on_call=on_call)
     window = chat.resolved.context_window
     context_tokens, new_chars = 0, len(system) + len(question)
+    call_ids: set[str] = set()  # tool-call ids used so far (each echoed back exactly once)
 
     def stop(reason: str, error: str | None = None) -> None:
         result.terminate_reason, result.error = reason, error
 
-    for turn in range(o.max_iterations):
-        if time.monotonic() >= deadline:
-            stop("max_wall_time", f"wall time of {o.max_wall_time_s:g} s used up")
-            break
-        used = result.prompt_tokens + result.completion_tokens
-        if o.max_total_tokens is not None and used >= o.max_total_tokens:
-            stop("token_budget", f"{used} tokens used of a budget of {o.max_total_tokens}")
-            break
-        estimate = context_tokens + new_chars // 4
-        if window is not None and estimate > window:
-            stop("context_window",
-                 f"the next prompt (~{estimate} tokens) exceeds the context window ({window})")
-            break
-        try:
-            resp, rec = chat.complete(messages, TOOL_SCHEMAS, trial, turn, deadline)
-        except LLMCallError as exc:
-            result.add_call(exc.record)
-            stop(exc.reason, str(exc))
-            break
-        result.add_call(rec)
-        context_tokens, new_chars = rec.prompt_tokens + rec.completion_tokens, 0
-        try:
-            msg, content, calls = _reply_parts(resp)
-        except ValueError as exc:
-            stop("api_error", f"malformed model response: {exc}")
-            break
-        parts = [_tool_call_parts(tc, turn, i) for i, tc in enumerate(calls)]
-        reasoning = reasoning_text(msg)
-        transcript.add(
-            "assistant", turn, content,
-            reasoning=None if reasoning is None else clean_text(reasoning),
-            tool_calls=[{"id": c, "name": n, "arguments": a} for c, n, a in parts],
-        )
-        if not calls:
-            result.answer = content
-            stop("no_tool_call")
-            break
-        if len(calls) > o.max_tool_calls_per_turn:
-            stop("max_tool_calls_per_turn",
-                 f"{len(calls)} tool calls in one turn; the limit is "
-                 f"{o.max_tool_calls_per_turn}")
-            break
-        messages.append(
-            {
-                "role": "assistant",
-                "content": content,
-                "tool_calls": [
-                    {"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
-                    for cid, n, a in parts
-                ],
-            }
-        )
-        final: ToolOutcome | None = None
-        for cid, name, args in parts:
+    try:
+        for turn in range(o.max_iterations):
+            interrupt.check()  # Ctrl-C / SIGTERM: the trial is cancelled, not scored
             if time.monotonic() >= deadline:
                 stop("max_wall_time", f"wall time of {o.max_wall_time_s:g} s used up")
                 break
-            out = toolbox.call(name, args, cid)
-            result.tool_calls.append(ToolCallRecord(turn=turn, outcome=out))
-            if out.harness_error:
-                stop("error", out.error)
+            used = result.prompt_tokens + result.completion_tokens
+            if o.max_total_tokens is not None and used >= o.max_total_tokens:
+                stop("token_budget", f"{used} tokens used of a budget of {o.max_total_tokens}")
                 break
-            if out.is_final:
-                final = out
+            estimate = context_tokens + new_chars // 4
+            if window is not None and estimate > window:
+                stop("context_window",
+                     f"the next prompt (~{estimate} tokens) exceeds the context window ({window})")
                 break
-            messages.append({"role": "tool", "tool_call_id": cid, "content": out.content})
-            transcript.tool_result(turn, out)
-            new_chars += len(out.content)
-        if final is not None:
-            result.answer = final.answer
-            stop("return_answer")
-            break
-        if result.terminate_reason in ("max_wall_time", "error"):
-            break
-    else:
-        result.error = f"{o.max_iterations} model calls made without an answer"
+            try:
+                resp, rec = chat.complete(messages, TOOL_SCHEMAS, trial, turn, deadline)
+            except LLMCallError as exc:
+                result.add_call(exc.record)
+                stop(exc.reason, str(exc))
+                break
+            result.add_call(rec)
+            context_tokens, new_chars = rec.prompt_tokens + rec.completion_tokens, 0
+            try:
+                msg, content, calls = _reply_parts(resp)
+            except ValueError as exc:
+                stop("api_error", f"malformed model response: {exc}")
+                break
+            parts = [_tool_call_parts(tc, turn, i, call_ids) for i, tc in enumerate(calls)]
+            reasoning = reasoning_text(msg)
+            transcript.add(
+                "assistant", turn, content,
+                reasoning=None if reasoning is None else clean_text(reasoning),
+                tool_calls=[{"id": c, "name": n, "arguments": a,
+                             **({"original_id": orig} if orig is not None else {})}
+                            for c, n, a, orig in parts],
+            )
+            if not calls:
+                result.answer = content
+                stop("no_tool_call")
+                break
+            if len(calls) > o.max_tool_calls_per_turn:
+                stop("max_tool_calls_per_turn",
+                     f"{len(calls)} tool calls in one turn; the limit is "
+                     f"{o.max_tool_calls_per_turn}")
+                break
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": content,
+                    "tool_calls": [
+                        {"id": cid, "type": "function", "function": {"name": n, "arguments": a}}
+                        for cid, n, a, _ in parts
+                    ],
+                }
+            )
+            final: ToolOutcome | None = None
+            for cid, name, args, _ in parts:
+                if time.monotonic() >= deadline:
+                    stop("max_wall_time", f"wall time of {o.max_wall_time_s:g} s used up")
+                    break
+                out = interrupt.call(toolbox.call, name, args, cid)  # abandoned on a signal
+                result.tool_calls.append(ToolCallRecord(turn=turn, outcome=out))
+                if out.harness_error:  # shown in the transcript: why the trial is errored
+                    transcript.tool_result(turn, out)
+                    stop("error", out.error)
+                    break
+                if out.is_final:
+                    final = out
+                    break
+                messages.append({"role": "tool", "tool_call_id": cid, "content": out.content})
+                transcript.tool_result(turn, out)
+                new_chars += len(out.content)
+            if final is not None:
+                result.answer = final.answer
+                stop("return_answer")
+                break
+            if result.terminate_reason in ("max_wall_time", "error"):
+                break
+        else:
+            result.error = f"{o.max_iterations} model calls made without an answer"
+    except interrupt.RunInterrupted:
+        raise  # not a harness bug: the run is stopping (the trial is not checkpointed)
+    except Exception as exc:  # noqa: BLE001 - a harness bug: errored, with what happened so far
+        paid = getattr(chat, "in_flight", None)
+        if paid is not None and all(paid is not c for c in result.llm_calls):
+            paid.error = paid.error or f"{type(exc).__name__} after the response arrived"
+            result.add_call(paid)  # the response arrived (and was paid) before the failure
+        stop("error", f"harness error: {type(exc).__name__}: {clean_text(str(exc))[:500]}")
     result.latency_s = time.monotonic() - start
     return result

@@ -16,12 +16,21 @@ Artifacts of one built dataset live under ``<root>/datasets/<name>/<version>/``:
 - ``scoring.json`` — the **private scoring file**, read only by scorer-side code
   (:mod:`tasks.scoring`: validators, failure modes, the report) and the trusted oracle:
   per query its ground truth, validator, reference solution and ``requires`` annotation, plus
-  the canonical table URIs and the spec file name (see :func:`tasks.scoring.scoring_uri`).
+  the canonical table URIs and the spec file name (see :func:`tasks.scoring.scoring_uri`);
+  ``scoring/<digest>.json`` the content-addressed copies of every scoring the data version
+  had (the manifest's ``scoring_digest`` names the current one).
+
+``<version>`` is the *data version* (:func:`dataset_version`): what agents see. The spec's
+scoring part (ground-truth SQL, validators, references, requirements) is not in it: a build
+after a validator fix keeps the data and writes a new scoring file (runs already scored keep
+theirs; ``querylab rescore`` moves a run to the current spec).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import random
 import re
 import sqlite3
@@ -37,6 +46,8 @@ from schemas.spec import ComposeOp, DatasetSpec, FormatOp, FuzzOp, SourceSpec, S
 from tasks import storage
 from tasks.spec import SpecError, check_sources, load_spec, template_fields
 
+log = logging.getLogger(__name__)
+
 ARROW_TYPES: dict[str, pa.DataType] = {
     "int64": pa.int64(),
     "float64": pa.float64(),
@@ -47,13 +58,36 @@ ARROW_TYPES: dict[str, pa.DataType] = {
 }
 
 
+def data_spec(spec: DatasetSpec) -> dict:
+    """The part of a spec that decides what agents see — sources, canonical and placed tables,
+    perturbations, databases, descriptions, hints, and each query's id and question — as
+    JSON-able data. Ground-truth SQL, validators, reference solutions and requirements are the
+    *scoring* part: changing them changes no data version (a fixed validator is applied to
+    stored answers by ``querylab rescore``)."""
+    data = spec.model_dump(mode="json")
+    data["queries"] = [{"id": q.id, "question": q.question} for q in spec.queries]
+    return data
+
+
 def dataset_version(spec_file: str | Path, spec: DatasetSpec, source_paths: list[Path]) -> str:
-    """``<spec.version>-<10 hex>``: the hash covers the spec file's bytes and the sources' sizes,
-    so an edited spec or a different source file never reuses stale artifacts."""
-    h = hashlib.sha256(Path(spec_file).read_bytes())
+    """``<spec.version>-<10 hex>``: the *data version*. The hash covers :func:`data_spec`
+    (what agents see, not the scoring part) and the sources' sizes, so an edited database,
+    question, description or hint, or a different source file, never reuses stale artifacts,
+    while a fixed validator or ground-truth query keeps the version (see
+    :func:`build_dataset_artifacts`)."""
+    h = hashlib.sha256(json.dumps(data_spec(spec), sort_keys=True, default=str).encode())
     for p in source_paths:
         h.update(f"{p.name}:{p.stat().st_size}".encode())
     return f"{spec.version}-{h.hexdigest()[:10]}"
+
+
+def spec_data_version(spec_file: str | Path, source_dir: str | Path | None = None) -> str:
+    """The data version the spec file gives now (:func:`dataset_version`), without reading
+    the sources (only their sizes). SpecError for a broken spec or a missing source."""
+    spec_file = Path(spec_file)
+    spec = load_spec(spec_file)
+    return dataset_version(spec_file, spec, list(check_sources(spec_file, spec,
+                                                               source_dir).values()))
 
 
 def dataset_prefix(root: str, name: str, version: str) -> str:
@@ -200,6 +234,50 @@ def compute_ground_truth(
         else:
             truth[q.id] = [str(r[0]) for r in rows]
     return truth
+
+
+def derive_scoring(
+    spec: DatasetSpec, canonical: dict[str, pa.Table], spec_file: str | Path = "<spec>"
+) -> dict[str, dict]:
+    """What the scorer needs per query id, derived from the spec and the *unperturbed* tables:
+    ``{"ground_truth", "validator", "reference", "requires"}`` (the private scoring file's
+    entries, :mod:`tasks.scoring`). The validator is the spec's, with an ``items`` validator's
+    ``options_sql`` evaluated into ``options`` (column 0, as strings). Raises SpecError naming
+    the field (see :func:`compute_ground_truth`)."""
+    truth = compute_ground_truth(spec, canonical, spec_file)
+    con = None
+    out: dict[str, dict] = {}
+    for i, q in enumerate(spec.queries):
+        validator = q.validator.model_dump()
+        if not validator["case_sensitive"]:  # the default: scoring files as before
+            del validator["case_sensitive"]
+        if q.validator.options_sql:
+            if con is None:
+                con = duckdb.connect()
+                for name, tbl in canonical.items():
+                    con.register(name, tbl)
+            try:
+                rows = con.sql(q.validator.options_sql).fetchall()
+            except duckdb.Error as exc:
+                raise SpecError(spec_file, f"queries[{i}].validator.options_sql",
+                                str(exc).splitlines()[0]) from exc
+            options = list(q.validator.options or []) + [str(r[0]) for r in rows
+                                                         if r[0] is not None]
+            validator["options"] = list(dict.fromkeys(options))
+        missing = []
+        if validator.get("options") is not None and isinstance(truth[q.id], list):
+            have = {" ".join(o.casefold().split()) for o in validator["options"]}
+            missing = [t for t in truth[q.id] if " ".join(t.casefold().split()) not in have]
+        if missing:
+            raise SpecError(spec_file, f"queries[{i}].validator.options",
+                            f"the ground truth {missing} is not among the options")
+        out[q.id] = {
+            "ground_truth": truth[q.id],
+            "validator": validator,
+            "reference": [st.model_dump() for st in q.reference],
+            "requires": q.requires.model_dump(),
+        }
+    return out
 
 
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
@@ -470,14 +548,20 @@ def build_dataset_artifacts(
     exact version exist in the current layout (and not ``force``) nothing is rebuilt. Raises
     SpecError naming file and field for a broken spec or a missing source file.
     """
-    from tasks.scoring import is_current_dataset, split_manifest
+    from tasks.scoring import is_current_dataset, replace_scoring, split_manifest
 
     spec, version, canonical = extract_canonical(spec_file, source_dir)
     prefix = dataset_prefix(artifacts_root, spec.name, version)
     manifest_uri = storage.join(prefix, "manifest.json")
+    scoring = derive_scoring(spec, canonical, spec_file)
     if not force and is_current_dataset(manifest_uri):
+        # the data are built; the spec's scoring part may have changed (a fixed validator):
+        # a new scoring file for this data version, earlier runs keep theirs
+        old, new = replace_scoring(manifest_uri, scoring)
+        if old != new:
+            log.info("%s %s: scoring changed (%s -> %s): new runs are scored with %s",
+                     spec.name, version, old, new, new)
         return manifest_uri
-    truth = compute_ground_truth(spec, canonical, spec_file)
     canonical_uris = {
         name: storage.write_parquet(storage.join(prefix, "canonical", f"{name}.parquet"), tbl)
         for name, tbl in canonical.items()
@@ -523,16 +607,6 @@ def build_dataset_artifacts(
         "schema_description": describe_schema(spec, databases),
         "databases": databases,
         "canonical": canonical_uris,
-        "queries": [
-            {
-                "id": q.id,
-                "question": q.question,
-                "validator": q.validator.model_dump(),
-                "reference": [s.model_dump() for s in q.reference],
-                "requires": q.requires.model_dump(),
-                "ground_truth": truth[q.id],
-            }
-            for q in spec.queries
-        ],
+        "queries": [{"id": q.id, "question": q.question, **scoring[q.id]} for q in spec.queries],
     }
     return split_manifest(manifest_uri, manifest)

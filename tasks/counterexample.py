@@ -5,53 +5,74 @@ the two queries return different results; shrink the first one found to a minima
 as CREATE TABLE + INSERT statements. Verdicts:
 
 - ``not_equivalent``: a counterexample was found, shrunk, rendered and *verified* by executing
-  the rendered script on a fresh database with the schema's keys declared;
+  the rendered script on a fresh database with the schema's keys declared: no result the first
+  query may return on it equals a result the second may return (:func:`tasks.instances.separation`);
 - ``no_counterexample_within_budget``: the budget (instances, seconds) ran out. Search alone
   never proves equivalence, so the finder never says ``equivalent``;
+- ``nondeterministic``: no counterexample, but on some instances the two queries returned
+  different results only in a way an arbitrary choice the SQL leaves to the engine explains
+  (rows tied under ORDER BY, which tied rows a LIMIT keeps, STRING_AGG's order, a window
+  function over peers, a bare column, ``random()``: :mod:`tasks.outcomes`); the reason says
+  which. Such a difference is never a counterexample;
 - ``error_on_instance``: no instance separated the results, but on some instance exactly one
   query raised a runtime error (DuckDB's conversion error for ``DNAME INT = 'SECURITY'``, a
-  scalar subquery returning two rows). An error is not a result: such an instance is never a
-  counterexample, the search goes on, and the first one (shrunk) is reported with its error;
+  scalar subquery returning two rows, PostgreSQL's division by zero). An error is not a result:
+  such an instance is never a counterexample, the search goes on, and the first one (shrunk) is
+  reported with its error. A query that hits the per-query time limit is a *timeout*, counted
+  and reported, never a runtime error;
 - ``error``: a query does not parse, reads an unknown table, or fails on the empty database.
 
-Queries are read by :mod:`tasks.sql_dialects` (rewrite-engine identifiers, MySQL ``||``,
-``GROUP BY`` literals, ``UNIX_TIMESTAMP``); every reading that is not the dialect's plain one,
-and a fallback from DuckDB to SQLite, is listed in :attr:`FinderResult.readings`. Comparisons
-of a typed column with a string it cannot hold are listed as ``type_errors``.
+Engines (:func:`tasks.instances.engine_for`): a PostgreSQL pair runs on a real PostgreSQL
+server (a scratch database, dropped at the end), SQLite on SQLite, DuckDB on DuckDB, MySQL on
+DuckDB with MySQL's comparison rules approximated, other dialects on DuckDB; every
+approximation, every non-default reading of the SQL (:mod:`tasks.sql_dialects`: rewrite-engine
+identifiers, MySQL ``||``, ``GROUP BY`` literals, ``UNIX_TIMESTAMP``, ``now()`` frozen to one
+instant) and a fallback from DuckDB to SQLite is listed in :attr:`FinderResult.readings`.
+Comparisons of a typed column with a string it cannot hold are listed as ``type_errors``.
 
 How instances are made (deterministic for a given seed):
 
 - tables: the tables both queries read plus those they reference through foreign keys;
-- values per column: a small base pool of its type (``0, 1, 2`` / ``'a', 'b'`` / two dates ...,
-  shared by all columns of a type so joins hit), the constants of both queries that are compared
-  with the column (directly, through an aggregate, in IN / BETWEEN / LIKE) and their neighbours
-  (``c-1, c, c+1``; a string matching a LIKE pattern; the next/previous string; ±1 day), spread
-  over columns linked by equality predicates and foreign keys; NULL when the column is nullable;
+- values per column: a small base pool of its type (``-1, 0, 1, 2`` / ``'a', 'b'`` / dates /
+  timestamps at midnight and at noon ..., shared by all columns of a type so joins hit), the
+  constants of both queries that are compared with the column (directly, through an aggregate,
+  in IN / BETWEEN / LIKE, through ``LENGTH``) and their neighbours (``c-1, c, c+1``; a string
+  matching a LIKE pattern; the next/previous string; the string with a leading / trailing space
+  and in the other case; strings of the length around a ``LENGTH`` constant; ±1 day, ±1 second
+  and +12 hours of a date or timestamp), spread over columns linked by equality predicates and
+  foreign keys; NULL when the column is nullable — only values the declared type holds
+  (``VARCHAR(n)``, unsigned and small integer ranges, ``DECIMAL(p, s)``, enums and SETs);
 - instance shapes: empty tables, 1 row per table first and growing to ``max_rows``, profiles
   with no/some/many NULLs and with duplicated rows (copies that differ only in their key
   columns, which also makes ties at MIN/MAX and in ORDER BY); later, now and then, *large*
   instances of up to ``3 × max_rows`` rows per table;
 - predicate-guided shapes: ``COUNT`` compared with a constant (in HAVING, a correlated scalar
-  subquery, an aggregate's alias tested outside), ``LIMIT`` / ``OFFSET``, ``NTILE`` / ``LAG``
-  arguments and long IN lists ask for a number of rows (the constant and its neighbours); every
-  third instance then puts that many rows in one of the predicate's tables, in one group (its
-  GROUP BY and correlation columns held equal, a COUNT(DISTINCT c) column varied), up to the
-  ``row_budget``. The size of the instance that separated a pair and how it was made are
-  reported (``rows_before_shrink``, ``found_by``);
+  subquery, an aggregate's alias tested outside, ``BETWEEN`` and ``IN`` lists of counts),
+  ``LIMIT`` / ``OFFSET``, ``NTILE`` / ``LAG`` arguments and long IN lists ask for a number of
+  rows (the constant and its neighbours); every third instance then puts that many rows in one
+  of the predicate's tables, in one group (its GROUP BY and correlation columns held equal, a
+  COUNT(DISTINCT c) column varied), up to the ``row_budget``. The size of the instance that
+  separated a pair and how it was made are reported (``rows_before_shrink``, ``found_by``);
 - CHECK constraints are declared in the search sandbox too, so an instance breaking one does not
-  load (and is not counted as separating);
-- keys honoured: PRIMARY KEY and UNIQUE values distinct, NOT NULL never NULL, FOREIGN KEY
-  values taken from the referenced table's rows (or NULL when the column allows it).
+  load (and is not counted as separating); generated columns are computed by the engine;
+- keys honoured: PRIMARY KEY and UNIQUE values distinct (NULLs too under ``NULLS NOT
+  DISTINCT``; case-insensitively for MySQL), NOT NULL never NULL, FOREIGN KEY values taken from
+  the referenced table's rows (or NULL when the column allows it) — a self-reference from the
+  table's own rows (a row may reference itself), a foreign key closing a cycle filled once both
+  tables have rows.
 
 An instance *separates* the queries when their results differ under the match options (bag
 semantics by default, row order only when both queries have a top-level ORDER BY, column order
-free) with its rows inserted in order **and** in reverse order — and, when a query may choose
-arbitrarily among rows (LIMIT, window functions, DISTINCT ON, order-dependent aggregates,
-SQLite's bare columns: :func:`tasks.instances.arbitrary_choices`), under rotations and shuffles
-of the rows too, so that every one of three tied rows gets chosen once — and no result of one
-query under some order equals a result of the other under another: a difference coming only
-from an arbitrary choice among ties is not reported. A runtime error in one query while the
-other returns rows is *not* a difference (see ``error_on_instance``).
+free, numbers within a relative/absolute tolerance) in a way no arbitrary choice explains
+(:func:`tasks.instances.separation`: rows tied under ORDER BY compared as bags, the rows a LIMIT
+may keep computed from the tie groups, cells an arbitrary choice fills matching anything). A
+runtime error in one query while the other returns rows is *not* a difference (see
+``error_on_instance``).
+
+Time: the search stops at ``time_limit_s``; each query's own limit is the smaller of
+``query_timeout_s`` and the time left; shrinking and verifying a candidate get at most half
+the time limit more (a partly shrunk, still verified instance is reported when that runs
+out). A run that hit its limit says so (``hit_time_limit``).
 
 Shrinking: delta debugging (``ddmin``, Zeller & Hildebrandt, "Simplifying and Isolating
 Failure-Inducing Input", TSE 2002) over the instance's rows, removing rows that reference a
@@ -73,33 +94,34 @@ import itertools
 import json
 import math
 import random
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import duckdb
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from schemas.equivalence import FinderBudget, MatchOptions
 from tasks.instances import (
+    EngineChoice,
+    EngineQuery,
     Instance,
     Outcome,
     RelSchema,
     Sandbox,
     SchemaError,
     Table,
-    arbitrary_choices,
-    engine_sql,
+    adapt_to_schema,
+    engine_for,
     enum_values,
     instance_rows,
     one_sided_error,
+    one_sided_timeout,
+    prepare_query,
     referenced_tables,
     render_instance,
-    row_orders,
-    same_outcome,
+    separation,
     verify_counterexample,
 )
 from tasks.sql_dialects import read_query, sqlglot_dialect
@@ -110,13 +132,13 @@ _COMPARISONS = (
 )
 
 _BASE: dict[str, list[Any]] = {
-    "int": [0, 1, 2],
+    "int": [-1, 0, 1, 2],
     "float": [0.0, 1.0, 2.5],
     "decimal": [0.0, 1.0, 2.5],
     "text": ["a", "b"],
     "other": ["a", "b"],
     "date": ["2000-01-01", "2000-01-02"],
-    "timestamp": ["2000-01-01 00:00:00", "2000-01-02 00:00:00"],
+    "timestamp": ["2000-01-01 00:00:00", "2000-01-01 12:30:00", "2000-01-02 00:00:00"],
     "time": ["00:00:00", "12:00:00"],
     "bool": [False, True],
     "uuid": ["00000000-0000-0000-0000-000000000000", "00000000-0000-0000-0000-000000000001"],
@@ -134,6 +156,8 @@ class FinderResult:
     """What the finder concluded for one pair.
 
     - ``verdict``: ``not_equivalent`` / ``no_counterexample_within_budget`` /
+      ``nondeterministic`` (results differed only as an arbitrary choice explains:
+      ``choices`` lists the constructs, ``choice_instances`` counts such instances) /
       ``error_on_instance`` (no instance separated the results, but on some instance exactly
       one query raised: ``error`` says which and why, ``error_script`` is a minimal such
       database) / ``error``;
@@ -141,20 +165,24 @@ class FinderResult:
       dialect), ``instance`` the same rows as ``{table: [row, ...]}``, ``rows`` their number;
     - ``verified``: the rendered script, executed on a fresh database with the keys declared,
       separates the queries. Always True with ``not_equivalent``: a candidate that does not
-      verify (its difference came from an arbitrary choice among ties, say) is rejected and
-      the search goes on; ``verify_error`` is kept for callers that verify other scripts;
+      verify is rejected and the search goes on; ``verify_error`` is kept for callers that
+      verify other scripts;
     - ``result1``/``result2``: previews of both results on the counterexample;
     - ``instances_tried``: instances executed during the search (the budget spent),
-      ``search_s``/``shrink_s``/``seconds``: wall time in seconds; ``found_at``: index of the
-      first separating instance (0 = the empty database); ``rows_before_shrink``: the size of
-      the instance that separated the queries (rows over all tables), ``found_by`` how it was
-      made (``random``, ``large``, ``guided: <predicate> → <n> rows in <table>``);
+      ``search_s``/``shrink_s``/``seconds``: wall time in seconds (``seconds`` is all of it);
+      ``hit_time_limit``: the search stopped at the time limit; ``timeouts``: instances on
+      which a query hit the per-query time limit (never counted as an error or a difference);
+      ``found_at``: index of the first separating instance (0 = the empty database);
+      ``rows_before_shrink``: the size of the instance that separated the queries (rows over
+      all tables), ``found_by`` how it was made (``random``, ``large``, ``guided: <predicate>
+      → <n> rows in <table>``);
     - ``size_hints``: the instance shapes the predicates asked for (and those over the row
       budget); ``type_errors``: type-incorrect comparisons in the queries
       (``DNAME INT = 'SECURITY'``); ``readings``: every non-default reading of the SQL (schema
-      DDL in another dialect, ``||`` as concatenation, a GROUP BY literal as a constant, the
-      engine fallen back to) — nothing is decided silently;
-    - ``engine``: ``duckdb`` or ``sqlite``; ``notes``: e.g. constraints the schema reader dropped.
+      DDL in another dialect, ``||`` as concatenation, a GROUP BY literal as a constant,
+      ``now()`` frozen, the engine and what it approximates) — nothing is decided silently;
+    - ``engine``: ``duckdb``, ``sqlite`` or ``postgres``; ``notes``: e.g. constraints the
+      schema reader dropped, instances that did not load.
     """
 
     verdict: str
@@ -172,39 +200,53 @@ class FinderResult:
     search_s: float = 0.0
     shrink_s: float = 0.0
     seconds: float = 0.0
+    hit_time_limit: bool = False
+    timeouts: int = 0
     engine: str = "duckdb"
     error: str | None = None
     error_script: str | None = None
     one_sided_errors: int = 0
+    choice_instances: int = 0
+    choices: list[str] = field(default_factory=list)
     size_hints: list[str] = field(default_factory=list)
     type_errors: list[str] = field(default_factory=list)
     readings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
+    def _spent(self) -> str:
+        limit = " (time limit reached)" if self.hit_time_limit else ""
+        timeouts = f", {self.timeouts} query timeout(s)" if self.timeouts else ""
+        return f"{self.instances_tried} instance(s), {self.seconds:.2f} s{limit}{timeouts}"
+
     def summary(self) -> str:
         """One line for logs and the ``explanation`` column."""
         if self.verdict == "not_equivalent":
             return (f"counterexample with {self.rows} row(s) (found at {self.rows_before_shrink} "
-                    f"row(s), {self.found_by}) after {self.instances_tried} instance(s): "
+                    f"row(s), {self.found_by}) after {self._spent()}: "
                     f"sql1 → {self.result1}; sql2 → {self.result2}")
         if self.verdict == "error":
             return f"error: {self.error}"
         if self.verdict == "error_on_instance":
             extra = f"; {self.type_errors[0]}" if self.type_errors else ""
-            return (f"no counterexample in {self.instances_tried} instance(s), but on "
-                    f"{self.one_sided_errors} of them one query fails: {self.error}{extra} "
-                    "(an error is not a result)")
-        return (f"no counterexample in {self.instances_tried} instance(s), "
-                f"{self.search_s:.2f} s (not a proof of equivalence)")
+            return (f"no counterexample in {self._spent()}, but on {self.one_sided_errors} "
+                    f"instance(s) one query fails: {self.error}{extra} (an error is not a result)")
+        if self.verdict == "nondeterministic":
+            why = "; ".join(self.choices[:3]) or "an arbitrary choice"
+            return (f"no counterexample in {self._spent()}; on {self.choice_instances} "
+                    f"instance(s) the results differed only as the SQL's arbitrary choices allow "
+                    f"({why}) — not a counterexample, and not a proof of equivalence")
+        return f"no counterexample in {self._spent()} (not a proof of equivalence)"
 
     def details(self) -> dict[str, Any]:
         """The facts behind the verdict as a JSON-able dict (the ``details`` column)."""
         return {
             "engine": self.engine, "found_at": self.found_at,
             "rows_before_shrink": self.rows_before_shrink, "found_by": self.found_by,
-            "search_s": self.search_s, "shrink_s": self.shrink_s, "result1": self.result1,
-            "result2": self.result2, "instance": self.instance,
+            "search_s": self.search_s, "shrink_s": self.shrink_s, "seconds": self.seconds,
+            "hit_time_limit": self.hit_time_limit, "timeouts": self.timeouts,
+            "result1": self.result1, "result2": self.result2, "instance": self.instance,
             "one_sided_errors": self.one_sided_errors, "error_script": self.error_script,
+            "choice_instances": self.choice_instances, "choices": self.choices,
             "size_hints": self.size_hints, "type_errors": self.type_errors,
             "readings": self.readings, "notes": self.notes,
         }
@@ -215,12 +257,14 @@ class FinderResult:
 # --------------------------------------------------------------------------------------------
 
 
-def ddmin(items: Sequence[Any], test: Callable[[list[Any]], bool]) -> list[Any]:
+def ddmin(items: Sequence[Any], test: Callable[[list[Any]], bool],
+          stop: Callable[[], bool] | None = None) -> list[Any]:
     """Zeller & Hildebrandt's ddmin: a 1-minimal sublist of ``items`` on which ``test`` holds.
 
     ``test(items)`` must hold. Keeps the order of ``items``; ``test`` results are cached by
     the chosen positions. 1-minimal: removing any single element makes ``test`` fail (the empty
-    list is tried too).
+    list is tried too). ``stop()`` True ends the search early with the smallest sublist found
+    so far (on which ``test`` holds, but which may not be 1-minimal).
     """
     cache: dict[tuple[int, ...], bool] = {}
     idx = list(range(len(items)))
@@ -228,6 +272,8 @@ def ddmin(items: Sequence[Any], test: Callable[[list[Any]], bool]) -> list[Any]:
     def t(sub: list[int]) -> bool:
         key = tuple(sub)
         if key not in cache:
+            if stop is not None and stop():
+                return False
             cache[key] = bool(test([items[i] for i in sub]))
         return cache[key]
 
@@ -314,7 +360,7 @@ class _Analysis:
                 schema.table(t)  # KeyError for an unknown table
                 if t not in names:
                     names.append(t)
-        self.queried = [schema.table(t).name.lower() for t in names]
+        self.queried = list(dict.fromkeys(schema.table(t).name.lower() for t in names))
         self.tables = schema.closure(self.queried)
         self.constants: dict[ColKey, list[tuple[Any, str]]] = {}
         self.links: list[tuple[ColKey, ColKey]] = []
@@ -362,11 +408,27 @@ class _Analysis:
                     out.append((t, i))
         return out
 
+    def _lengths(self, node: exp.Expression, aliases: dict[str, str]) -> None:
+        """``LENGTH(col) <op> n``: strings of about ``n`` characters for ``col``."""
+        if not isinstance(node, (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Between, exp.In)):
+            return
+        sides = [node.this] + [node.args.get(k) for k in ("expression", "low", "high") if node.args.get(k) is not None] \
+            + list(node.expressions)
+        fns = [x for x in sides if isinstance(x, exp.Length)]
+        nums = [_int_constant(x) for x in sides if not isinstance(x, exp.Length)]
+        for fn in fns:
+            cols = [k for c in _local_nodes(fn, exp.Column) for k in self._resolve(c, aliases)]
+            for k in cols:
+                for n in nums:
+                    if n is not None and 0 <= n <= 200:
+                        self.constants.setdefault(k, []).append((n, "length"))
+
     def _scan(self, tree: exp.Expression, where: str, aliases: dict[str, str] | None = None) -> None:
         aliases = aliases if aliases is not None else self._aliases(tree)
         for node in tree.walk():
             if not isinstance(node, _COMPARISONS):
                 continue
+            self._lengths(node, aliases)
             cols: list[ColKey] = []
             lit_nodes = _local_nodes(node, exp.Literal)
             lits = [_literal_value(lit) for lit in lit_nodes]
@@ -497,6 +559,23 @@ class _Analysis:
                     self._hint([c, c + 1, c + 2], reason, tuple(self.queried))
                 elif isinstance(other, exp.Window):
                     self._hint([c, c + 1, c + 2], reason, tuple(self.queried))
+        for node in tree.find_all(exp.Between, exp.In):
+            count = _count_in(node.this)
+            if count is None:
+                continue
+            if isinstance(node, exp.Between):
+                lo, hi = _int_constant(node.args.get("low")), _int_constant(node.args.get("high"))
+                sizes = [x for c in (lo, hi) if c is not None for x in (c - 1, c, c + 1)]
+            else:
+                sizes = [x for e in node.expressions if (c := _int_constant(e)) is not None
+                         for x in (c - 1, c, c + 1)]
+            select = count.find_ancestor(exp.Select)
+            distinct = []
+            if isinstance(count.this, exp.Distinct):
+                distinct = [k for col in count.this.find_all(exp.Column) for k in self._resolve(col, aliases)]
+            tables = self._select_tables(select) if select is not None else ()
+            hold = self._group_columns(select, aliases) if select is not None else []
+            self._hint(sizes, node.sql(dialect=self.dialect or None)[:80], tables, distinct, hold)
         for win in tree.find_all(exp.Window):
             fn = win.this
             for arg in [fn.this] + list(fn.expressions) + [fn.args.get("offset")]:
@@ -613,6 +692,10 @@ def _like_examples(pattern: str) -> list[str]:
 
 def _neighbours(value: Any, kind: str, category: str) -> list[Any]:
     """``value`` and its neighbours in ``category`` (see the module docstring)."""
+    if kind == "length":
+        if category in ("text", "other") and isinstance(value, int):
+            return ["a" * n for n in (value - 1, value, value + 1) if n >= 0]
+        return []
     if kind == "like" and isinstance(value, str) and category in ("text", "other"):
         return _like_examples(value)
     v = _convert(value, category)
@@ -631,6 +714,8 @@ def _neighbours(value: Any, kind: str, category: str) -> list[Any]:
             variant = v.lower() if v != v.lower() else v.upper()
             if variant != v:
                 out.append(variant)
+            if v.strip() == v and v:
+                out.extend([" " + v, v + " "])  # TRIM, PAD SPACE
         else:
             out.append(v + "a")
             if len(v) > 1:
@@ -641,7 +726,9 @@ def _neighbours(value: Any, kind: str, category: str) -> list[Any]:
         return [(d + dt.timedelta(days=k)).isoformat() for k in (-1, 0, 1)]
     if category == "timestamp":
         t = dt.datetime.fromisoformat(v)
-        return [(t + dt.timedelta(days=k)).isoformat(sep=" ") for k in (-1, 0, 1)]
+        steps = [dt.timedelta(days=k) for k in (-1, 0, 1)] + [
+            dt.timedelta(seconds=-1), dt.timedelta(seconds=1), dt.timedelta(hours=12)]
+        return [(t + d).isoformat(sep=" ") for d in steps]
     return [v]
 
 
@@ -649,8 +736,29 @@ def _sort_key(v: Any) -> tuple:
     return (type(v).__name__, v)
 
 
-def build_domains(schema: RelSchema, analysis: _Analysis) -> dict[ColKey, list[Any]]:
-    """Candidate non-NULL values for every column of the analysed tables."""
+def _fold(v: Any) -> Any:
+    return v.rstrip(" ").casefold() if isinstance(v, str) else v
+
+
+def _type_defaults(col: Any) -> list[Any]:
+    """Values of a column's declared type when the base pool holds none (``YEAR``, ``CHAR(1)``
+    filled already, a DECIMAL(1, 0), ...)."""
+    if col.category == "int":
+        from tasks.relschema import _INT_RANGES
+
+        lo, hi = _INT_RANGES.get(col.dtype.this, (0, 2))
+        return [v for v in (lo, lo + 1, lo + 2, 0, 1) if lo <= v <= hi][:3]
+    if col.category == "decimal":
+        return [v for v in (0.0, 1.0, 0.1, -1.0) if col.accepts(v)]
+    if col.category == "text" and col.length is not None:
+        return [c for c in ("a", "b", "c") if len(c) <= col.length] or [""]
+    return []
+
+
+def build_domains(schema: RelSchema, analysis: _Analysis, *, fold: bool = False) -> dict[ColKey, list[Any]]:
+    """Candidate non-NULL values for every column of the analysed tables: only values the
+    declared type holds (:meth:`tasks.relschema.Column.accepts`); with ``fold`` (MySQL) no
+    value ends in a space."""
     parent: dict[ColKey, ColKey] = {}
 
     def find(k: ColKey) -> ColKey:
@@ -674,6 +782,11 @@ def build_domains(schema: RelSchema, analysis: _Analysis) -> dict[ColKey, list[A
             if enum_values(col):  # an ENUM holds its values and nothing else
                 domains[(t, i)] = enum_values(col)
                 continue
+            if col.set_members is not None:  # a SET: every subset, in declared order
+                members = col.set_members[:6]
+                domains[(t, i)] = [",".join(c) for n in range(len(members) + 1)
+                                   for c in itertools.combinations(members, n)]
+                continue
             values = list(_BASE.get(col.category, _BASE["text"]))
             for v, kind in groups.get(find((t, i)), []):
                 values.extend(_neighbours(v, kind, col.category))
@@ -681,9 +794,12 @@ def build_domains(schema: RelSchema, analysis: _Analysis) -> dict[ColKey, list[A
             uniq = []
             for v in values:
                 key = (type(v).__name__, v)
-                if key not in seen:
-                    seen.add(key)
-                    uniq.append(v)
+                if key in seen or not col.accepts(v) or (fold and isinstance(v, str) and v != v.rstrip(" ")):
+                    continue
+                seen.add(key)
+                uniq.append(v)
+            if not uniq:
+                uniq = _type_defaults(col)
             domains[(t, i)] = sorted(uniq, key=_sort_key)
     return domains
 
@@ -693,12 +809,22 @@ def build_domains(schema: RelSchema, analysis: _Analysis) -> dict[ColKey, list[A
 # --------------------------------------------------------------------------------------------
 
 
-def _fresh(category: str, used: set, domain: list[Any]) -> Any:
+def _fresh(category: str, used: set, domain: list[Any], col: Any = None) -> Any:
+    """A value of ``category`` outside ``used`` (and the column's declared type, when ``col``
+    is given); None when the type has no such value left."""
+    if col is not None and (col.enum is not None or col.set_members is not None):
+        options = [v for v in domain if v not in used]
+        return options[0] if options else None
     if category == "int":
         n = max([v for v in used if isinstance(v, int)] + [v for v in domain if isinstance(v, int)] + [0]) + 1
+        if col is not None and not col.accepts(n):
+            n = next((v for v in range(-128, 256) if v not in used and col.accepts(v)), None)
         return n
     if category in ("float", "decimal"):
-        return float(max([v for v in used if isinstance(v, float)] + [0.0]) + 1.0)
+        v = float(max([v for v in used if isinstance(v, float)] + [0.0]) + 1.0)
+        if col is not None and not col.accepts(v):
+            v = next((x / 10 for x in range(-9, 10) if x / 10 not in used and col.accepts(x / 10)), None)
+        return v
     if category == "date":
         base = dt.date(2001, 1, 1) + dt.timedelta(days=len(used))
         return base.isoformat()
@@ -710,10 +836,24 @@ def _fresh(category: str, used: set, domain: list[Any]) -> Any:
         return f"00000000-0000-0000-0000-{len(used) + 100:012d}"
     if category == "time":
         return f"{len(used) % 24:02d}:{len(used) // 24 % 60:02d}:01"
+    limit = col.length if col is not None else None
+    if limit is not None and limit < 4:
+        letters = "cdefghijklmnopqrstuvwxyz"
+        for size in range(1, limit + 1):
+            for combo in itertools.product(letters, repeat=size):
+                v = "".join(combo)
+                if v not in used:
+                    return v
+        return None
     n = len(used)
     while f"k{n}" in used:
         n += 1
     return f"k{n}"
+
+
+#: A foreign-key value that points forward (a cycle or a self-reference), resolved once the
+#: referenced rows exist.
+_PENDING = object()
 
 
 class InstanceGenerator:
@@ -727,20 +867,24 @@ class InstanceGenerator:
     the ``distinct`` columns varied; from instance 150 on, every eighth instance is a *large*
     random one of up to ``3 × max_rows`` rows per table (at most ``row_budget``), half of them
     with fresh values (beyond the column's pool) in half the cells, so that a column can hold
-    many distinct values."""
+    many distinct values. ``fold``: key values must differ case-insensitively and without
+    trailing spaces (MySQL's collations)."""
 
     def __init__(self, schema: RelSchema, tables: Sequence[str], domains: dict[ColKey, list[Any]],
-                 budget: FinderBudget, hints: Sequence[SizeHint] = ()) -> None:
+                 budget: FinderBudget, hints: Sequence[SizeHint] = (), fold: bool = False) -> None:
         self.schema = schema
         self.tables = list(tables)
         self.domains = domains
         self.budget = budget
+        self.fold = fold
         self.rng = random.Random(budget.seed)
         self.count = 0
         self.hints = [h for h in hints if h.size <= budget.row_budget and set(h.tables) & set(tables)]
         self.origin = "empty"
         self.fresh_p = 0.0
         self._fresh_used: dict[ColKey, set] = {}
+        self._back = {(t, id(fk)) for t, fk in schema.back_edges(self.tables)}
+        self.back_edges = schema.back_edges(self.tables)
 
     def _max_rows(self) -> int:
         k = self.count
@@ -789,7 +933,80 @@ class InstanceGenerator:
                 inst[t] = special(t, sizes[t], inst)
             else:
                 inst[t] = self._rows(t, sizes[t], inst, null_p, dup_p)
+        if self.back_edges:
+            inst = self._resolve_pending(inst, null_p)
         return inst
+
+    def _resolve_pending(self, inst: Instance, null_p: float) -> Instance:
+        """Fill forward-pointing foreign keys (cycles, self-references) from the referenced
+        rows, now that every table has its rows; a row whose NOT NULL reference finds no row
+        is dropped, and :func:`cascade` and the keys are restored after."""
+        rng = self.rng
+        for t, fk in self.back_edges:
+            table = self.schema.tables[t]
+            parent = self.schema.tables[fk.ref_table]
+            idx = [table.index(c) for c in fk.columns]
+            pidx = [parent.index(c) for c in fk.ref_columns]
+            nullable = all(not table.columns[i].not_null for i in idx)
+            rows = []
+            for ri, row in enumerate(inst.get(t, [])):
+                if not any(row[i] is _PENDING for i in idx):
+                    rows.append(row)
+                    continue
+                r = list(row)
+                targets = inst.get(fk.ref_table, [])
+                if fk.ref_table == t:
+                    targets = [x for x in inst[t][:ri + 1]]  # earlier rows or the row itself
+                    if targets and targets[-1] is row:
+                        targets[-1] = tuple(r)
+                targets = [x for x in targets if all(x[j] is not None and x[j] is not _PENDING for j in pidx)]
+                if targets and not (nullable and rng.random() < max(null_p, 0.25)):
+                    pick = rng.choice(targets)
+                    for i, j in zip(idx, pidx):
+                        r[i] = pick[j]
+                elif nullable:
+                    for i in idx:
+                        r[i] = None
+                else:
+                    continue  # no row to reference: the row cannot exist
+                rows.append(tuple(r))
+            inst[t] = rows
+        for t in self.tables:  # any pending value left (a parent row dropped) → drop the row
+            inst[t] = [r for r in inst[t] if not any(v is _PENDING for v in r)]
+        return self._keys_hold(cascade(self.schema, self.tables, inst))
+
+    def _keys_hold(self, inst: Instance) -> Instance:
+        out = {}
+        for t, rows in inst.items():
+            table = self.schema.tables[t]
+            keys = [tuple(table.index(c) for c in key) for key in table.keys]
+            seen: list[set] = [set() for _ in keys]
+            kept = []
+            for r in rows:
+                vals = [self._key_value(table, key, r) for key in keys]
+                if any(v is not None and v in seen[k] for k, v in enumerate(vals)):
+                    continue
+                for k, v in enumerate(vals):
+                    if v is not None:
+                        seen[k].add(v)
+                kept.append(r)
+            out[t] = kept
+        return cascade(self.schema, self.tables, out) if any(len(out[t]) != len(inst[t]) for t in out) else out
+
+    def _key_value(self, table: Table, key: tuple[int, ...], row: Sequence[Any]) -> tuple | None:
+        """The value of a key in a row as uniqueness sees it (None: never collides — a NULL
+        under a plain UNIQUE key)."""
+        value = tuple(row[i] for i in key)
+        names = tuple(table.columns[i].name for i in key)
+        if any(v is None for v in value) and names not in table.nulls_not_distinct:
+            return None
+        if any(v is _PENDING for v in value):
+            return None
+        prefixes = table.key_prefixes.get(names)
+        if prefixes:  # MySQL prefix key: the first n characters must differ
+            value = tuple(str(v)[:prefixes[c.lower()]] if v is not None and c.lower() in prefixes else v
+                          for v, c in zip(value, names))
+        return tuple(_fold(v) for v in value) if self.fold else value
 
     def _guided(self, hint: SizeHint) -> Instance:
         """``hint.size`` rows in one of the hint's tables, mostly one group."""
@@ -817,14 +1034,16 @@ class InstanceGenerator:
             taken: dict[int, set] = {}
             for r in rows[1:]:
                 for i, col in enumerate(table.columns):
-                    if i in keycols or i in hold or self._is_fk(table, i):
+                    if i in keycols or i in hold or self._is_fk(table, i) or col.generated is not None:
                         continue
                     if i in distinct:
                         if rng.random() < 0.85:
                             used = taken.setdefault(i, {rows[0][i]})
                             options = [v for v in self.domains[(t, i)] if v not in used]
-                            r[i] = options[0] if options else _fresh(col.category, used, self.domains[(t, i)])
-                            used.add(r[i])
+                            value = options[0] if options else _fresh(col.category, used, self.domains[(t, i)], col)
+                            if value is not None:
+                                r[i] = value
+                                used.add(r[i])
                     elif vary_p and rng.random() < vary_p:
                         r[i] = None if (not col.not_null and rng.random() < null_p) else rng.choice(self.domains[(t, i)])
             return [tuple(r) for r in rows]
@@ -855,16 +1074,16 @@ class InstanceGenerator:
                         return rows
                 ok = True
                 for ki, key in enumerate(keys):
-                    value = tuple(row[i] for i in key)
-                    if any(v is None for v in value):
+                    value = self._key_value(table, key, row)
+                    if value is None:
                         continue  # NULLs never collide in a UNIQUE key (PK columns are NOT NULL)
                     if value in used[ki]:
                         # make the copy distinct on this key: new values for its non-FK columns
-                        free = [i for i in key if i not in fk_cols]
+                        free = [i for i in key if i not in fk_cols and table.columns[i].generated is None]
                         if not free:
                             # a key made of foreign keys: point the copy at other parent rows
                             fresh = self._fresh_row(t, table, inst, 0.0)
-                            if fresh is None or tuple(fresh[i] for i in key) in used[ki]:
+                            if fresh is None or self._key_value(table, key, fresh) in used[ki]:
                                 ok = False
                                 break
                             for i in fk_cols:
@@ -872,20 +1091,26 @@ class InstanceGenerator:
                             continue
                         for i in free:
                             col = table.columns[i]
-                            taken = {r[i] for r in rows}
-                            options = [v for v in self.domains[(t, i)] if v not in taken]
-                            row[i] = rng.choice(options) if options else _fresh(col.category, taken, self.domains[(t, i)])
-                        value = tuple(row[i] for i in key)
-                        if value in used[ki]:
+                            taken = {r[i] for r in rows} | ({_fold(r[i]) for r in rows} if self.fold else set())
+                            options = [v for v in self.domains[(t, i)]
+                                       if v not in taken and (not self.fold or _fold(v) not in taken)]
+                            value = rng.choice(options) if options else _fresh(col.category, taken, self.domains[(t, i)], col)
+                            if value is None:
+                                ok = False
+                                break
+                            row[i] = value
+                        if not ok or self._key_value(table, key, row) in used[ki]:
                             ok = False
                             break
                 ok = ok and all(
-                    any(row[i] is None for i in key) or tuple(row[i] for i in key) not in used[ki]
+                    self._key_value(table, key, row) is None or self._key_value(table, key, row) not in used[ki]
                     for ki, key in enumerate(keys)
                 )
                 if ok:
                     for ki, key in enumerate(keys):
-                        used[ki].add(tuple(row[i] for i in key))
+                        value = self._key_value(table, key, row)
+                        if value is not None:
+                            used[ki].add(value)
                     rows.append(tuple(row))
                     break
         return rows
@@ -898,9 +1123,13 @@ class InstanceGenerator:
             idx = [table.index(c) for c in fk.columns]
             nullable = all(not table.columns[i].not_null for i in idx)
             parent = self.schema.tables[fk.ref_table]
-            prow = inst.get(fk.ref_table) if fk.ref_table != t else None
-            if fk.ref_table not in self.tables:
-                prow = None
+            if (t, id(fk)) in self._back:
+                # the referenced rows come later (a cycle) or are this table's own rows
+                for i in idx:
+                    row[i] = _PENDING
+                assigned.update(idx)
+                continue
+            prow = inst.get(fk.ref_table) if fk.ref_table in self.tables else None
             if prow and not (nullable and rng.random() < null_p):
                 pick = rng.choice(prow)
                 for i, rc in zip(idx, fk.ref_columns):
@@ -912,14 +1141,15 @@ class InstanceGenerator:
                 return None
             assigned.update(idx)
         for i, col in enumerate(table.columns):
-            if i in assigned:
+            if i in assigned or col.generated is not None:
                 continue
             if not col.not_null and rng.random() < null_p:
                 row[i] = None
             elif self.fresh_p and not enum_values(col) and rng.random() < self.fresh_p:
                 # a value of its own (large instances: many distinct values in one column)
                 used = {r[i] for r in inst.get(t, [])} | set(self._fresh_used.setdefault((t, i), set()))
-                row[i] = _fresh(col.category, used, self.domains[(t, i)])
+                value = _fresh(col.category, used, self.domains[(t, i)], col)
+                row[i] = value if value is not None else rng.choice(self.domains[(t, i)])
                 self._fresh_used[(t, i)].add(row[i])
             else:
                 row[i] = rng.choice(self.domains[(t, i)])
@@ -956,38 +1186,63 @@ def cascade(schema: RelSchema, tables: Sequence[str], instance: Instance) -> Ins
 
 
 class _Runner:
-    """Runs both queries on instances in one sandbox and decides separation. An instance on
-    which exactly one query raises separates nothing; the first such instance and its error
-    are kept (:attr:`one_sided`)."""
+    """Runs both queries on instances in one sandbox and decides separation
+    (:func:`tasks.instances.separation`). An instance on which exactly one query raises
+    separates nothing; the first such instance and its error are kept (:attr:`one_sided`).
+    A query over the per-query time limit is a timeout (counted, never an error). Each query
+    gets at most the time left until :attr:`deadline`."""
 
-    def __init__(self, box: Sandbox, q1: str, q2: str, match: MatchOptions, ordered: bool,
-                 many_orders: bool = False) -> None:
+    def __init__(self, box: Sandbox, q1: EngineQuery, q2: EngineQuery, match: MatchOptions,
+                 ordered: bool, fold: bool, deadline: float, abs_tol: float | None = None) -> None:
         self.box, self.q1, self.q2 = box, q1, q2
-        self.many_orders = many_orders
-        self.opts = {"ordered": ordered, "bag": match.bag, "permute_columns": match.permute_columns}
+        self.opts = {"ordered": ordered, "bag": match.bag, "permute_columns": match.permute_columns,
+                     "fold": fold, "abs_tol": abs_tol}
+        self.deadline = deadline
         self.runs = 0
         self.load_errors = 0
         self.last_load_error: str | None = None
         self.one_sided: tuple[Instance, str] | None = None
         self.one_sided_count = 0
+        self.timeouts = 0
+        self.last_timeout: str | None = None
+        self.choice_count = 0
+        self.choice_reasons: list[str] = []
+
+    def _run(self, sql: str) -> Outcome:
+        left = self.deadline - time.perf_counter()
+        return self.box.run(sql, timeout_s=max(0.05, left))
 
     def outcomes(self, inst: Instance) -> tuple[Outcome, Outcome]:
         self.runs += 1
         try:
             self.box.load(inst)
-        except (duckdb.Error, sqlite3.Error) as exc:
+        except self.box._errors as exc:
             # a value the engine refuses for a column type, or a CHECK the instance breaks:
             # not an instance, never separating
             self.load_errors += 1
             self.last_load_error = str(exc).splitlines()[0][:200]
             failed = Outcome(error="instance does not load")
             return failed, failed
-        return self.box.run(self.q1), self.box.run(self.q2)
+        return self._run(self.q1.sql), self._run(self.q2.sql)
 
-    def differ(self, a: Outcome, b: Outcome) -> bool:
+    def decide(self, outs: tuple[Outcome, Outcome], count: bool = False):
+        """The :class:`tasks.instances.Separation` of the loaded instance (``count``: record
+        timeouts and choices for the report)."""
+        a, b = outs
+        if a.timeout or b.timeout:
+            if count:
+                self.timeouts += 1
+                self.last_timeout = one_sided_timeout(a, b)
+            return None
         if a.error is not None or b.error is not None:
-            return False  # both fail, or one does: an error is not a result
-        return not same_outcome(a, b, **self.opts)
+            return None
+        sep = separation(self._run, self.q1, self.q2, a, b, **self.opts)
+        if count and sep.kind == "choice":
+            self.choice_count += 1
+            for part in sep.reason.split(" | "):
+                if part not in self.choice_reasons and len(self.choice_reasons) < 6:
+                    self.choice_reasons.append(part)
+        return sep
 
     def note_one_sided(self, inst: Instance, outs: tuple[Outcome, Outcome]) -> None:
         """Count a search instance on which exactly one query fails (keep the first)."""
@@ -997,24 +1252,11 @@ class _Runner:
             if self.one_sided is None:
                 self.one_sided = (inst, message)
 
-    def separates(self, inst: Instance, first: tuple[Outcome, Outcome] | None = None) -> bool:
-        """The results differ under every row order tried (:func:`row_orders`: the reversal,
-        and rotations and shuffles when a query may choose arbitrarily among rows): no result
-        of sql1 under one order equals a result of sql2 under another."""
-        a1, a2 = first if first is not None else self.outcomes(inst)
-        if not self.differ(a1, a2):
-            return False
-        names = list(inst)
-        seen1, seen2 = [a1], [a2]
-        for order in row_orders([len(inst[t]) for t in names], self.many_orders)[1:]:
-            b1, b2 = self.outcomes({t: [inst[t][i] for i in p] for t, p in zip(names, order)})
-            if b1.error is not None or b2.error is not None:
-                return False
-            seen1.append(b1)
-            seen2.append(b2)
-            if not all(self.differ(x, y) for x in seen1 for y in seen2):
-                return False
-        return True
+    def separates(self, inst: Instance) -> bool:
+        """``inst`` is a counterexample (the results differ in a way no arbitrary choice
+        explains)."""
+        sep = self.decide(self.outcomes(inst))
+        return sep is not None and sep.certain
 
     def one_side_fails(self, inst: Instance) -> bool:
         """Exactly one query raises on ``inst`` (not counted as a search result)."""
@@ -1023,12 +1265,6 @@ class _Runner:
 
 def _instance_key(inst: Instance) -> tuple:
     return tuple((t, tuple(sorted(rows, key=repr))) for t, rows in sorted(inst.items()))
-
-
-def _choose_engine(dialect: str | None, engine: str) -> str:
-    if engine != "auto":
-        return engine
-    return "sqlite" if dialect == "sqlite" else "duckdb"
 
 
 def find_counterexample(
@@ -1042,19 +1278,34 @@ def find_counterexample(
     engine: str = "auto",
     shrink: bool = True,
 ) -> FinderResult:
+    """Search for a database instance on which ``sql1`` and ``sql2`` return different results
+    (see :func:`_find`; a query nested too deeply for sqlglot is an ``error`` verdict, never a
+    traceback)."""
+    start = time.perf_counter()
+    try:
+        return _find(sql1, sql2, schema, dialect, budget, match, engine, shrink)
+    except RecursionError:
+        return FinderResult("error", error="a query is nested too deeply to analyse (sqlglot's "
+                            "recursion limit)", seconds=time.perf_counter() - start)
+
+
+def _find(sql1: str, sql2: str, schema: RelSchema, dialect: str | None, budget: FinderBudget | None,
+          match: MatchOptions | None, engine: str, shrink: bool) -> FinderResult:
     """Search for a database instance on which ``sql1`` and ``sql2`` return different results.
 
     ``schema``: the tables with their keys (:class:`tasks.instances.RelSchema`); ``dialect``:
     the sqlglot dialect of both queries (or ``ansi`` / ``calcite``); ``engine``: ``auto``
-    (SQLite for the sqlite dialect, else DuckDB, falling back to SQLite — stated in
-    ``readings`` — when DuckDB cannot bind a query that SQLite runs), ``duckdb`` or
-    ``sqlite``. ``budget``/``match``: see :class:`FinderBudget` and :class:`MatchOptions`.
-    Returns a :class:`FinderResult` (errors are reported in it, not raised).
+    (:func:`tasks.instances.engine_for`: PostgreSQL for the postgres dialect, SQLite for
+    sqlite, else DuckDB, falling back to SQLite — stated in ``readings`` — when DuckDB cannot
+    bind a query that SQLite runs), or one of ``duckdb`` / ``sqlite`` / ``postgres``.
+    ``budget``/``match``: see :class:`FinderBudget` and :class:`MatchOptions`. Returns a
+    :class:`FinderResult` (errors are reported in it, not raised).
     """
     budget = budget or FinderBudget()
     match = match or MatchOptions()
     shown = dialect = dialect or "duckdb"
     start = time.perf_counter()
+    deadline = start + budget.time_limit_s
     result = FinderResult("error", notes=[n for n in schema.notes if not n.startswith("schema DDL")],
                           readings=[n for n in schema.notes if n.startswith("schema DDL")])
 
@@ -1065,7 +1316,12 @@ def find_counterexample(
 
     try:
         dialect = sqlglot_dialect(dialect)  # ansi / calcite → sqlglot's neutral dialect
-        reads = [read_query(sql1, dialect), read_query(sql2, dialect)]
+        reads = []
+        for n, sql in enumerate((sql1, sql2), start=1):
+            try:
+                reads.append(adapt_to_schema(read_query(sql, dialect), schema))
+            except ValueError as exc:
+                return fail(f"sql{n} {exc}")
     except ValueError as exc:
         return fail(f"query does not parse: {exc}")
     for n, q in enumerate(reads, start=1):
@@ -1074,10 +1330,22 @@ def find_counterexample(
         analysis = _Analysis(schema, [q.tree for q in reads], dialect)
     except KeyError as exc:
         return fail(str(exc).strip('"'))
+    except RecursionError:
+        return fail("a query is nested too deeply to analyse")
+    for q in reads:
+        from tasks.sql_dialects import strip_qualifiers
+
+        _, dropped = strip_qualifiers(q.tree)
+        if dropped:
+            result.readings.append(f"table qualifiers dropped for the sandbox ({', '.join(dropped[:4])} → "
+                                   "one schema holds every table)")
+            break
     result.type_errors = list(analysis.type_errors)
     ordered = match.order == "always" or (
         match.order == "auto" and all(q.tree.args.get("order") is not None for q in reads))
-    domains = build_domains(schema, analysis)
+    first = engine_for(shown, engine)
+    result.engine = first.engine
+    domains = build_domains(schema, analysis, fold=first.mysql)
     tables = analysis.tables
     result.size_hints = [f"{h.reason} → {h.size} rows" for h in analysis.hints
                          if h.size <= budget.row_budget]
@@ -1086,130 +1354,214 @@ def find_counterexample(
         result.notes.append(f"{len(over)} instance size(s) the predicates ask for exceed the row "
                             f"budget {budget.row_budget} and were not tried (e.g. {over[0][0]} → "
                             f"{over[0][1]} rows)")
-    candidates = [_choose_engine(dialect, engine)]
-    if engine == "auto" and candidates[0] == "duckdb":
-        candidates.append("sqlite")
+    candidates = [first]
+    if engine == "auto" and first.engine == "duckdb" and not first.integer_division:
+        candidates.append(EngineChoice("sqlite", mysql=first.mysql, readings=[
+            r.replace("DuckDB", "SQLite") for r in first.readings]))
+    pg = None
     box = runner = None
-    empty_outcome: tuple[Outcome, Outcome] | None = None
+    chosen: EngineChoice | None = None
     errors = []
-    for eng in candidates:
-        try:
-            q1, q2 = engine_sql(reads[0], dialect, eng), engine_sql(reads[1], dialect, eng)
-            box = Sandbox(schema, tables, eng, checks=True, query_timeout_s=budget.query_timeout_s)
-        except (SqlglotError, SchemaError, ValueError) as exc:
-            errors.append(f"{eng}: {exc}")
-            continue
-        many = any(arbitrary_choices(q.tree, eng) for q in reads)
-        runner = _Runner(box, q1, q2, match, ordered, many)
-        empty_outcome = runner.outcomes({t: [] for t in tables})
-        bad = [(i + 1, o.error) for i, o in enumerate(empty_outcome) if o.error is not None]
-        if not bad:
-            result.engine = eng
-            result.notes.extend(box.notes)
-            if eng != candidates[0]:
-                result.readings.append(
-                    f"engine fallback: ran on {eng}, whose semantics differ from {shown}'s "
-                    f"(type affinity, comparisons), because {errors[-1]}")
-            break
-        errors.append(f"{eng}: " + "; ".join(f"sql{i} fails on the empty database: {e}" for i, e in bad))
-        box.close()
-        box = runner = None
-    if box is None or runner is None:
-        return fail(errors[0] if errors else "no engine")
     try:
-        gen = InstanceGenerator(schema, tables, domains, budget, analysis.hints)
-        seen: set = set()
-        tried = misses = rejected = 0
-        shrink_s = 0.0
-        deadline = start + budget.time_limit_s
+        if first.engine == "postgres":
+            from tasks.pg_scratch import PostgresUnavailable, ScratchDatabase
 
-        def verify(inst: Instance):
-            script = render_instance(schema, inst, dialect, tables=analysis.queried)
-            check = verify_counterexample(
-                sql1, sql2, script, dialect=dialect, schema=schema, engine=result.engine,
-                ordered=ordered, bag=match.bag, permute_columns=match.permute_columns,
-                query_timeout_s=budget.query_timeout_s,
-            )
-            return script, check
-
-        while tried < budget.max_instances and time.perf_counter() < deadline:
-            inst = gen.next()
-            key = _instance_key(inst)
-            if key in seen:
-                misses += 1
-                if misses > 2000:  # consecutive repeats: the small instance space is used up
-                    result.notes.append("instance space exhausted before the budget")
-                    break
+            try:
+                pg = ScratchDatabase()
+            except (PostgresUnavailable, Exception) as exc:  # noqa: BLE001 - stated, then DuckDB
+                return fail(f"no scratch PostgreSQL database: {exc}")
+        for cand in candidates:
+            eng = cand.engine
+            try:
+                q1, q2 = prepare_query(reads[0], schema, cand), prepare_query(reads[1], schema, cand)
+                many = max(sum(1 for _ in q.tree.find_all(exp.Table)) for q in reads) >= 6
+                box = Sandbox(schema, tables, eng, checks=True, query_timeout_s=budget.query_timeout_s,
+                              mysql=cand.mysql, integer_division=cand.integer_division, pg=pg,
+                              many_joins=many)
+            except (SqlglotError, SchemaError, ValueError) as exc:
+                errors.append(f"{eng}: {exc}")
                 continue
-            misses = 0
-            seen.add(key)
-            if tried == 0:
-                outs = empty_outcome
-                box.load(inst)
-            else:
-                outs = runner.outcomes(inst)
-            tried += 1
-            runner.note_one_sided(inst, outs)
-            if not (runner.differ(*outs) and runner.separates(inst, outs)):
+            except RecursionError:
+                errors.append(f"{eng}: a query is nested too deeply to write for the engine")
                 continue
-            # a candidate: shrink it, render it, and check the script on a fresh database
-            t0 = time.perf_counter()
-            small = _shrink(schema, tables, inst, runner.separates) if shrink else inst
-            script, check = verify(small)
-            if not check.separates and small is not inst:
-                small = inst
-                script, check = verify(small)
-                if check.separates:
-                    result.notes.append("the shrunk instance did not verify; reporting it unshrunk")
-            shrink_s += time.perf_counter() - t0
-            if not check.separates:
-                # e.g. the difference came from an arbitrary choice among ties that the
-                # fresh database made the other way: not a counterexample, keep searching
-                rejected += 1
-                continue
-            result.verdict = "not_equivalent"
-            result.found_at = tried - 1
-            result.rows_before_shrink = instance_rows(inst)
-            result.found_by = gen.origin
-            result.instance = {t: [list(r) for r in rows] for t, rows in small.items() if rows}
-            result.rows = instance_rows(small)
-            result.counterexample = script
-            result.verified = True
-            result.result1, result.result2 = check.result1, check.result2
-            break
-        result.one_sided_errors = runner.one_sided_count
-        if result.verdict != "not_equivalent":
-            result.verdict = "no_counterexample_within_budget"
-            if runner.one_sided is not None:
-                t0 = time.perf_counter()
-                failing, message = runner.one_sided
-                small = _shrink(schema, tables, failing, runner.one_side_fails) if shrink else failing
-                shrink_s += time.perf_counter() - t0
-                result.verdict = "error_on_instance"
-                result.error = message
-                result.error_script = render_instance(schema, small, dialect, tables=analysis.queried)
-        elif runner.one_sided is not None:
-            result.notes.append(f"{runner.one_sided_count} instance(s) made one query fail "
-                                f"(first: {runner.one_sided[1]}); not counted as differences")
-        if runner.load_errors:
-            result.notes.append(f"{runner.load_errors} instance(s) did not load "
-                                f"(last: {runner.last_load_error})")
-        if rejected:
-            result.notes.append(f"{rejected} candidate(s) separated the queries only by an "
-                                "arbitrary choice (rejected on a fresh database)")
-        result.instances_tried = tried
-        result.shrink_s = shrink_s
-        result.search_s = time.perf_counter() - start - shrink_s
+            runner = _Runner(box, q1, q2, match, ordered, cand.mysql, deadline,
+                             cand.abs_tol(reads[0].tree, reads[1].tree))
+            empty_outcome = runner.outcomes({t: [] for t in tables})
+            bad = [(i + 1, o.error) for i, o in enumerate(empty_outcome) if o.error is not None and not o.timeout]
+            if not bad:
+                chosen = cand
+                result.engine = eng
+                result.notes.extend(box.notes)
+                result.readings.extend(cand.readings)
+                if eng != candidates[0].engine:
+                    result.readings.append(
+                        f"engine fallback: ran on {eng}, whose semantics differ from {shown}'s "
+                        f"(type affinity, comparisons), because {errors[-1]}")
+                break
+            errors.append(f"{eng}: " + "; ".join(f"sql{i} fails on the empty database: {e}" for i, e in bad))
+            box.close()
+            box = runner = None
+        if box is None or runner is None or chosen is None:
+            return fail(errors[0] if errors else "no engine")
+        for n, q in enumerate((q1, q2), start=1):
+            if q.plan.choices:
+                result.choices.extend(f"sql{n}: {c}" for c in q.plan.choices if f"sql{n}: {c}" not in result.choices)
+        _search(result, runner, schema, tables, analysis, domains, budget, match, ordered, chosen,
+                sql1, sql2, dialect, pg, shrink, start, deadline, empty_outcome)
     finally:
-        box.close()
+        if box is not None:
+            box.close()
+        if pg is not None:
+            pg.close()
     result.seconds = time.perf_counter() - start
     return result
 
 
+def _search(result: FinderResult, runner: _Runner, schema: RelSchema, tables: list[str],
+            analysis: _Analysis, domains, budget: FinderBudget, match: MatchOptions,
+            ordered: bool, chosen: EngineChoice, sql1: str, sql2: str, dialect: str, pg,
+            shrink: bool, start: float, deadline: float, empty_outcome) -> None:
+    """The search loop of :func:`find_counterexample` (fills ``result``)."""
+    box = runner.box
+    gen = InstanceGenerator(schema, tables, domains, budget, analysis.hints, fold=chosen.mysql)
+    seen: set = set()
+    tried = misses = rejected = failed_checks = 0
+    uncertifiable: str | None = None
+    last_check_error = ""
+    shrink_s = 0.0
+    exhausted = False
+    shrink_deadline = deadline
+
+    def verify(inst: Instance):
+        script = render_instance(schema, inst, dialect, tables=analysis.queried)
+        check = verify_counterexample(
+            sql1, sql2, script, dialect=dialect, schema=schema, choice=chosen,
+            ordered=ordered, bag=match.bag, permute_columns=match.permute_columns,
+            query_timeout_s=budget.query_timeout_s, pg=pg,
+        )
+        return script, check
+
+    def stop() -> bool:
+        return time.perf_counter() > shrink_deadline
+
+    while tried < budget.max_instances and time.perf_counter() < deadline:
+        inst = gen.next()
+        key = _instance_key(inst)
+        if key in seen:
+            misses += 1
+            if misses > 2000:  # consecutive repeats: the small instance space is used up
+                exhausted = True
+                result.notes.append("instance space exhausted before the budget")
+                break
+            continue
+        misses = 0
+        seen.add(key)
+        if tried == 0:
+            outs = empty_outcome
+            box.load(inst)
+        else:
+            outs = runner.outcomes(inst)
+        tried += 1
+        runner.note_one_sided(inst, outs)
+        sep = runner.decide(outs, count=True)
+        if sep is None or not sep.certain:
+            continue
+        # a candidate: shrink it, render it, and check the script on a fresh database
+        t0 = time.perf_counter()
+        shrink_deadline = max(deadline, t0 + budget.time_limit_s / 4)
+        runner.deadline = shrink_deadline
+        small = _shrink(schema, tables, inst, runner.separates, stop) if shrink else inst
+        script, check = verify(small)
+        if not check.separates and small is not inst:
+            small = inst
+            script, check = verify(small)
+            if check.separates:
+                result.notes.append("the shrunk instance did not verify; reporting it unshrunk")
+        runner.deadline = deadline
+        shrink_s += time.perf_counter() - t0
+        if not check.separates:
+            # e.g. an arbitrary choice the fresh database made another way: keep searching
+            if check.choice or not check.error:
+                rejected += 1
+            else:
+                failed_checks += 1
+                last_check_error = check.error
+                if check.error.startswith("CHECK constraints of table"):
+                    uncertifiable = check.error
+                    break  # no database can be certified on this engine: stop searching
+            continue
+        if stop():
+            result.notes.append("shrinking stopped at the time limit: the counterexample is "
+                                "verified but may not be minimal")
+        result.verdict = "not_equivalent"
+        result.found_at = tried - 1
+        result.rows_before_shrink = instance_rows(inst)
+        result.found_by = gen.origin
+        result.instance = {t: [list(r) for r in rows] for t, rows in small.items() if rows}
+        result.rows = instance_rows(small)
+        result.counterexample = script
+        result.verified = True
+        result.result1, result.result2 = check.result1, check.result2
+        break
+    result.one_sided_errors = runner.one_sided_count
+    result.timeouts = runner.timeouts
+    result.choice_instances = runner.choice_count
+    for r in runner.choice_reasons:
+        if r not in result.choices:
+            result.choices.append(r)
+    result.hit_time_limit = (result.verdict != "not_equivalent" and not exhausted
+                             and tried < budget.max_instances and time.perf_counter() >= deadline)
+    if result.verdict != "not_equivalent":
+        result.verdict = "no_counterexample_within_budget"
+        if runner.one_sided is not None:
+            t0 = time.perf_counter()
+            shrink_deadline = t0 + budget.time_limit_s / 4
+            failing, message = runner.one_sided
+            runner.deadline = shrink_deadline
+            small = _shrink(schema, tables, failing, runner.one_side_fails, stop) if shrink else failing
+            shrink_s += time.perf_counter() - t0
+            result.verdict = "error_on_instance"
+            result.error = message
+            result.error_script = render_instance(schema, small, dialect, tables=analysis.queried)
+        elif runner.choice_count or rejected:
+            result.verdict = "nondeterministic"
+            result.choice_instances = runner.choice_count + rejected
+        if runner.choice_count and result.verdict == "error_on_instance":
+            result.notes.append(f"{runner.choice_count} instance(s) gave results that differ only "
+                                "as an arbitrary choice of the SQL allows (not counted as differences)")
+    elif runner.one_sided is not None:
+        result.notes.append(f"{runner.one_sided_count} instance(s) made one query fail "
+                            f"(first: {runner.one_sided[1]}); not counted as differences")
+    if runner.timeouts:
+        result.notes.append(f"{runner.timeouts} instance(s): a query hit the per-query time limit "
+                            f"(last: {runner.last_timeout}); a timeout is neither an error nor a "
+                            "result, those instances separate nothing")
+    if runner.load_errors:
+        result.notes.append(f"{runner.load_errors} instance(s) did not load "
+                            f"(last: {runner.last_load_error})")
+    if rejected:
+        result.notes.append(f"{rejected} candidate(s) did not verify on a fresh database "
+                            "(a difference an arbitrary choice explains there)")
+    if failed_checks:
+        result.notes.append(f"{failed_checks} candidate(s) could not be verified: {last_check_error} "
+                            "(not counted as counterexamples)")
+    if uncertifiable is not None and result.verdict != "not_equivalent":
+        result.verdict = "error"
+        result.error = (f"the queries differ on an instance, but {uncertifiable} (the pair needs an "
+                        "engine that evaluates them)")
+    if result.hit_time_limit:
+        result.notes.append(f"the search stopped at its time limit ({budget.time_limit_s:g} s) "
+                            f"after {tried} of {budget.max_instances} instance(s)")
+    result.instances_tried = tried
+    result.shrink_s = shrink_s
+    result.search_s = time.perf_counter() - start - shrink_s
+
+
 def _shrink(schema: RelSchema, tables: Sequence[str], inst: Instance,
-            holds: Callable[[Instance], bool]) -> Instance:
+            holds: Callable[[Instance], bool], stop: Callable[[], bool] | None = None) -> Instance:
     """ddmin over rows (with FK cascade), then simpler non-key values, keeping ``holds``
-    (the instance separates the queries, or makes exactly one fail) true."""
+    (the instance separates the queries, or makes exactly one fail) true; ``stop()`` ends it
+    early with the smallest instance found so far."""
     items = [(t, r) for t in tables for r in inst.get(t, [])]
 
     def build(sub: list[tuple[str, tuple]]) -> Instance:
@@ -1218,7 +1570,17 @@ def _shrink(schema: RelSchema, tables: Sequence[str], inst: Instance,
             out[t].append(r)
         return cascade(schema, tables, out)
 
-    kept = ddmin(items, lambda sub: holds(build(sub)))
+    memo: dict[tuple, bool] = {}
+    holds_raw = holds
+
+    def holds(inst: Instance) -> bool:
+        # many subsets cascade to the same instance (a removed parent takes its children)
+        key = _instance_key(inst)
+        if key not in memo:
+            memo[key] = holds_raw(inst)
+        return memo[key]
+
+    kept = ddmin(items, lambda sub: holds(build(sub)), stop)
     best = build(kept)
     # simplify values that no key or foreign key depends on
     protected: set[tuple[str, int]] = set()
@@ -1230,19 +1592,21 @@ def _shrink(schema: RelSchema, tables: Sequence[str], inst: Instance,
             protected.update((t, table.index(c)) for c in fk.columns)
             parent = schema.tables[fk.ref_table]
             protected.update((fk.ref_table, parent.index(c)) for c in fk.ref_columns)
+        protected.update((t, i) for i, c in enumerate(table.columns) if c.generated is not None)
     attempts = 0
     changed = False
     for t in tables:
         table = schema.tables[t]
         for ri in range(len(best[t])):
             for ci, col in enumerate(table.columns):
-                if (t, ci) in protected:
+                if (t, ci) in protected or (stop is not None and stop()):
                     continue
                 current = best[t][ri][ci]
                 if current is None:
                     continue
                 for simple in _SIMPLE.get(col.category, []):
-                    if simple == current or attempts >= 80:
+                    if simple == current or attempts >= 80 or not col.accepts(simple) or enum_values(col) \
+                            or col.set_members is not None:
                         continue
                     attempts += 1
                     row = list(best[t][ri])
@@ -1253,7 +1617,7 @@ def _shrink(schema: RelSchema, tables: Sequence[str], inst: Instance,
                         best = trial
                         changed = True
                         break
-    if changed:  # a simpler value may make another row unnecessary
+    if changed and not (stop is not None and stop()):  # a simpler value may make another row unnecessary
         items = [(t, r) for t in tables for r in best.get(t, [])]
-        best = build(ddmin(items, lambda sub: holds(build(sub))))
+        best = build(ddmin(items, lambda sub: holds(build(sub)), stop))
     return best

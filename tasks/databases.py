@@ -54,16 +54,19 @@ import pathlib
 import re
 import sqlite3
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from tasks import sqlite_guard
+from tasks.sqlite_guard import SQLITE_MAX_LENGTH
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
 __all__ = [
     "QueryError",
+    "DatabaseUnavailable",
     "ColumnInfo",
     "TableInfo",
     "QueryResult",
@@ -73,6 +76,7 @@ __all__ = [
     "PostgresDatabase",
     "MongoDatabase",
     "check_read_only_sql",
+    "resolve_unicode_escapes",
     "parse_mongo_query",
     "check_read_only_mongo",
     "embedded_postgres_url",
@@ -109,6 +113,13 @@ class QueryError(Exception):
     table or collection, an engine error while running the query, a timeout. ``str(err)`` is a
     short, human-readable message (at most a few lines).
     """
+
+
+class DatabaseUnavailable(Exception):
+    """The database server could not be reached or dropped the connection (refused, shut
+    down, restarted, network gone): an infrastructure failure, not the query's. The trial that
+    hit it is errored (no verdict, retried with ``--retry-errors``), never shown to the model
+    as a query error it could be scored on. ``str(err)`` names the database and the cause."""
 
 
 @dataclass
@@ -485,6 +496,49 @@ def _parse_error_message(e: Exception) -> str:
     return _short(f"{desc}{where}{near}", max_lines=2)
 
 
+_U_ESCAPED = re.compile(
+    r"""(?is)\bU&(?P<q>["'])(?P<body>(?:(?!(?P=q)).|(?P=q)(?P=q))*)(?P=q)"""
+    r"""(?:\s*UESCAPE\s*'(?P<esc>[^'])')?""")
+
+
+def resolve_unicode_escapes(sql: str) -> str:
+    """``sql`` with PostgreSQL's Unicode-escaped identifiers and strings (``U&"pg\\005fread"``,
+    ``U&'\\0041'``, ``UESCAPE '!'``) written out as the plain quoted identifiers and strings
+    the engine reads them as, so a parser that does not know the syntax (sqlglot reads
+    ``U & "..."``) sees the real names. Malformed escapes are left as they are (the engine
+    refuses them)."""
+    if "&" not in sql:
+        return sql
+
+    def decode(m: re.Match) -> str:
+        q, body, esc = m["q"], m["body"].replace(m["q"] * 2, m["q"]), m["esc"] or "\\"
+        out, i = [], 0
+        while i < len(body):
+            c = body[i]
+            if c != esc:
+                out.append(c)
+                i += 1
+                continue
+            if body[i + 1:i + 2] == esc:
+                out.append(esc)
+                i += 2
+            elif body[i + 1:i + 2] == "+" and re.fullmatch(r"[0-9A-Fa-f]{6}", body[i + 2:i + 8]):
+                out.append(chr(int(body[i + 2:i + 8], 16)))
+                i += 8
+            elif re.fullmatch(r"[0-9A-Fa-f]{4}", body[i + 1:i + 5]):
+                out.append(chr(int(body[i + 1:i + 5], 16)))
+                i += 5
+            else:
+                return m.group(0)
+        text = "".join(out)
+        return q + text.replace(q, q * 2) + q
+
+    try:
+        return _U_ESCAPED.sub(decode, sql)
+    except (ValueError, OverflowError):
+        return sql
+
+
 def check_read_only_sql(sql: str, dialect: str) -> None:
     """Refuse anything but ONE read-only query, by parsing ``sql`` with sqlglot.
 
@@ -506,6 +560,8 @@ def check_read_only_sql(sql: str, dialect: str) -> None:
         raise ValueError(f"unknown SQL dialect {dialect!r}; expected one of {_SQL_DIALECTS}")
     if not isinstance(sql, str) or not sql.strip():
         raise QueryError("Refused: empty query; send one SELECT statement.")
+    if dialect == "postgres":  # U&"..." names: checked as the engine reads them
+        sql = resolve_unicode_escapes(sql)
     try:
         statements = [s for s in sqlglot.parse(sql, read=dialect)  # a trailing comment after
                       if s is not None and not isinstance(s, getattr(exp, "Semicolon", ()))]  # ';'
@@ -817,32 +873,6 @@ def stop_running_queries(reason: str) -> int:
 
 # ---- SQLite ---------------------------------------------------------------------------------
 
-_SQLITE_ALLOWED_ACTIONS = frozenset({
-    sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION,
-    getattr(sqlite3, "SQLITE_RECURSIVE", 33),
-})
-#: Longest string or blob an SQLite query may build (``SQLITE_LIMIT_LENGTH``), bytes.
-SQLITE_MAX_LENGTH = 64 << 20
-
-
-#: SQL functions an SQLite query may not call even though reads are allowed: ``fts3_tokenizer``
-#: leaks a pointer and (two arguments) overwrites a tokenizer in the shared query worker;
-#: the others touch files or load code when an extension provides them.
-_SQLITE_DENIED_FUNCTIONS = frozenset({
-    "fts3_tokenizer", "load_extension", "readfile", "writefile", "edit", "fsdir", "zipfile",
-})
-
-
-def _sqlite_authorizer(action: int, arg1: Any = None, arg2: Any = None, *_args: Any) -> int:
-    """SQLite authorizer for untrusted SQL: reads, read-only functions and recursive CTEs
-    only (``SQLITE_DENY`` for everything else, and for :data:`_SQLITE_DENIED_FUNCTIONS`)."""
-    if action not in _SQLITE_ALLOWED_ACTIONS:
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_FUNCTION and str(arg2 or "").lower() in _SQLITE_DENIED_FUNCTIONS:
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-
 def _sqlite_connect(path: pathlib.Path, name: str) -> sqlite3.Connection:
     p = path.expanduser().resolve()
     if not p.is_file():
@@ -857,28 +887,16 @@ def _sqlite_connect(path: pathlib.Path, name: str) -> sqlite3.Connection:
 def sqlite_run_local(path: str | os.PathLike, sql: str, timeout_ms: int,
                      limits: ResultLimits) -> QueryResult:
     """Run ``sql`` (no parser check) on the SQLite file ``path`` in this process: opened
-    ``mode=ro`` with the read-only authorizer, no ATTACH, values at most
-    :data:`SQLITE_MAX_LENGTH` bytes, interrupted after ``timeout_ms``; rows are fetched one at
-    a time into a :class:`_ResultBuilder`. What the query worker runs; QueryError on failure."""
+    ``mode=ro`` under the guarded executor (:func:`tasks.sqlite_guard.guarded`: read-only
+    authorizer, no ATTACH, values at most :data:`SQLITE_MAX_LENGTH` bytes, interrupted after
+    ``timeout_ms``); rows are fetched one at a time into a :class:`_ResultBuilder`. What the
+    query worker runs; QueryError on failure."""
     conn = _sqlite_connect(pathlib.Path(path), pathlib.Path(path).stem)
-    deadline = time.monotonic() + timeout_ms / 1000
-    timed_out = []
     running = _Running()
-
-    def progress() -> int:
-        if running.reason is not None:
-            return 1
-        if time.monotonic() > deadline:
-            timed_out.append(True)
-            return 1
-        return 0
-
+    guard = None
     try:
-        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_MAX_LENGTH)
-        conn.set_authorizer(_sqlite_authorizer)
-        conn.set_progress_handler(progress, 10_000)
-        with running:
+        with running, sqlite_guard.guarded(conn, timeout_ms,
+                                           lambda: running.reason is not None) as guard:
             cur = conn.execute(sql)
             builder = _ResultBuilder(limits, [d[0] for d in cur.description or []])
             if cur.description:
@@ -889,7 +907,7 @@ def sqlite_run_local(path: str | os.PathLike, sql: str, timeout_ms: int,
         return builder.result()
     except sqlite3.Error as e:
         running.check()
-        if timed_out:
+        if guard is not None and guard.timed_out:
             raise QueryError(f"Query timed out after {timeout_ms} ms.") from None
         msg = _short(e)
         if "too big" in msg:
@@ -1230,6 +1248,9 @@ class PostgresDatabase(_SQLDatabase):
             return conn
         try:
             conn = psycopg.connect(self._conninfo(), autocommit=False)
+        except psycopg.OperationalError as e:  # the server: refused, starting up, shut down
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL database {self.name!r}: {_short(e)}") from None
         except psycopg.Error as e:
             raise QueryError(f"Cannot connect to PostgreSQL database {self.name!r}: {_short(e)}") from None
         conn.read_only = True
@@ -1239,6 +1260,15 @@ class PostgresDatabase(_SQLDatabase):
         return conn
 
     def _run(self, fn, sql: str | None = None, offset: int = 0):
+        """``fn(conn)`` on this thread's connection; a connection the server dropped while it
+        was idle (a restart, an administrator) is replaced once and ``fn`` run again (harmless:
+        every query is read-only); when the server is still gone, DatabaseUnavailable."""
+        try:
+            return self._run_once(fn, sql, offset)
+        except DatabaseUnavailable:
+            return self._run_once(fn, sql, offset)
+
+    def _run_once(self, fn, sql: str | None = None, offset: int = 0):
         import psycopg
 
         conn = self._conn()
@@ -1249,6 +1279,10 @@ class PostgresDatabase(_SQLDatabase):
                 raise QueryError(f"Query timed out after {self.statement_timeout_ms} ms.") from None
             raise QueryError(f"PostgreSQL error: {_pg_message(e, sql, offset)}") from None
         except psycopg.Error as e:
+            if _pg_connection_lost(e, conn):
+                raise DatabaseUnavailable(
+                    f"PostgreSQL database {self.name!r}: the server connection failed: "
+                    f"{_short(e)}") from None
             raise QueryError(f"PostgreSQL error: {_pg_message(e, sql, offset)}") from None
         except MemoryError:
             raise QueryError("PostgreSQL error: the result does not fit in memory") from None
@@ -1476,9 +1510,27 @@ def mongo_run_local(db: Any, q: dict, limits: ResultLimits, timeout_ms: int | No
     return builder.result()
 
 
-def _mongo_error(e: Exception, timeout_ms: int) -> QueryError:
-    if isinstance(e, QueryError):
+def _pg_connection_lost(e: Exception, conn) -> bool:
+    """True when a psycopg error is the server connection failing (the server shut down,
+    crashed, restarted or became unreachable) rather than the query: the connection is broken
+    or closed afterwards, or the server said it is shutting down (SQLSTATE class 57P: admin /
+    crash shutdown, cannot connect now) or the connection failed (class 08)."""
+    import psycopg
+
+    state = getattr(e, "sqlstate", None) or ""
+    if state.startswith(("57P", "08")):
+        return True
+    return isinstance(e, psycopg.OperationalError) and bool(
+        getattr(conn, "broken", False) or getattr(conn, "closed", False))
+
+
+def _mongo_error(e: Exception, timeout_ms: int) -> Exception:
+    if isinstance(e, QueryError | DatabaseUnavailable):
         return e
+    if type(e).__name__ in ("ServerSelectionTimeoutError", "AutoReconnect", "NetworkTimeout",
+                            "ConnectionFailure", "NotPrimaryError"):
+        # a real MongoDB server that cannot be reached: infrastructure, not the query
+        return DatabaseUnavailable(f"MongoDB server unavailable: {_short(e)}")
     if type(e).__name__ == "ExecutionTimeout":
         return QueryError(f"Query timed out after {timeout_ms} ms.")
     if isinstance(e, RecursionError):

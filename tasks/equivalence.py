@@ -9,8 +9,10 @@ Methods (the ``method`` column):
   only when both queries sort, columns permutable. ``equivalent`` means *the results match on
   this database*, which is how execution accuracy scores pairs (when every compared result is
   empty it is still the verdict, with a warning in ``details`` and the report); a mismatch is
-  a verified counterexample (the database itself); exactly one query failing on the database
-  is ``error_on_instance`` (an error is not a result).
+  a verified counterexample (the database itself) unless an arbitrary choice the SQL leaves to
+  the engine explains it (ties under ORDER BY, LIMIT over ties, ...: ``nondeterministic``, see
+  :func:`tasks.instances.separation`); exactly one query failing on the database is
+  ``error_on_instance`` (an error is not a result).
 - ``finder``: the automatic counterexample finder (:mod:`tasks.counterexample`); verdicts
   ``not_equivalent`` (verified minimal counterexample), ``no_counterexample_within_budget`` or
   ``error_on_instance``; ``details`` holds the size of the instance that separated the pair,
@@ -45,7 +47,6 @@ from typing import Any
 
 import polars as pl
 import pyarrow as pa
-from prefect import task
 from pydantic import ValidationError
 from sqlglot.errors import SqlglotError
 
@@ -68,6 +69,7 @@ from tasks.instances import (
     load_schema,
     verify_counterexample,
 )
+from tasks.prefect_task import task
 from tasks.result_match import results_match
 
 log = logging.getLogger(__name__)
@@ -75,6 +77,15 @@ log = logging.getLogger(__name__)
 
 class PairsError(ValueError):
     """A pairs file cannot be read; the message names the file and line."""
+
+
+#: Revision of the methods' semantics, part of every batch key.
+FINDER_REVISION = 3  # 3: unique expression / partial indexes, unenforceable CHECKs
+
+#: Why execution match skips a pair without a database.
+SKIPPED_NO_DB = ("the pair has no database (db): execution match runs both queries on the "
+                 "pair's own database (a SQLite/DuckDB file, a postgresql:// URL or a name under "
+                 "--db-root)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -236,7 +247,9 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
     Returns ``{"verdict", "verified", "explanation", "details", "error"}``: ``equivalent``
     when the results match under ``match`` (row order only when both queries have a
     top-level ORDER BY unless ``match.order`` says otherwise), ``not_equivalent`` when they
-    differ (``verified`` True: the database separates them), ``error_on_instance`` when
+    differ (``verified`` True: the database separates them; ``details`` show the rows only one
+    side returns), ``nondeterministic`` when they differ only as an arbitrary choice the SQL
+    leaves to the engine allows (probes run read-only on the database), ``error_on_instance`` when
     exactly one query fails on the database (an error is not a result, so the database is no
     counterexample), ``error`` when a query does not parse or both fail or the database cannot
     be opened, ``skipped`` without ``db``. Queries are read and normalised by
@@ -250,7 +263,7 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
 
     match = match or MatchOptions()
     if not pair.db:
-        return {"verdict": "skipped", "error": "the pair has no database (db)"}
+        return {"verdict": "skipped", "error": SKIPPED_NO_DB}
     try:
         ref = resolve_db(pair.db, db_root)
     except FileNotFoundError as exc:
@@ -266,6 +279,9 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
             return {"verdict": "error", "error": f"sql{n} {exc}"}
     database, engine = _open_database(ref, timeout_s)
     outcomes: list[tuple[list[tuple] | None, str | None]] = []
+    ordered = match.order == "always" or (
+        match.order == "auto" and all(q.tree.args.get("order") is not None for q in texts))
+    sep = None
     try:
         for q in texts:
             try:
@@ -278,11 +294,13 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
                 outcomes.append(([tuple(r[c] for c in res.columns) for r in res.rows], None))
             except (QueryError, SqlglotError, ValueError) as exc:
                 outcomes.append((None, str(exc).splitlines()[0][:300]))
+        (rows1, err1), (rows2, err2) = outcomes
+        same = err1 is None and err2 is None and results_match(
+            rows1, rows2, ordered=ordered, bag=match.bag, permute_columns=match.permute_columns)
+        if err1 is None and err2 is None and not same:
+            sep = _database_separation(database, engine, ref, pair, texts, rows1, rows2, ordered, match)
     finally:
         database.close()
-    (rows1, err1), (rows2, err2) = outcomes
-    ordered = match.order == "always" or (
-        match.order == "auto" and all(q.tree.args.get("order") is not None for q in texts))
     details: dict[str, Any] = {
         "db": pair.db, "engine": engine, "ordered": ordered,
         "rows1": None if rows1 is None else len(rows1),
@@ -296,8 +314,6 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
         return {"verdict": "error_on_instance", "details": details, "error": message,
                 "explanation": message + " — an error is not a result, so the database is no "
                                "counterexample"}
-    same = results_match(rows1, rows2, ordered=ordered, bag=match.bag,
-                         permute_columns=match.permute_columns)
     if same:
         explanation = f"same result on {pair.db} ({len(rows1)} rows)"
         if not rows1 and not rows2:
@@ -307,8 +323,72 @@ def execution_match(pair: QueryPair, match: MatchOptions | None = None,
             details.update(all_empty=True, warnings=[warning])
             explanation += f"; WARNING: {warning}"
         return {"verdict": "equivalent", "details": details, "explanation": explanation}
+    if sep is not None and not sep.certain:
+        details.update(result1=_preview(rows1), result2=_preview(rows2), choices=sep.reason)
+        return {"verdict": "nondeterministic", "details": details,
+                "explanation": f"results differ on {pair.db}, but only as an arbitrary choice of "
+                               f"the SQL allows ({sep.reason}): the database is no counterexample"}
+    only1, only2 = _row_differences(rows1, rows2)
+    details.update(result1=_preview(rows1), result2=_preview(rows2), only_in_sql1=only1, only_in_sql2=only2)
+    shown = "; ".join(x for x in (f"only sql1 returns {only1}" if only1 else "",
+                                  f"only sql2 returns {only2}" if only2 else "") if x) \
+        or "the same rows in a different order"
     return {"verdict": "not_equivalent", "verified": True, "details": details,
-            "explanation": f"results differ on {pair.db}: {len(rows1)} vs {len(rows2)} rows"}
+            "explanation": f"results differ on {pair.db} ({len(rows1)} vs {len(rows2)} rows): {shown}"}
+
+
+def _database_separation(database, engine: str, ref: str, pair: QueryPair, texts, rows1, rows2,
+                         ordered: bool, match: MatchOptions):
+    """:func:`tasks.instances.separation` of two differing results on the pair's database
+    (probes run read-only on it): None when it cannot be decided (then the difference
+    stands, as before)."""
+    from tasks.databases import QueryError
+    from tasks.instances import EngineChoice, Outcome, prepare_query, separation
+
+    schema = None
+    if "://" not in ref:
+        try:
+            schema = RelSchema.from_database(ref)
+        except SchemaError:
+            schema = None
+    choice = EngineChoice(engine, mysql=(pair.dialect or "").lower() == "mysql" and engine != "mysql")
+
+    def run(sql: str) -> Outcome:
+        try:
+            res = database.query(sql, max_rows=10_000_000, max_result_bytes=EXEC_MATCH_BYTES,
+                                 max_value_bytes=EXEC_MATCH_BYTES)
+        except (QueryError, ValueError) as exc:
+            return Outcome(error=str(exc).splitlines()[0][:300])
+        if res.truncated or res.cut_values:
+            return Outcome(error=f"the probe's result is larger than {EXEC_MATCH_BYTES >> 20} MiB")
+        return Outcome(rows=[tuple(r[c] for c in res.columns) for r in res.rows], ncols=len(res.columns))
+
+    try:
+        q1, q2 = (prepare_query(q, schema, choice) for q in texts)
+    except (SqlglotError, ValueError):
+        return None
+    w1 = len(rows1[0]) if rows1 else None
+    w2 = len(rows2[0]) if rows2 else None
+    return separation(run, q1, q2, Outcome(rows=rows1, ncols=w1), Outcome(rows=rows2, ncols=w2),
+                      ordered=ordered, bag=match.bag, permute_columns=match.permute_columns,
+                      fold=choice.mysql, abs_tol=choice.abs_tol(*(q.tree for q in texts)))
+
+
+def _preview(rows: list[tuple], n: int = 5) -> str:
+    more = f", … (+{len(rows) - n})" if len(rows) > n else ""
+    return "[" + ", ".join(repr(tuple(r)) for r in rows[:n]) + more + "]"
+
+
+def _row_differences(rows1: list[tuple], rows2: list[tuple], n: int = 3) -> tuple[str, str]:
+    """Up to ``n`` rows (with multiplicity) one result holds and the other does not, each as
+    text ('' when there are none)."""
+    from collections import Counter
+
+    from tasks.result_match import canonical_rows
+
+    c1, c2 = Counter(canonical_rows(rows1)), Counter(canonical_rows(rows2))
+    a, b = list((c1 - c2).elements()), list((c2 - c1).elements())
+    return (_preview(a, n) if a else ""), (_preview(b, n) if b else "")
 
 
 def evaluate(pair: QueryPair, method: Method, options: EquivalenceOptions,
@@ -415,12 +495,15 @@ def prepare_pairs(pairs_path: str, run_id: str, artifacts_root: str) -> dict:
 
 
 def plan_equivalence_batches(pair_ids: list[str], methods: list[str], batch_size: int,
-                             options: EquivalenceOptions | None = None) -> list[dict]:
+                             options: EquivalenceOptions | None = None,
+                             pairs_uri: str | None = None) -> list[dict]:
     """Expand methods × pairs into batches of at most ``batch_size`` pairs of one method.
 
     Returns JSON-able ``{"key", "method", "pair_ids"}``; keys are stable for the same inputs
     and options (so a re-run finds finished batches, and changed options start new ones).
-    Raises ValueError for an unknown method or a bad batch size."""
+    ``pairs_uri`` (the run's ``pairs.jsonl``): keys also digest each pair's content, so a pair
+    whose SQL, schema or label changed under the same id is judged again. Raises ValueError
+    for an unknown method or a bad batch size, KeyError for an id not in ``pairs_uri``."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     parsed = [parse_method(m) for m in methods]
@@ -428,12 +511,19 @@ def plan_equivalence_batches(pair_ids: list[str], methods: list[str], batch_size
         raise ValueError("no methods given")
     # the artifact schema version is part of the key: batches written by an older version are
     # never combined with new ones
-    opts = (options or EquivalenceOptions()).model_dump_json() + f"|v{eqs.SCHEMA_VERSION}"
+    # ... and so is the version of the methods' semantics (FINDER_REVISION: tie groups,
+    # arbitrary choices, real PostgreSQL), so a resumed run never mixes two of them
+    opts = (options or EquivalenceOptions()).model_dump_json() + f"|v{eqs.SCHEMA_VERSION}|r{FINDER_REVISION}"
+    pairs = _read_pairs(pairs_uri) if pairs_uri is not None else None
     batches = []
     for m in parsed:
         for start in range(0, len(pair_ids), batch_size):
             chunk = pair_ids[start:start + batch_size]
-            digest = hashlib.sha256(json.dumps([m.name, chunk, opts]).encode()).hexdigest()[:10]
+            material: list = [m.name, chunk, opts]
+            if pairs is not None:
+                material.append([pairs[p].model_dump(mode="json", by_alias=True) for p in chunk])
+            digest = hashlib.sha256(
+                json.dumps(material, sort_keys=True).encode()).hexdigest()[:10]
             slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", m.name)
             batches.append({"key": f"{slug}-{start // batch_size:04d}-{digest}",
                             "method": m.name, "pair_ids": chunk})
@@ -496,6 +586,10 @@ def run_equivalence_batch(run_id: str, artifacts_root: str, pairs_uri: str, batc
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     logger.info("equivalence batch %s: %d pairs, %s", batch["key"], len(rows), counts)
+    for r in rows:
+        if r["verdict"] == "error":
+            logger.warning("equivalence %s on %s: error: %s", r["method"], r["pair_id"],
+                           (r["error"] or "").splitlines()[0][:200] if r["error"] else "?")
     return storage.write_parquet(out_uri, pa.Table.from_pylist(rows, schema=eqs.EQUIVALENCE),
                                  eqs.EQUIVALENCE)
 
@@ -569,8 +663,10 @@ def agreement_table(df: pl.DataFrame) -> pl.DataFrame:
 def label_agreement_table(df: pl.DataFrame) -> pl.DataFrame:
     """Agreement of each method's decisions with the labels of each notion (see
     :data:`schemas.equivalence.EQUIVALENCE_LABEL_AGREEMENT`): one row per (method, label
-    notion) with at least one decided, labelled pair. Undecided verdicts are left out (the
-    accuracy table counts them as wrong). Empty when no decided pair has any label."""
+    notion) with at least one decided, labelled pair; labels of the other notion than the
+    method's only count on pairs without a label of the method's own (so plain labels, which
+    stand for both notions, give no second row). Undecided verdicts are left out (the accuracy
+    table counts them as wrong). Empty when no decided pair has any label."""
     empty = pl.DataFrame(schema=pl.from_arrow(eqs.EQUIVALENCE_LABEL_AGREEMENT.empty_table()).schema)
     decided = df.filter(pl.col("verdict").is_in(list(DECIDED)))
     parts = []
@@ -578,7 +674,13 @@ def label_agreement_table(df: pl.DataFrame) -> pl.DataFrame:
         col = f"label_{notion}"
         if col not in decided.columns:
             continue
-        sub = decided.filter(pl.col(col).is_not_null()).with_columns(
+        own_missing = pl.when(pl.col("notion") == "semantic").then(pl.col("label_semantic")) \
+            .otherwise(pl.col("label_relaxed")).is_null() if {"label_semantic", "label_relaxed"} <= set(
+                decided.columns) else pl.lit(True)
+        # a method is compared with the other notion's labels only where the pair has none of
+        # its own notion (published sets with relaxed labels only)
+        sub = decided.filter(pl.col(col).is_not_null(),
+                             (pl.col("notion") == notion) | own_missing).with_columns(
             pl.col(col).alias("lab"), (pl.col("verdict") == "equivalent").alias("m_eq"))
         if sub.is_empty():
             continue
@@ -623,7 +725,9 @@ def counterexample_table(df: pl.DataFrame) -> pl.DataFrame:
     out = sub.group_by("method").agg(
         pl.col("pair_id").n_unique().cast(pl.Int64).alias("n_pairs"),
         (pl.col("verdict") == "not_equivalent").sum().cast(pl.Int64).alias("flagged"),
-        pl.col("counterexample").is_not_null().sum().cast(pl.Int64).alias("with_counterexample"),
+        (pl.col("counterexample").is_not_null()
+         | ((pl.col("method") == "exec_match") & pl.col("verified").fill_null(False)))
+        .sum().cast(pl.Int64).alias("with_counterexample"),
         pl.col("verified").fill_null(False).sum().cast(pl.Int64).alias("verified"),
     ).with_columns(
         pl.lit(pair_set).alias("pair_set"),
@@ -678,6 +782,40 @@ def _accuracy_wide(acc: pl.DataFrame) -> pl.DataFrame:
     return wide.select(["method", "notion"] + [h for h in order if h in wide.columns]).sort("method")
 
 
+def _problems_section(df: pl.DataFrame, limit: int = 20) -> str:
+    """Markdown naming every errored (pair, method) with its one-line reason, and the reasons
+    methods skipped pairs (counted)."""
+    parts = []
+    errors = df.filter(pl.col("verdict") == "error").sort("pair_id", "method")
+    if not errors.is_empty():
+        lines = [f"- `{r['pair_id']}` × {r['method']}: {_one_line(r['error'])}"
+                 for r in errors.head(limit).iter_rows(named=True)]
+        more = f"\n- … and {errors.height - limit} more (the `error` column of equivalence.parquet)" \
+            if errors.height > limit else ""
+        parts.append(f"{errors.height} errored (pair, method):\n\n" + "\n".join(lines) + more)
+    skipped = df.filter(pl.col("verdict") == "skipped")
+    if not skipped.is_empty():
+        counts = skipped.group_by("method", "error").agg(pl.len().alias("n")).sort("method")
+        parts.append("Skipped:\n\n" + "\n".join(
+            f"- {r['method']}: {r['n']} pair(s) — {_one_line(r['error'])}" for r in counts.iter_rows(named=True)))
+    return "\n\n".join(parts) if parts else "_none_"
+
+
+def _one_line(text: str | None, n: int = 200) -> str:
+    one = " ".join((text or "?").split())
+    return one if len(one) <= n else one[: n - 1] + "…"
+
+
+def _finder_false_counterexamples(df: pl.DataFrame) -> str:
+    """``"k false counterexample(s) on n pair(s) labelled equivalent"`` for the finder ('' when
+    no finder row has an equivalent label)."""
+    eq = df.filter(pl.col("method") == "finder", pl.col("label_semantic") == True)
+    if eq.is_empty():
+        return ""
+    false = eq.filter(pl.col("verdict") == "not_equivalent").height
+    return f"{false} false counterexample(s) on {eq.height} pair(s) labelled equivalent"
+
+
 @task(name="equivalence-tables", persist_result=False)
 def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
     """The tables of a run, as Parquet under ``tables/`` and as ``equivalence.md``.
@@ -720,6 +858,8 @@ def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
                          "see the agreement with the labels below_")
     else:
         accuracy_text = "_no labelled pairs_"
+    problems_text = _problems_section(df)
+    finder_false = _finder_false_counterexamples(df)
     sizes = tables["finder_sizes"][0]
     sizes_text = "_the finder separated no pair_"
     if not sizes.is_empty():
@@ -735,19 +875,23 @@ def equivalence_tables(run_id: str, artifacts_root: str) -> dict:
         f"# SQL equivalence, run `{run_id}`",
         f"{df['pair_id'].n_unique()} pairs × {df['method'].n_unique()} methods = {df.height} rows.",
         "## Verdicts\n\n" + markdown_table(verdicts) + warning,
-        "## Accuracy by hardness\n\nUndecided verdicts (error, error on instance, unparsed, no "
-        "counterexample within budget) count as wrong; the finder never answers *equivalent*, "
-        "so its accuracy on equivalent pairs is 0 by construction (see the counterexample "
-        "table).\n\n" + accuracy_text,
+        "## Errors and skipped pairs\n\n" + problems_text,
+        "## Accuracy by hardness\n\nUndecided verdicts (error, error on instance, "
+        "nondeterministic, unparsed, no counterexample within budget) count as wrong. The finder "
+        "never answers *equivalent* (search is no proof), so on pairs labelled equivalent it is "
+        "wrong by construction; what matters there is that it reports no false counterexample"
+        + (f": {finder_false}" if finder_false else "") + ".\n\n" + accuracy_text,
         "## Agreement with execution match\n\n"
         + (markdown_table(tables["agreement"][0]) if not tables["agreement"][0].is_empty()
            else "_no execution-match decisions to compare with_"),
-        "## Agreement with the labels\n\nEach method's decisions against the labels of each "
-        "notion (also the other notion's, e.g. a semantic method against relaxed-only "
-        "labels); undecided verdicts are left out.\n\n"
+        "## Agreement with the labels\n\nEach method's decisions against the labels of its "
+        "notion, and against the other notion's labels on pairs that carry none of its own "
+        "(e.g. a semantic method against relaxed-only labels); undecided verdicts are left "
+        "out.\n\n"
         + (markdown_table(tables["label_agreement"][0]) if not tables["label_agreement"][0].is_empty()
            else "_no decided, labelled pairs_"),
-        "## Counterexamples on the non-equivalent set\n\n"
+        "## Counterexamples on the non-equivalent set\n\nFor execution match the counterexample "
+        "is the pair's own database (it counts when the results differ there).\n\n"
         + (markdown_table(tables["counterexamples"][0]) if not tables["counterexamples"][0].is_empty()
            else "_no non-equivalent pairs_"),
         "## Finder: instance size that separated each pair\n\nRows over all tables of the "

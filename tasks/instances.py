@@ -1,6 +1,17 @@
-"""Small database instances for SQL equivalence: a relational schema with its keys, an in-memory
-sandbox (DuckDB or SQLite) to load instances into and run two queries on, rendering an instance
-as CREATE TABLE + INSERT statements, and checking that a database really separates two queries.
+"""Small database instances for SQL equivalence: a sandbox (in-memory DuckDB or SQLite, or a
+scratch PostgreSQL database) to load instances into and run two queries on, the decision
+whether an instance separates two queries (:func:`separation`: a verified counterexample only
+when no result the first query may return equals one the second may return,
+:mod:`tasks.outcomes`), rendering an instance as CREATE TABLE + INSERT statements, and checking
+that a database really separates two queries (:func:`verify_counterexample`).
+
+The relational schema itself (tables, keys, types) is :mod:`tasks.relschema`, re-exported here.
+
+Engines follow the pair's dialect (:func:`engine_for`): PostgreSQL pairs run on a real
+PostgreSQL server (:mod:`tasks.pg_scratch`; its integer division, division-by-zero errors,
+collations), SQLite pairs on SQLite, DuckDB pairs on DuckDB; MySQL pairs on DuckDB with MySQL's
+comparison rules approximated (:data:`tasks.sql_dialects.MYSQL_APPROXIMATION`: case-insensitive
+text, PAD SPACE, ``/`` scale), other dialects on DuckDB — every such reading is stated.
 
 Used by the counterexample finder (:mod:`tasks.counterexample`), by the LLM judges
 (:mod:`tasks.judges`, to execute a counterexample a model proposes) and by the equivalence
@@ -8,19 +19,18 @@ tasks (:mod:`tasks.equivalence`).
 
 An *instance* is ``{table_name_lowercase: [row_tuple, ...]}`` with values in the table's column
 order: ``None`` for NULL, ``int``/``float``/``str``/``bool``; dates and timestamps are ISO strings
-(inserted as literals, cast by the engine).
+(inserted as literals, cast by the engine); generated columns hold ``None`` (the engine
+computes them; they are never inserted).
 """
 
 from __future__ import annotations
 
-import random
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Self
 
 import duckdb
@@ -28,538 +38,42 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from tasks.result_match import results_match
-from tasks.sql_dialects import ReadQuery, read_query, sqlglot_dialect
+from tasks.outcomes import (
+    OutcomeSpace,
+    QueryPlan,
+    build_space,
+    certainly_differ,
+    plan_query,
+    resolve_cuts,
+)
+from tasks.relschema import (  # noqa: F401 - re-exported
+    Column,
+    ForeignKey,
+    RelSchema,
+    SchemaError,
+    Table,
+    database_engine,
+    enum_values,
+    load_schema,
+    type_category,
+)
+from tasks.relschema import ident as _ident
+from tasks.result_match import compare_results, tolerance
+from tasks.sql_dialects import (
+    MYSQL_APPROXIMATION,
+    ReadQuery,
+    engine_tree,
+    read_query,
+    sqlglot_dialect,
+    strip_qualifiers,
+)
 from tasks.sql_dialects import engine_sql as _engine_sql
+from tasks.sqlite_guard import ReadGate, fetch_rows
 
 Instance = dict[str, list[tuple]]
 
 #: Engines an instance can be run on.
-ENGINES = ("duckdb", "sqlite")
-
-
-class SchemaError(ValueError):
-    """A schema cannot be read (bad DDL or mapping, unknown table in a key, no CREATE TABLE)."""
-
-
-# --------------------------------------------------------------------------------------------
-# Schema
-# --------------------------------------------------------------------------------------------
-
-_CATEGORY_SQL = {
-    "int": "BIGINT", "float": "DOUBLE", "decimal": "DECIMAL(18, 4)", "text": "VARCHAR",
-    "date": "DATE", "time": "TIME", "timestamp": "TIMESTAMP", "bool": "BOOLEAN",
-    "uuid": "UUID", "json": "JSON", "other": "VARCHAR",
-}
-
-
-def type_category(dtype: exp.DataType) -> str:
-    """``int``, ``float``, ``decimal``, ``text``, ``date``, ``time``, ``timestamp``, ``bool``,
-    ``uuid``, ``json`` or ``other`` for a sqlglot data type (used to choose values and neighbours of
-    constants)."""
-    T = exp.DataType.Type
-    if dtype.this in (T.BOOLEAN,):
-        return "bool"
-    if dtype.this in (T.UUID,):
-        return "uuid"
-    if dtype.this in (T.JSON, T.JSONB):
-        return "json"
-    if dtype.this in (T.TIME, T.TIMETZ):
-        return "time"
-    if dtype.is_type(*exp.DataType.INTEGER_TYPES) or dtype.this in (T.YEAR,):
-        return "int"
-    if dtype.this in (T.DECIMAL, T.MONEY, T.SMALLMONEY, T.BIGDECIMAL):
-        return "decimal"
-    if dtype.is_type(*exp.DataType.REAL_TYPES):
-        return "float"
-    if dtype.this in (T.DATE, T.DATE32):
-        return "date"
-    if dtype.is_type(*exp.DataType.TEMPORAL_TYPES):
-        return "timestamp"
-    if dtype.is_type(*exp.DataType.TEXT_TYPES) or dtype.this in (T.CHAR, T.NCHAR, T.UNKNOWN, T.ENUM):
-        return "text"
-    return "other"
-
-
-@dataclass
-class Column:
-    """One column: declared ``name``, sqlglot ``dtype``, value ``category``, ``not_null``."""
-
-    name: str
-    dtype: exp.DataType
-    category: str
-    not_null: bool = False
-
-
-@dataclass
-class ForeignKey:
-    """``columns`` reference ``ref_columns`` of ``ref_table`` (lower-case table key)."""
-
-    columns: tuple[str, ...]
-    ref_table: str
-    ref_columns: tuple[str, ...]
-
-
-@dataclass
-class Table:
-    """A table with its keys: ``primary_key`` and ``unique`` column-name tuples, ``foreign_keys``,
-    ``checks`` (CHECK constraint expressions, as parsed). Column names keep their declared
-    spelling; look-ups are case-insensitive."""
-
-    name: str
-    columns: list[Column]
-    primary_key: tuple[str, ...] = ()
-    unique: list[tuple[str, ...]] = field(default_factory=list)
-    foreign_keys: list[ForeignKey] = field(default_factory=list)
-    checks: list[exp.Expression] = field(default_factory=list)
-
-    def index(self, column: str) -> int:
-        """Position of ``column`` (case-insensitive); KeyError naming the table otherwise."""
-        low = column.lower()
-        for i, c in enumerate(self.columns):
-            if c.name.lower() == low:
-                return i
-        raise KeyError(f"table {self.name}: no column {column!r}")
-
-    def column(self, column: str) -> Column:
-        """The :class:`Column` named ``column`` (case-insensitive)."""
-        return self.columns[self.index(column)]
-
-    @property
-    def keys(self) -> list[tuple[str, ...]]:
-        """Every uniqueness constraint: the primary key (if any) and the UNIQUE sets."""
-        return ([self.primary_key] if self.primary_key else []) + list(self.unique)
-
-
-def _ident(name: str, dialect: str | None) -> str:
-    return exp.to_identifier(name).sql(dialect=sqlglot_dialect(dialect))
-
-
-@dataclass
-class RelSchema:
-    """A relational schema: tables by lower-case name, with PK / UNIQUE / NOT NULL / FK.
-
-    Build with :meth:`from_ddl`, :meth:`from_mapping`, :meth:`from_database` or
-    :func:`load_schema`. ``notes`` lists constraints that were dropped while reading (e.g. a
-    foreign key to a table the schema does not have).
-    """
-
-    tables: dict[str, Table]
-    notes: list[str] = field(default_factory=list)
-
-    # -- construction ------------------------------------------------------------------------
-
-    @classmethod
-    def from_ddl(cls, ddl: str, dialect: str | None = None,
-                 query_dialect: str | None = None) -> RelSchema:
-        """Read the tables of a schema script: ``CREATE TABLE`` (columns, types, NOT NULL,
-        PRIMARY KEY, UNIQUE, FOREIGN KEY, CHECK), ``CREATE UNIQUE INDEX`` (a UNIQUE key) and
-        ``ALTER TABLE`` adding columns or constraints; other statements (INSERT, DROP, SET,
-        PRAGMA, plain indexes, ...) do not change the schema and are skipped.
-
-        Each statement is parsed with ``dialect`` (the DDL's own, when known), else with the
-        dialect its text points to (backticks → MySQL, ...), else with ``query_dialect`` (the
-        queries' dialect), else with the others (:func:`tasks.sql_dialects.read_ddl`); a
-        statement read in another dialect than the one given is listed in :attr:`notes`.
-        Database qualifiers (``db.table``) are dropped. Raises SchemaError naming the statement
-        when one parses in no dialect, when an ALTER TABLE does something other than add a
-        column or a constraint, or when no table is defined — a schema is never silently
-        smaller than its DDL.
-        """
-        from tasks.sql_dialects import SQLReadError, read_ddl
-
-        try:
-            read = read_ddl(ddl, dialect, query_dialect)
-        except SQLReadError as exc:
-            raise SchemaError(str(exc)) from None
-        raw: dict[str, tuple[Table, list[_FK]]] = {}
-        notes = list(read.notes)
-        for st in read.statements:
-            tree = st.tree
-            kind = (tree.args.get("kind") or "").upper() if isinstance(tree, exp.Create) else ""
-            if kind == "TABLE":
-                table, fks = _table_from_create(tree)
-                if table.name.lower() in raw:
-                    raise SchemaError(f"table {table.name} defined twice")
-                raw[table.name.lower()] = (table, fks)
-            elif kind == "INDEX" and tree.args.get("unique"):
-                _unique_index(tree, raw, notes)
-            elif kind and kind not in ("INDEX", "SCHEMA", "DATABASE", "SEQUENCE"):
-                # a view, function, trigger, ...: not a table the finder can fill
-                name = tree.this.name if isinstance(tree.this, exp.Expression) else "?"
-                notes.append(f"schema DDL: CREATE {kind} {name} not read (a query reading it "
-                             "fails with 'no table')")
-            elif isinstance(tree, exp.Alter) and (tree.args.get("kind") or "").upper() == "TABLE":
-                _alter_table(tree, st.text, raw)
-        if not raw:
-            raise SchemaError("schema DDL has no CREATE TABLE statement")
-        schema = cls._finish(list(raw.values()))
-        schema.notes[:0] = notes
-        return schema
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any]) -> RelSchema:
-        """Read the mapping form ``{table: {"columns": {name: "TYPE [constraints]"} | [names],
-        "primary_key": [...], "unique": [[...]], "not_null": [...], "foreign_keys": [{"columns",
-        "references", "ref_columns"}]}}`` (values may be pydantic ``TableSpec`` models). It is
-        rendered as DDL and read with :meth:`from_ddl`, so both forms mean the same."""
-        if not mapping:
-            raise SchemaError("schema mapping has no tables")
-        statements = []
-        for tname, spec in mapping.items():
-            spec = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
-            unknown = set(spec) - {"columns", "primary_key", "unique", "not_null", "foreign_keys"}
-            if unknown:
-                raise SchemaError(f"table {tname}: unknown keys {sorted(unknown)}")
-            cols = spec.get("columns") or {}
-            if isinstance(cols, list):
-                cols = {c: "TEXT" for c in cols}
-            if not cols:
-                raise SchemaError(f"table {tname}: no columns")
-            not_null = {c.lower() for c in spec.get("not_null") or []}
-            parts = []
-            for cname, ctype in cols.items():
-                text = f"{_ident(cname, 'duckdb')} {ctype or 'TEXT'}"
-                if cname.lower() in not_null and "not null" not in str(ctype).lower():
-                    text += " NOT NULL"
-                parts.append(text)
-            known = {c.lower() for c in cols}
-            for c in not_null - known:
-                raise SchemaError(f"table {tname}: not_null names unknown column {c!r}")
-            if spec.get("primary_key"):
-                parts.append("PRIMARY KEY (" + ", ".join(_ident(c, "duckdb") for c in spec["primary_key"]) + ")")
-            for u in spec.get("unique") or []:
-                parts.append("UNIQUE (" + ", ".join(_ident(c, "duckdb") for c in u) + ")")
-            for fk in spec.get("foreign_keys") or []:
-                ref_cols = fk.get("ref_columns")
-                ref = _ident(fk["references"], "duckdb")
-                if ref_cols:
-                    ref += " (" + ", ".join(_ident(c, "duckdb") for c in ref_cols) + ")"
-                parts.append("FOREIGN KEY (" + ", ".join(_ident(c, "duckdb") for c in fk["columns"]) + f") REFERENCES {ref}")
-            statements.append(f"CREATE TABLE {_ident(tname, 'duckdb')} (" + ", ".join(parts) + ")")
-        try:
-            return cls.from_ddl(";\n".join(statements), "duckdb")
-        except SchemaError as exc:
-            raise SchemaError(f"schema mapping: {exc}") from None
-
-    @classmethod
-    def from_database(cls, path: str | Path) -> RelSchema:
-        """Read the schema (with keys) of a SQLite or DuckDB file, opened read-only.
-
-        Raises SchemaError when the file is missing or is neither engine's format."""
-        p = Path(path).expanduser()
-        if not p.is_file():
-            raise SchemaError(f"database file not found: {p}")
-        if database_engine(p) == "duckdb":
-            try:
-                con = duckdb.connect(str(p), read_only=True)
-                try:
-                    rows = con.execute(
-                        "SELECT sql FROM duckdb_tables() WHERE database_name = current_database() "
-                        "AND NOT internal ORDER BY table_name").fetchall()
-                finally:
-                    con.close()
-            except duckdb.Error as exc:
-                raise SchemaError(f"{p}: cannot read DuckDB schema: {exc}") from None
-            return cls.from_ddl(";\n".join(r[0] for r in rows), "duckdb")
-        try:
-            con = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True)
-            try:
-                rows = con.execute(
-                    "SELECT sql FROM sqlite_master WHERE type = 'table' AND sql IS NOT NULL "
-                    "AND name NOT LIKE 'sqlite_%' ORDER BY name").fetchall()
-            finally:
-                con.close()
-        except sqlite3.Error as exc:
-            raise SchemaError(f"{p}: cannot read SQLite schema: {exc}") from None
-        return cls.from_ddl(";\n".join(r[0] for r in rows), "sqlite")
-
-    @classmethod
-    def _finish(cls, raw) -> RelSchema:
-        tables: dict[str, Table] = {}
-        for table, _ in raw:
-            if table.name.lower() in tables:
-                raise SchemaError(f"table {table.name} defined twice")
-            tables[table.name.lower()] = table
-        notes: list[str] = []
-        for table, fks in raw:
-            for cols, ref_table, ref_cols in fks:
-                parent = tables.get(ref_table.lower())
-                if parent is None:
-                    notes.append(f"{table.name}: foreign key to unknown table {ref_table} ignored")
-                    continue
-                if not ref_cols:
-                    ref_cols = parent.primary_key
-                try:
-                    cols = tuple(table.column(c).name for c in cols)
-                    ref_cols = tuple(parent.column(c).name for c in ref_cols)
-                except KeyError as exc:
-                    notes.append(f"{table.name}: foreign key ignored ({exc.args[0]})")
-                    continue
-                if len(cols) != len(ref_cols) or not cols:
-                    notes.append(f"{table.name}: foreign key {cols} → {ref_table} ignored (arity)")
-                    continue
-                table.foreign_keys.append(ForeignKey(cols, parent.name.lower(), ref_cols))
-        for table in tables.values():
-            try:
-                table.primary_key = tuple(table.column(c).name for c in table.primary_key)
-                table.unique = [tuple(table.column(c).name for c in u) for u in table.unique]
-            except KeyError as exc:
-                raise SchemaError(f"key names an unknown column: {exc.args[0]}") from None
-            for c in table.primary_key:
-                table.column(c).not_null = True
-        return cls(tables, notes)
-
-    # -- use ---------------------------------------------------------------------------------
-
-    def table(self, name: str) -> Table:
-        """The table named ``name`` (case-insensitive; a ``db.`` qualifier is ignored)."""
-        key = name.lower().rsplit(".", 1)[-1]
-        try:
-            return self.tables[key]
-        except KeyError:
-            raise KeyError(f"no table {name!r} in the schema (have {sorted(self.tables)})") from None
-
-    def closure(self, names: Iterable[str]) -> list[str]:
-        """``names`` plus every table they reference through foreign keys (transitively), in an
-        order where referenced tables come first (cycles broken arbitrarily)."""
-        want: set[str] = set()
-        stack = [self.table(n).name.lower() for n in names]
-        while stack:
-            t = stack.pop()
-            if t in want:
-                continue
-            want.add(t)
-            stack.extend(fk.ref_table for fk in self.tables[t].foreign_keys)
-        order: list[str] = []
-        visiting: set[str] = set()
-
-        def visit(t: str) -> None:
-            if t in order or t in visiting:
-                return
-            visiting.add(t)
-            for fk in self.tables[t].foreign_keys:
-                if fk.ref_table in want and fk.ref_table != t:
-                    visit(fk.ref_table)
-            visiting.discard(t)
-            order.append(t)
-
-        for t in sorted(want):
-            visit(t)
-        return order
-
-    def emittable_fks(self, table: Table, tables: Sequence[str]) -> list[ForeignKey]:
-        """Foreign keys an engine can declare: the parent is among ``tables`` and the
-        referenced columns are its primary key or a UNIQUE set (DuckDB and SQLite both need
-        that). Other foreign keys are still honoured by the finder's generator."""
-        out = []
-        for fk in table.foreign_keys:
-            parent = self.tables[fk.ref_table]
-            if fk.ref_table not in tables:
-                continue
-            if {c.lower() for c in fk.ref_columns} in [{c.lower() for c in k} for k in parent.keys]:
-                out.append(fk)
-        return out
-
-    def create_sql(
-        self, name: str, dialect: str | None = "duckdb", *, constraints: bool = True,
-        tables: Sequence[str] | None = None, category_types: bool = False,
-        checks: bool | None = None,
-    ) -> str:
-        """``CREATE TABLE`` for table ``name`` in ``dialect``: columns with their types (or a
-        standard type for their category when ``category_types``), and, with ``constraints``,
-        NOT NULL, PRIMARY KEY, UNIQUE and the foreign keys to tables among ``tables``; CHECK
-        constraints with ``checks`` (default: with ``constraints``)."""
-        checks = constraints if checks is None else checks
-        dialect = sqlglot_dialect(dialect)
-        t = self.table(name)
-        tables = [x.lower() for x in (tables if tables is not None else self.tables)]
-        parts = []
-        for c in t.columns:
-            typ = _CATEGORY_SQL[c.category] if category_types else _engine_type(c, dialect)
-            if category_types and dialect == "sqlite":
-                typ = exp.DataType.build(typ).sql(dialect="sqlite")
-            text = f"{_ident(c.name, dialect)} {typ}"
-            if constraints and c.not_null:
-                text += " NOT NULL"
-            parts.append(text)
-        if constraints:
-            if t.primary_key:
-                parts.append("PRIMARY KEY (" + ", ".join(_ident(c, dialect) for c in t.primary_key) + ")")
-            for u in t.unique:
-                parts.append("UNIQUE (" + ", ".join(_ident(c, dialect) for c in u) + ")")
-            for fk in self.emittable_fks(t, tables):
-                parent = self.tables[fk.ref_table]
-                parts.append(
-                    "FOREIGN KEY (" + ", ".join(_ident(c, dialect) for c in fk.columns)
-                    + f") REFERENCES {_ident(parent.name, dialect)} ("
-                    + ", ".join(_ident(c, dialect) for c in fk.ref_columns) + ")"
-                )
-        if checks:
-            parts.extend(f"CHECK ({c.sql(dialect=dialect)})" for c in t.checks)
-        return f"CREATE TABLE {_ident(t.name, dialect)} (\n  " + ",\n  ".join(parts) + "\n)"
-
-    def ddl(self, dialect: str | None = "duckdb", tables: Sequence[str] | None = None) -> str:
-        """The whole schema (or ``tables`` and the tables they reference) as DDL text."""
-        names = self.closure(tables) if tables is not None else self.closure(self.tables)
-        return ";\n\n".join(self.create_sql(n, dialect, tables=names) for n in names) + ";\n"
-
-
-_FK = tuple[tuple[str, ...], str, tuple[str, ...]]
-
-
-def _table_from_create(st: exp.Create) -> tuple[Table, list[_FK]]:
-    """A :class:`Table` (and its raw foreign keys) from one parsed CREATE TABLE."""
-    target = st.this
-    if not isinstance(target, exp.Schema):
-        raise SchemaError(f"CREATE TABLE without a column list: {st.sql()[:80]}")
-    name = target.this.name
-    table = Table(name, [])
-    fks: list[_FK] = []
-    for item in target.expressions:
-        if isinstance(item, exp.ColumnDef):
-            _add_column(table, item, fks)
-        else:
-            _add_table_constraint(table, item, fks)
-    if not table.columns:
-        raise SchemaError(f"table {name}: no columns")
-    return table, fks
-
-
-def _add_column(table: Table, item: exp.ColumnDef, fks: list[_FK]) -> None:
-    kind = item.args.get("kind")
-    dtype = kind if isinstance(kind, exp.DataType) else exp.DataType.build("TEXT")
-    col = Column(item.name, dtype, type_category(dtype))
-    for cons in item.constraints:
-        ck = cons.args.get("kind")
-        if isinstance(ck, exp.NotNullColumnConstraint) and not ck.args.get("allow_null"):
-            col.not_null = True
-        elif isinstance(ck, exp.PrimaryKeyColumnConstraint):
-            table.primary_key = (item.name,)
-        elif isinstance(ck, exp.UniqueColumnConstraint):
-            table.unique.append((item.name,))
-        elif isinstance(ck, exp.Reference):
-            fks.append(((item.name,), *_reference(ck)))
-        elif isinstance(ck, exp.CheckColumnConstraint) and ck.this is not None:
-            table.checks.append(ck.this.copy())
-    table.columns.append(col)
-
-
-def _add_table_constraint(table: Table, item: exp.Expression, fks: list[_FK]) -> None:
-    if isinstance(item, exp.PrimaryKey):
-        table.primary_key = tuple(_names(item.expressions))
-    elif isinstance(item, exp.UniqueColumnConstraint):
-        schema_node = item.this
-        cols = _names(schema_node.expressions) if schema_node is not None else []
-        if cols:
-            table.unique.append(tuple(cols))
-    elif isinstance(item, exp.ForeignKey):
-        ref = item.args.get("reference")
-        if ref is not None:
-            fks.append((tuple(_names(item.expressions)), *_reference(ref)))
-    elif isinstance(item, exp.CheckColumnConstraint) and item.this is not None:
-        table.checks.append(item.this.copy())
-    elif isinstance(item, exp.Constraint):
-        for sub in item.expressions:
-            _add_table_constraint(table, sub, fks)
-
-
-def _unique_index(st: exp.Create, raw: dict, notes: list[str]) -> None:
-    index = st.this
-    params = index.args.get("params") if isinstance(index, exp.Index) else None
-    target = index.args.get("table") if isinstance(index, exp.Index) else None
-    if params is None or target is None:
-        raise SchemaError(f"CREATE UNIQUE INDEX not understood: {st.sql()[:100]}")
-    if target.name.lower() not in raw:
-        raise SchemaError(f"CREATE UNIQUE INDEX on unknown table {target.name}")
-    if params.args.get("where") is not None:
-        notes.append(f"schema DDL: partial unique index {index.name} on {target.name} not "
-                     "enforced (its rows are not all distinct)")
-        return
-    cols = []
-    for c in params.args.get("columns") or []:
-        inner = c.this if isinstance(c, exp.Ordered) else c
-        if not isinstance(inner, exp.Column):
-            notes.append(f"schema DDL: unique index {index.name} on an expression not enforced")
-            return
-        cols.append(inner.name)
-    if cols:
-        raw[target.name.lower()][0].unique.append(tuple(cols))
-
-
-def _alter_table(st: exp.Alter, text: str, raw: dict) -> None:
-    name = st.this.name
-    if name.lower() not in raw:
-        raise SchemaError(f"ALTER TABLE of unknown table {name}: {text[:100]}")
-    table, fks = raw[name.lower()]
-    for action in st.args.get("actions") or []:
-        if isinstance(action, exp.ColumnDef):
-            _add_column(table, action, fks)
-        elif isinstance(action, exp.AddConstraint):
-            for item in action.expressions:
-                _add_table_constraint(table, item, fks)
-        elif isinstance(action, exp.AlterColumn) and action.args.get("allow_null") is False:
-            table.column(action.name).not_null = True
-        else:
-            raise SchemaError(f"ALTER TABLE {name}: only ADD COLUMN / ADD CONSTRAINT / SET NOT "
-                              f"NULL are read, not {type(action).__name__}: {text[:100]}")
-
-
-def _engine_type(col: Column, dialect: str | None) -> str:
-    """The column's declared type for ``dialect``, without the display widths no engine but
-    MySQL reads (``INT(11)``, ``TINYINT(1)``, ``DOUBLE(8,2)``)."""
-    dtype = col.dtype
-    if col.category in ("int", "float") and dtype.expressions:
-        dtype = exp.DataType(this=dtype.this)
-    return dtype.sql(dialect=dialect)
-
-
-def enum_values(col: Column) -> list[str]:
-    """The values of an ENUM column (empty for other types)."""
-    if col.dtype.this != exp.DataType.Type.ENUM:
-        return []
-    return [e.this for e in col.dtype.expressions if isinstance(e, exp.Literal)]
-
-
-def _names(nodes: Iterable[exp.Expression]) -> list[str]:
-    return [n.name for n in nodes]
-
-
-def _reference(ref: exp.Reference) -> tuple[str, tuple[str, ...]]:
-    target = ref.this
-    if isinstance(target, exp.Schema):
-        return target.this.name, tuple(_names(target.expressions))
-    return target.name, ()
-
-
-def load_schema(schema: str | Mapping[str, Any] | None, dialect: str | None = None,
-                db_path: str | Path | None = None, query_dialect: str | None = None) -> RelSchema:
-    """A :class:`RelSchema` from DDL text (``dialect``: the DDL's own, ``query_dialect``: the
-    queries', a weaker hint; see :meth:`RelSchema.from_ddl`), the mapping form, or (when
-    ``schema`` is None) the SQLite/DuckDB file ``db_path``. Raises SchemaError when there is
-    nothing to read."""
-    if isinstance(schema, str):
-        return RelSchema.from_ddl(schema, dialect, query_dialect)
-    if isinstance(schema, Mapping):
-        return RelSchema.from_mapping(schema)
-    if db_path is not None:
-        return RelSchema.from_database(db_path)
-    raise SchemaError("the pair has neither a schema nor a SQLite/DuckDB database to read one from")
-
-
-def database_engine(path: str | Path) -> str:
-    """``sqlite`` or ``duckdb`` for a database file, from its header (suffix as fallback)."""
-    p = Path(path)
-    try:
-        with open(p, "rb") as fh:
-            head = fh.read(16)
-    except OSError:
-        head = b""
-    if head.startswith(b"SQLite format 3"):
-        return "sqlite"
-    if len(head) >= 12 and head[8:12] == b"DUCK":
-        return "duckdb"
-    return "duckdb" if p.suffix.lower() in (".duckdb", ".ddb") else "sqlite"
+ENGINES = ("duckdb", "sqlite", "postgres")
 
 
 # --------------------------------------------------------------------------------------------
@@ -575,15 +89,20 @@ def parse_query(sql: str, dialect: str | None) -> exp.Expression:
 
 
 def referenced_tables(tree: exp.Expression) -> list[str]:
-    """Base tables a query reads (CTE names excluded), lower-case, in order of appearance."""
+    """Base tables a query reads (CTE names excluded), lower-case, in order of appearance; a
+    qualified table keeps its qualifier (``hr.emp``)."""
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     out: list[str] = []
     for t in tree.find_all(exp.Table):
         if not t.name:
             continue
         n = t.name.lower()
-        if n not in ctes and n not in out:
-            out.append(n)
+        if n in ctes:
+            continue
+        db = t.args.get("db")
+        full = f"{db.name.lower()}.{n}" if isinstance(db, exp.Expression) and db.name else n
+        if full not in out:
+            out.append(full)
     return out
 
 
@@ -602,78 +121,167 @@ def order_matters(sql1: str, sql2: str, dialect: str | None, order: str, both: b
     return all(flags) if both else any(flags)
 
 
-#: Aggregates whose value depends on the order rows arrive in.
-_ORDER_DEPENDENT = (exp.ArrayAgg, exp.GroupConcat, exp.AnyValue, exp.First, exp.Last,
-                    exp.FirstValue, exp.LastValue, exp.NthValue, exp.ArgMax, exp.ArgMin)
-_ORDER_DEPENDENT_NAMES = {"STRING_AGG", "LISTAGG", "LIST", "ARBITRARY", "ANY_VALUE", "FIRST", "LAST"}
+@dataclass
+class EngineChoice:
+    """The engine a pair runs on: ``engine``, ``mysql`` (MySQL's comparison rules
+    approximated), ``integer_division`` (DuckDB standing in for PostgreSQL), and the
+    ``readings`` saying so."""
+
+    engine: str
+    mysql: bool = False
+    integer_division: bool = False
+    readings: list[str] = field(default_factory=list)
+
+    def abs_tol(self, *trees: exp.Expression) -> float | None:
+        """The absolute tolerance numbers compare with: 1e-4 for MySQL queries that divide or
+        average (MySQL's results keep 4 more decimals, DuckDB's all), else None (the
+        default)."""
+        if self.mysql and any(next(t.find_all(exp.Div, exp.Avg), None) is not None for t in trees):
+            return 1e-4
+        return None
 
 
-def arbitrary_choices(tree: exp.Expression, engine: str = "duckdb") -> bool:
-    """Whether a query's result may depend on an arbitrary choice the engine makes among rows:
-    LIMIT / OFFSET / FETCH (ties at the boundary), window functions, DISTINCT ON,
-    order-dependent aggregates (STRING_AGG, ARRAY_AGG, ANY_VALUE, FIRST, ...) and, on SQLite, a
-    bare column next to an aggregate. Such queries are compared under many row orders
-    (:func:`row_orders`)."""
-    if next(tree.find_all(exp.Limit, exp.Offset, exp.Fetch, exp.Window, *_ORDER_DEPENDENT), None):
-        return True
-    for d in tree.find_all(exp.Distinct):
-        if d.args.get("on") is not None:
-            return True
-    for f in tree.find_all(exp.Anonymous):
-        if str(f.this).upper() in _ORDER_DEPENDENT_NAMES:
-            return True
-    if engine == "sqlite":
-        for select in tree.find_all(exp.Select):
-            items = select.expressions
-            if not any(isinstance(n, exp.AggFunc) for e in items for n in e.walk()):
-                continue
-            group = select.args.get("group")
-            grouped = {c.sql() for c in group.find_all(exp.Column)} if group is not None else set()
-            for e in items:
-                for c in e.find_all(exp.Column):
-                    if c.find_ancestor(exp.AggFunc) is None and c.sql() not in grouped:
-                        return True
-    return False
+def engine_for(dialect: str | None, engine: str = "auto") -> EngineChoice:
+    """The engine for a pair's dialect: ``postgres`` → a real PostgreSQL server (DuckDB with
+    integer division when none can be started, stated), ``sqlite`` → SQLite, ``duckdb`` →
+    DuckDB, ``mysql`` → DuckDB approximating MySQL (stated), other dialects → DuckDB (stated).
+    ``engine`` other than ``auto`` forces one."""
+    d = sqlglot_dialect(dialect) or "ansi"
+    if engine != "auto":
+        choice = EngineChoice(engine, mysql=(d == "mysql" and engine != "mysql"))
+        if choice.mysql:
+            choice.readings.append(MYSQL_APPROXIMATION.format(engine=engine))
+        return choice
+    if d == "postgres":
+        from tasks.pg_scratch import PostgresUnavailable, server_url
+
+        try:
+            server_url()
+            return EngineChoice("postgres")
+        except PostgresUnavailable as exc:
+            return EngineChoice("duckdb", integer_division=True, readings=[
+                (f"PostgreSQL semantics approximated by DuckDB: no PostgreSQL server ({exc}); "
+                "integer division is on, but division by zero gives NULL instead of an error "
+                "and text sorts bytewise")])
+    if d == "sqlite":
+        return EngineChoice("sqlite")
+    if d == "duckdb":
+        return EngineChoice("duckdb")
+    if d == "mysql":
+        return EngineChoice("duckdb", mysql=True, readings=[MYSQL_APPROXIMATION.format(engine="DuckDB")])
+    if d in _INTEGER_DIVISION:
+        return EngineChoice("duckdb", integer_division=True, readings=[
+            (f"{dialect} semantics approximated by DuckDB (with integer division of integers, as "
+            f"{dialect} divides)")])
+    return EngineChoice("duckdb", readings=[f"{dialect} semantics approximated by DuckDB"])
 
 
-def row_orders(lengths: Sequence[int], many: bool, seed: int = 0) -> list[list[list[int]]]:
-    """Orders to insert rows in: each order holds one permutation (a list of positions) per
-    row list of the given ``lengths``. Always the identity and the reversal; with ``many``
-    also rotations (every row first once, up to 12 of them), their reversals and four seeded
-    shuffles, so that every row of a group of ties gets to be chosen by an arbitrary choice
-    (the identity stays first; duplicates are removed)."""
-    ident = [list(range(n)) for n in lengths]
-    orders = [ident, [list(reversed(p)) for p in ident]]
-    longest = max(lengths, default=0)
-    if many and longest > 2:
-        steps = sorted({round(i * longest / min(longest, 12)) for i in range(1, min(longest, 12))})
-        for r in steps:
-            rot = [[(i + r) % n for i in range(n)] if n else [] for n in lengths]
-            orders.append(rot)
-            orders.append([list(reversed(p)) for p in rot])
-        rng = random.Random(seed)
-        for _ in range(4):
-            orders.append([rng.sample(range(n), n) for n in lengths])
-    out, seen = [], set()
-    for o in orders:
-        key = tuple(tuple(p) for p in o)
-        if key not in seen:
-            seen.add(key)
-            out.append(o)
-    return out
+#: Dialects whose ``/`` divides integers as integers (PostgreSQL runs on its own server).
+_INTEGER_DIVISION = {"tsql", "redshift", "trino", "presto", "athena", "materialize", "risingwave",
+                     "fabric", "dremio"}
+
+
+def _scale_resolver(schema: RelSchema | None):
+    """``scale_of(node)`` for :func:`tasks.sql_dialects.mysql_approximation`: the scale of an
+    exact-number operand (integer columns and literals 0, DECIMAL(p, s) columns s, decimal
+    literals their digits), None for approximate or unknown ones."""
+
+    def scale_of(node: exp.Expression) -> int | None:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Literal) and not node.is_string:
+            text = node.this
+            if "e" in text.lower():
+                return None
+            return len(text.split(".")[1]) if "." in text else 0
+        if isinstance(node, exp.Neg):
+            return scale_of(node.this)
+        if isinstance(node, exp.Cast):
+            to = node.to
+            if to.is_type(*exp.DataType.INTEGER_TYPES):
+                return 0
+            if to.this == exp.DataType.Type.DECIMAL:
+                params = [int(p.this.this) for p in to.expressions if isinstance(p.this, exp.Literal)]
+                return params[1] if len(params) > 1 else 0
+            return None
+        if isinstance(node, exp.Column) and schema is not None:
+            found = set()
+            tables = [schema.tables[node.table.lower()]] if node.table and node.table.lower() in schema.tables \
+                else schema.tables.values()
+            for t in tables:
+                for c in t.columns:
+                    if c.name.lower() == node.name.lower():
+                        if c.category == "int":
+                            found.add(0)
+                        elif c.category == "decimal":
+                            params = [int(p.this.this) for p in c.dtype.expressions
+                                      if isinstance(p, exp.DataTypeParam) and isinstance(p.this, exp.Literal)]
+                            found.add(params[1] if len(params) > 1 else 0)
+                        else:
+                            found.add(None)
+            return found.pop() if len(found) == 1 else None
+        return None
+
+    return scale_of
+
+
+def adapt_to_schema(q: ReadQuery, schema: RelSchema | None) -> ReadQuery:
+    """Readings of a query that need the schema's types (MySQL ``||`` between numeric or
+    boolean columns is OR, :func:`tasks.sql_dialects.mysql_pipes_numeric`). Returns ``q``."""
+    if schema is None or q.dialect != "mysql":
+        return q
+
+    def numeric(node: exp.Expression) -> bool:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if not isinstance(node, exp.Column):
+            return False
+        cats = {c.category for t in schema.tables.values() for c in t.columns
+                if c.name.lower() == node.name.lower()}
+        return bool(cats) and cats <= {"int", "bool", "float", "decimal"}
+
+    from tasks.sql_dialects import mysql_pipes_numeric
+
+    mysql_pipes_numeric(q, numeric)
+    return q
+
+
+@dataclass
+class EngineQuery:
+    """One query ready for an engine: ``sql`` to run, its :class:`QueryPlan` (the probe and
+    the arbitrary choices its SQL leaves), the ``tree`` it was read as."""
+
+    sql: str
+    plan: QueryPlan
+    tree: exp.Expression | None = None
+
+
+def prepare_query(q: ReadQuery, schema: RelSchema | None, choice: EngineChoice) -> EngineQuery:
+    """The engine SQL and :class:`QueryPlan` of a read query. Raises sqlglot errors when the
+    query cannot be written for the engine."""
+    dialect, engine = q.dialect, choice.engine
+    scale_of = _scale_resolver(schema) if choice.mysql else None
+    sql = _engine_sql(q, dialect, engine, scale_of)
+    bare = engine == "sqlite" or dialect in ("mysql", "sqlite")
+    plan = plan_query(q.tree, schema, engine=engine, bare_columns=bare, dialect=dialect,
+                      to_sql=lambda t: engine_tree(t, dialect, engine, scale_of).sql(dialect=engine))
+    return EngineQuery(sql, plan, q.tree)
 
 
 # --------------------------------------------------------------------------------------------
-# Sandbox
+# Outcomes and their comparison
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass
 class Outcome:
-    """What one query returned on an instance: ``rows`` (tuples) or an ``error`` message."""
+    """What one query returned on an instance: ``rows`` (tuples) and ``ncols``, or an
+    ``error`` message (``timeout``: the error is the per-query time limit)."""
 
     rows: list[tuple] | None = None
     error: str | None = None
+    timeout: bool = False
+    ncols: int | None = None
 
     def preview(self, n: int = 5) -> str:
         """``ERROR: ...`` or the first ``n`` rows and the row count."""
@@ -686,23 +294,95 @@ class Outcome:
 
 
 def same_outcome(a: Outcome, b: Outcome, *, ordered: bool, bag: bool = True,
-                 permute_columns: bool = True) -> bool:
+                 permute_columns: bool = True, fold: bool = False) -> bool:
     """Two outcomes are the same result: both errors, or rows equal under test-suite
-    semantics (:func:`tasks.result_match.results_match`). One error and one result are not the
-    same, but neither is a difference between results: callers treat that case apart
-    (:func:`one_sided_error`)."""
+    semantics (:func:`tasks.result_match.compare_results` is True). One error and one result
+    are not the same, but neither is a difference between results: callers treat that case
+    apart (:func:`one_sided_error`)."""
     if a.error is not None or b.error is not None:
         return a.error is not None and b.error is not None
-    return results_match(a.rows or [], b.rows or [], ordered=ordered, bag=bag,
-                         permute_columns=permute_columns)
+    return compare_results(a.rows or [], b.rows or [], ordered=ordered, bag=bag,
+                           permute_columns=permute_columns, fold=fold) is True
 
 
 def one_sided_error(a: Outcome, b: Outcome) -> str | None:
-    """``"sql1 fails (sql2 runs): <error>"`` when exactly one of two outcomes is an error, else
-    None."""
-    if (a.error is None) == (b.error is None):
+    """``"sql1 fails (sql2 runs): <error>"`` when exactly one of two outcomes is a runtime
+    error, else None (a timeout is not a runtime error: :func:`one_sided_timeout`)."""
+    if a.timeout or b.timeout or (a.error is None) == (b.error is None):
         return None
     return f"sql1 fails (sql2 runs): {a.error}" if a.error is not None else f"sql2 fails (sql1 runs): {b.error}"
+
+
+def one_sided_timeout(a: Outcome, b: Outcome) -> str | None:
+    """``"sql1 timed out ..."`` when a query hit the per-query time limit, else None."""
+    if a.timeout:
+        return f"sql1 timed out ({a.error})"
+    if b.timeout:
+        return f"sql2 timed out ({b.error})"
+    return None
+
+
+@dataclass
+class Separation:
+    """Whether an instance separates two queries: ``kind`` is ``same`` (the results are
+    equal), ``certain`` (no allowed result of one equals an allowed result of the other: a
+    counterexample), ``choice`` (they differ here, but the difference may come from an
+    arbitrary choice the SQL leaves to the engine — ``reason`` says which) or ``error`` (a
+    query failed)."""
+
+    kind: str
+    reason: str = ""
+
+    @property
+    def certain(self) -> bool:
+        """The instance is a counterexample."""
+        return self.kind == "certain"
+
+
+def separation(run, q1: EngineQuery, q2: EngineQuery, o1: Outcome, o2: Outcome, *,
+               ordered: bool, bag: bool = True, permute_columns: bool = True,
+               fold: bool = False, abs_tol: float | None = None) -> Separation:
+    """Decide whether the instance currently loaded separates two queries, given their
+    outcomes on it. ``run(sql) -> Outcome`` runs a probe on that instance (the sort keys and
+    the rows a top-level LIMIT cuts from, :mod:`tasks.outcomes`) when the results differ.
+    ``fold``: MySQL text comparison; ``abs_tol``: another absolute tolerance for numbers
+    (:meth:`EngineChoice.abs_tol`)."""
+    if abs_tol is not None:
+        with tolerance(abs_tol=abs_tol):
+            return separation(run, q1, q2, o1, o2, ordered=ordered, bag=bag,
+                              permute_columns=permute_columns, fold=fold)
+    if o1.error is not None or o2.error is not None:
+        return Separation("error", o1.error or o2.error or "")
+    if compare_results(o1.rows or [], o2.rows or [], ordered=ordered, bag=bag,
+                       permute_columns=permute_columns, fold=fold) is True:
+        return Separation("same")
+    spaces: list[OutcomeSpace] = []
+    for eq, o in ((q1, o1), (q2, o2)):
+        plan = eq.plan
+        why = "; ".join(plan.opaque) or resolve_cuts(plan, run, fold)
+        if why:
+            spaces.append(OutcomeSpace(opaque=why))
+            continue
+        probe_rows = probe_width = None
+        if plan.needs_probe(ordered):
+            p = run(plan.probe)
+            if p.error is not None:
+                spaces.append(OutcomeSpace(opaque=f"the probe of ORDER BY / LIMIT failed: {p.error}"))
+                continue
+            probe_rows, probe_width = p.rows, p.ncols
+        spaces.append(build_space(plan, o.rows or [], probe_rows=probe_rows, probe_width=probe_width,
+                                  width=o.ncols, fold=fold, ordered=ordered))
+    if certainly_differ(spaces[0], spaces[1], ordered=ordered, bag=bag, permute_columns=permute_columns):
+        return Separation("certain")
+    reasons = []
+    for n, (eq, s) in enumerate(zip((q1, q2), spaces), start=1):
+        if s.opaque:
+            reasons.append(f"sql{n}: {s.opaque}")
+        else:
+            reasons.extend(f"sql{n}: {c}" for c in eq.plan.choices[:2])
+    if not reasons:
+        reasons.append("the column-order search was undecided" if permute_columns else "undecided")
+    return Separation("choice", " | ".join(reasons))
 
 
 def _short(msg: object) -> str:
@@ -725,44 +405,107 @@ def literal(value: Any, engine: str) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
+# --------------------------------------------------------------------------------------------
+# Sandbox
+# --------------------------------------------------------------------------------------------
+
+
+class UniqueIndexViolation(Exception):
+    """An instance breaks a unique index on expressions or a partial one
+    (:class:`tasks.relschema.UniqueIndex`), checked after it loads."""
+
+
+_ENGINE_ERRORS: tuple[type[BaseException], ...] = (duckdb.Error, sqlite3.Error, UniqueIndexViolation)
+
+
+def _pg_errors() -> tuple[type[BaseException], ...]:
+    import psycopg
+
+    return (psycopg.Error,)
+
+
 class Sandbox:
-    """An in-memory DuckDB (single thread) or SQLite database holding ``tables`` of
-    ``schema``, to load instances into (:meth:`load`) and run queries on (:meth:`run`).
+    """A database holding ``tables`` of ``schema`` — in-memory DuckDB (single thread) or
+    SQLite, or a schema of its own in a scratch PostgreSQL database (``pg``: a shared
+    :class:`tasks.pg_scratch.ScratchDatabase`, else one is created and dropped on close) — to
+    load instances into (:meth:`load`) and run queries on (:meth:`run`).
 
     With ``constraints`` the tables carry their keys (NOT NULL, PK, UNIQUE, FK; SQLite with
-    ``PRAGMA foreign_keys=ON``), so inserting an instance that breaks one raises; the finder's
-    search sandbox omits them for speed (its generator keeps them), the verification sandbox
-    keeps them. ``checks`` (default: ``constraints``) declares the CHECK constraints (the
-    finder's search sandbox keeps them, so an instance breaking one does not load); when the
-    engine cannot create one, the table is created without and :attr:`notes` says so. A query
-    running over ``query_timeout_s`` is interrupted and returns an error outcome. Use as a
-    context manager or call :meth:`close`.
+    ``PRAGMA foreign_keys=ON``; self-references and cycles deferred to commit on SQLite and
+    PostgreSQL, not declared on DuckDB — :attr:`notes`), so inserting an instance that breaks
+    one raises; the finder's search sandbox omits them for speed (its generator keeps them),
+    the verification sandbox keeps them. ``checks`` (default: ``constraints``) declares the
+    CHECK constraints (the finder's search sandbox keeps them, so an instance breaking one does
+    not load); when the engine cannot create one, the table is created without and
+    :attr:`notes` says so. ``mysql``: text columns compare case-insensitively (MySQL's
+    default collations); ``integer_division``: DuckDB's ``/`` divides integers as integers;
+    ``many_joins``: DuckDB skips its join-order search (planning dominates on tiny data). A
+    query running over its time limit is interrupted and returns an outcome with ``timeout``.
+    Use as a context manager or call :meth:`close`.
     """
 
     def __init__(self, schema: RelSchema, tables: Sequence[str], engine: str = "duckdb",
                  *, constraints: bool = False, checks: bool | None = None,
-                 query_timeout_s: float = 5.0) -> None:
+                 query_timeout_s: float = 5.0, mysql: bool = False,
+                 integer_division: bool = False, pg=None, many_joins: bool = False) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine {engine!r}: use one of {ENGINES}")
         self.schema = schema
         self.engine = engine
+        self.mysql = mysql
         self.tables = schema.closure(tables)
         self.query_timeout_s = query_timeout_s
+        self.constraints = constraints
         self._loaded: set[str] = set()
         self._names = {t: _ident(schema.tables[t].name, engine) for t in self.tables}
+        self._prefixes: dict[str, str] = {}
+        self._current: dict[str, list[tuple]] = {}
         self._deadline: float | None = None
+        self._interrupted = False
         self._closed = threading.Event()
+        self._own_pg = None
+        self._pg_timeout_ms: int | None = None
+        self.notes: list[str] = []
+        self._errors = _ENGINE_ERRORS
         if engine == "duckdb":
             self.con = duckdb.connect(":memory:", config={"threads": 1})
+            if integer_division:
+                self.con.execute("SET integer_division = true")
+            if many_joins:
+                # planning a many-way join costs DuckDB ~30 ms, the tiny instances ~1 ms:
+                # the join-order search is skipped (the results are the same)
+                self.con.execute("SET disabled_optimizers = 'join_order'")
             self._watchdog = threading.Thread(target=self._watch, daemon=True,
                                               name="equivalence-sandbox-watchdog")
             self._watchdog.start()
-        else:
+        elif engine == "sqlite":
             self.con = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            self._gate = ReadGate(self.con)  # queries read only; the harness loads
             if constraints:
                 self.con.execute("PRAGMA foreign_keys = ON")
+        else:
+            from tasks.pg_scratch import ScratchDatabase
+
+            self._errors = _ENGINE_ERRORS + _pg_errors()
+            if pg is None:
+                pg = self._own_pg = ScratchDatabase()
+            self.con = pg.connect()
+        try:
+            self._create(checks)
+        except SchemaError:
+            self.close()
+            raise
+
+    def _create(self, checks: bool | None) -> None:
+        schema, engine, constraints = self.schema, self.engine, self.constraints
         checks = constraints if checks is None else checks
-        self.notes: list[str] = []
+        if engine in ("duckdb", "postgres"):
+            for name, values in schema.enum_types(self.tables).items():
+                vals = ", ".join(literal(v, engine) for v in values)
+                try:
+                    self._exec(f"CREATE TYPE {_ident(name, engine)} AS ENUM ({vals})")
+                except self._errors as exc:
+                    raise SchemaError(f"cannot create enum type {name} on {engine}: {_short(exc)}") from None
         for name in self.tables:
             attempts = [(False, checks), (True, checks)]
             first_error = ""
@@ -770,42 +513,53 @@ class Sandbox:
                 attempts.append((True, False))
             for n, (category_types, with_checks) in enumerate(attempts):
                 ddl = schema.create_sql(name, engine, constraints=constraints, tables=self.tables,
-                                        category_types=category_types, checks=with_checks)
+                                        category_types=category_types, checks=with_checks,
+                                        nocase=self.mysql)
                 try:
                     self._exec(ddl)
                     if checks and not with_checks:
                         self.notes.append(f"CHECK constraints of table {name} not enforced: "
                                           f"{engine} cannot create them ({first_error})")
                     break
-                except (duckdb.Error, sqlite3.Error) as exc:
+                except self._errors as exc:
                     if n == 0:
                         first_error = _short(exc)
                     if n == len(attempts) - 1:
-                        self.close()
                         raise SchemaError(f"cannot create table {name} on {engine}: {first_error}") from None
+        if constraints:
+            statements, notes = schema.deferred_fk_sql(self.tables, engine)
+            self.notes.extend(notes)
+            for st in statements:
+                try:
+                    self._exec(st)
+                except self._errors as exc:
+                    raise SchemaError(f"cannot declare a foreign key on {engine}: {_short(exc)}") from None
 
     # -- plumbing ----------------------------------------------------------------------------
 
     def _watch(self) -> None:
-        while not self._closed.wait(0.05):
+        while not self._closed.wait(0.02):
             d = self._deadline
             if d is not None and time.monotonic() > d:
                 try:
+                    self._interrupted = True
                     self.con.interrupt()
                 except Exception:  # noqa: BLE001, S110 - connection already closed
                     pass
                 self._deadline = None
 
     def _exec(self, sql: str) -> None:
-        self.con.execute(sql)
+        self.con.execute(self._gate.trusted(sql) if self.engine == "sqlite" else sql)
 
     def close(self) -> None:
-        """Close the connection and stop the watchdog thread."""
+        """Close the connection (and drop the scratch database this sandbox made)."""
         self._closed.set()
         try:
             self.con.close()
         except Exception:  # noqa: BLE001, S110 - already closed
             pass
+        if self._own_pg is not None:
+            self._own_pg.close()
 
     def __enter__(self) -> Self:
         return self
@@ -815,31 +569,89 @@ class Sandbox:
 
     # -- use ---------------------------------------------------------------------------------
 
+    def _insert(self, t: str, rows: Sequence[tuple]) -> str:
+        prefix = self._prefixes.get(t)
+        table = self.schema.tables[t]
+        cols = table.inserted
+        if prefix is None:
+            names = ", ".join(_ident(table.columns[i].name, self.engine) for i in cols)
+            prefix = self._prefixes[t] = f"INSERT INTO {self._names[t]} ({names}) VALUES "
+        engine = self.engine
+        return prefix + ", ".join("(" + ", ".join(literal(row[i], engine) for i in cols) + ")" for row in rows)
+
     def load(self, instance: Mapping[str, Sequence[tuple]]) -> None:
         """Replace the contents of the sandbox's tables with ``instance`` (tables missing from
-        it are left empty). Inserts parents before children. Raises the engine's error (e.g. a
-        constraint violation) and KeyError for a table outside the sandbox."""
+        it are left empty). Inserts parents before children, in one transaction where foreign
+        keys are deferred. Raises the engine's error (e.g. a constraint violation) and
+        KeyError for a table outside the sandbox."""
         for t in instance:
             if t not in self.tables:
                 raise KeyError(f"table {t!r} is not in this sandbox ({self.tables})")
-        statements = [f"DELETE FROM {self._names[t]}" for t in reversed(self.tables) if t in self._loaded]
-        self._loaded.clear()
-        for t in self.tables:
-            rows = instance.get(t) or []
-            if not rows:
-                continue
-            values = ", ".join(
-                "(" + ", ".join(literal(v, self.engine) for v in row) + ")" for row in rows
-            )
-            self._loaded.add(t)
-            statements.append(f"INSERT INTO {self._names[t]} VALUES {values}")
+        want = {t: list(instance.get(t) or []) for t in self.tables}
+        # only the tables whose rows change are emptied and refilled (children first / last)
+        changed = [t for t in self.tables if want[t] != self._current.get(t, [])]
+        if self.constraints:  # a changed parent may be referenced: refill its children too
+            changed = list(self.tables) if changed else []
+        statements = [f"DELETE FROM {self._names[t]}" for t in reversed(changed) if t in self._loaded]
+        for t in changed:
+            self._loaded.discard(t)
+            if want[t]:
+                self._loaded.add(t)
+                statements.append(self._insert(t, want[t]))
+        self._current = {}
+        try:
+            self.execute_all(statements)
+            self._check_unique_indexes(changed)
+        except BaseException:
+            self._loaded = set(self.tables)  # unknown state: empty everything next time
+            raise
+        self._current = want
+
+    def _check_unique_indexes(self, tables: Sequence[str]) -> None:
+        """Raise UniqueIndexViolation when a loaded table breaks one of its unique indexes on
+        expressions / partial ones (no engine here declares both forms)."""
+        for t in tables:
+            for ux in self.schema.tables[t].unique_indexes:
+                sql = ux.violation_sql(self._names[t], self.engine)
+                cur = self.con.execute(self._gate.trusted(sql) if self.engine == "sqlite" else sql)
+                if cur.fetchone() is not None:
+                    raise UniqueIndexViolation(f"the rows of {self.schema.tables[t].name} break the "
+                                               f"unique index {ux.name}")
+
+    def execute_all(self, statements: Sequence[str]) -> None:
+        """Run DDL/DML statements in the engine's dialect, in one transaction when the engine
+        checks deferred foreign keys at commit; engine errors propagate (and roll back)."""
         if not statements:
             return
         if self.engine == "duckdb":  # one call: DuckDB's per-call overhead dominates tiny loads
             self._exec(";\n".join(statements))
-        else:
+            return
+        if self.engine == "postgres":
+            body = ";\n".join(statements)
+            try:
+                self._exec(f"BEGIN;\n{body};\nCOMMIT")
+            except self._errors:
+                try:
+                    self._exec("ROLLBACK")
+                except self._errors:
+                    pass
+                raise
+            return
+        transaction = self.constraints and len(statements) > 1
+        if transaction:
+            self._exec("BEGIN")
+        try:
             for st in statements:
                 self._exec(st)
+            if transaction:
+                self._exec("COMMIT")
+        except self._errors:
+            if transaction:
+                try:
+                    self._exec("ROLLBACK")
+                except self._errors:
+                    pass
+            raise
 
     def execute(self, sql: str) -> None:
         """Run one statement (DDL/DML) in the engine's dialect; engine errors propagate."""
@@ -847,26 +659,58 @@ class Sandbox:
 
     def clear(self) -> None:
         """Delete every row of the sandbox's tables (children first)."""
-        for t in reversed(self.tables):
-            self._exec(f"DELETE FROM {self._names[t]}")
+        self.execute_all([f"DELETE FROM {self._names[t]}" for t in reversed(self.tables)])
         self._loaded.clear()
+        self._current = {}
 
-    def run(self, sql: str) -> Outcome:
+    def run(self, sql: str, timeout_s: float | None = None) -> Outcome:
         """Run one query (in the engine's dialect) and fetch every row; errors and timeouts
-        become an :class:`Outcome` with ``error``."""
-        if self.engine == "sqlite":
-            deadline = time.monotonic() + self.query_timeout_s
-            self.con.set_progress_handler(lambda: int(time.monotonic() > deadline), 20_000)
+        (``timeout_s``, default and at most the sandbox's per-query limit) become an
+        :class:`Outcome` with ``error`` (and ``timeout``). On SQLite the query runs under
+        :class:`tasks.sqlite_guard.ReadGate`: only reads are authorised (no ATTACH, no write,
+        no PRAGMA), interrupted after the limit, the result bounded in bytes."""
+        limit = self.query_timeout_s if timeout_s is None else max(0.05, min(timeout_s, self.query_timeout_s))
+        if self.engine == "sqlite":  # the guarded executor: reads only, time and byte limits
+            if sql.startswith(self._gate.tag):  # cannot happen unless the token leaked
+                return Outcome(error="not authorized: a harness statement")
+            guard = None
             try:
-                return Outcome(rows=[tuple(r) for r in self.con.execute(sql).fetchall()])
+                with self._gate.read_only(limit * 1000, steps=20_000) as guard:
+                    cur = self.con.execute(sql)
+                    rows = fetch_rows(cur)
+                return Outcome(rows=rows, ncols=len(cur.description or ()))
             except (sqlite3.Error, ValueError, OverflowError) as exc:
+                timed_out = guard is not None and guard.timed_out
+                return Outcome(error=_short(exc) if not timed_out else f"timed out after {limit:.1f} s",
+                               timeout=timed_out)
+        if self.engine == "postgres":
+            ms = max(1, int(limit * 1000))
+            try:
+                if ms != self._pg_timeout_ms:
+                    self.con.execute(f"SET statement_timeout = {ms}")
+                    self._pg_timeout_ms = ms
+                cur = self.con.execute(sql)
+                rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
+                return Outcome(rows=rows, ncols=len(cur.description or ()))
+            except self._errors as exc:
+                import psycopg
+
+                if isinstance(exc, psycopg.errors.QueryCanceled):
+                    return Outcome(error=f"timed out after {limit:.1f} s", timeout=True)
+                from tasks.databases import _pg_message
+
+                return Outcome(error=_pg_message(exc))
+            except (ValueError, OverflowError) as exc:
                 return Outcome(error=_short(exc))
-            finally:
-                self.con.set_progress_handler(None, 0)
-        self._deadline = time.monotonic() + self.query_timeout_s
+        self._interrupted = False
+        self._deadline = time.monotonic() + limit
         try:
-            return Outcome(rows=[tuple(r) for r in self.con.execute(sql).fetchall()])
+            res = self.con.execute(sql)
+            rows = [tuple(r) for r in res.fetchall()]
+            return Outcome(rows=rows, ncols=len(res.description or ()))
         except (duckdb.Error, ValueError, OverflowError, RuntimeError) as exc:
+            if self._interrupted:
+                return Outcome(error=f"timed out after {limit:.1f} s", timeout=True)
             return Outcome(error=_short(exc))
         finally:
             self._deadline = None
@@ -884,36 +728,61 @@ def instance_rows(instance: Mapping[str, Sequence[tuple]]) -> int:
 
 def render_instance(schema: RelSchema, instance: Mapping[str, Sequence[tuple]],
                     dialect: str | None = "duckdb", tables: Sequence[str] | None = None) -> str:
-    """The instance as a SQL script in ``dialect``: CREATE TABLE (with keys) for ``tables``
-    (default: the instance's tables and the tables they reference), then one multi-row INSERT
-    per non-empty table, parents first. Literals are written by sqlglot."""
+    """The instance as a SQL script in ``dialect``: enum types, CREATE TABLE (with keys) for
+    ``tables`` (default: the instance's tables and the tables they reference), one multi-row
+    INSERT per non-empty table (parents first, generated columns left to the engine), then the
+    foreign keys that close a cycle or reference their own table (``ALTER TABLE``, checked
+    against the rows; on SQLite declared deferred and the inserts wrapped in a transaction; on
+    DuckDB a comment says they are not declared). Literals are written by sqlglot."""
     dialect = sqlglot_dialect(dialect)
     names = schema.closure(tables if tables is not None else list(instance))
-    out = [schema.create_sql(n, dialect, tables=names) + ";" for n in names]
+    out = []
+    if dialect in ("postgres", "duckdb"):
+        for n, values in schema.enum_types(names).items():
+            out.append(f"CREATE TYPE {_ident(n, dialect)} AS ENUM ("
+                       + ", ".join(exp.Literal.string(v).sql() for v in values) + ");")
+    qualifiers = list(dict.fromkeys(schema.tables[n].qualifier for n in names if schema.tables[n].qualifier))
+    out += [f"CREATE SCHEMA IF NOT EXISTS {_ident(q, dialect)};" for q in qualifiers]
+    out += [schema.create_sql(n, dialect, tables=names, qualified=True) + ";" for n in names]
+    deferred, notes = schema.deferred_fk_sql(names, dialect, qualified=True)
+    out += [f"-- {note}" for note in notes]
+    for n in names:
+        for ux in schema.tables[n].unique_indexes:
+            ddl = ux.create_sql(schema.sql_name(schema.tables[n], dialect, True), dialect) + ";"
+            out.append(f"-- {ddl} (DuckDB has no partial index; the finder checks it)"
+                       if ux.where is not None and sqlglot_dialect(dialect) == "duckdb" else ddl)
+    inserts = []
     for n in names:
         rows = instance.get(n) or []
         if not rows:
             continue
         t = schema.tables[n]
-        values = exp.values([tuple(exp.convert(v) for v in row) for row in rows])
-        stmt = exp.insert(values, exp.to_table(_ident(t.name, dialect), dialect=dialect),
-                          columns=[c.name for c in t.columns])
-        out.append(stmt.sql(dialect=dialect) + ";")
+        cols = t.inserted
+        values = exp.values([tuple(exp.convert(row[i]) for i in cols) for row in rows])
+        stmt = exp.insert(values, exp.to_table(schema.sql_name(t, dialect, True), dialect=dialect),
+                          columns=[t.columns[i].name for i in cols])
+        inserts.append(stmt.sql(dialect=dialect) + ";")
+    cycle = dialect == "sqlite" and schema.back_edges(names) and len(inserts) > 1
+    out += (["BEGIN;"] + inserts + ["COMMIT;"]) if cycle else inserts
+    out += [st + ";" for st in deferred]
     return "\n".join(out) + "\n"
 
 
 @dataclass
 class Verification:
-    """Result of executing a database and both queries on it: ``separates`` is True when the
-    two results differ (on both row orders of the inserts, see :func:`verify_counterexample`),
-    ``error`` says why the database could not be built or why it separates nothing (then
-    ``separates`` is False); ``error_on_instance`` is set when exactly one query raises on the
-    database (a runtime error is not a result, so such a database is no counterexample);
+    """Result of executing a database and both queries on it: ``separates`` is True when no
+    result one query may return on it equals one the other may return (:func:`separation`,
+    checked with the inserts as written and with every INSERT's rows reversed); ``error``
+    says why the database could not be built or why it separates nothing (then ``separates``
+    is False); ``error_on_instance`` is set when exactly one query raises on the database (a
+    runtime error is not a result, so such a database is no counterexample); ``choice``: the
+    results differ, but only as an arbitrary choice the SQL leaves may make them differ;
     ``result1``/``result2`` preview what each query returned; ``rows`` inserted."""
 
     separates: bool
     error: str | None = None
     error_on_instance: str | None = None
+    choice: str | None = None
     result1: str | None = None
     result2: str | None = None
     rows: int = 0
@@ -925,6 +794,8 @@ def _split_script(script: str, dialect: str | None) -> list[exp.Expression]:
         return [s for s in sqlglot.parse(script, read=sqlglot_dialect(dialect)) if s is not None]
     except SqlglotError as exc:
         raise ValueError(f"counterexample script does not parse: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise ValueError("counterexample script is nested too deeply to read") from None
 
 
 def _insert_rows(stmt: exp.Insert) -> int:
@@ -937,12 +808,12 @@ def _insert_values(stmt: exp.Insert) -> list[exp.Expression]:
     return list(values.expressions) if isinstance(values, exp.Values) else []
 
 
-def _permute_insert(stmt: exp.Insert, perm: list[int]) -> exp.Insert:
+def _reversed_insert(stmt: exp.Insert) -> exp.Insert:
     rows = _insert_values(stmt)
     if len(rows) < 2:
         return stmt
     stmt = stmt.copy()
-    stmt.expression.set("expressions", [rows[i].copy() for i in perm])
+    stmt.expression.set("expressions", [r.copy() for r in reversed(rows)])
     return stmt
 
 
@@ -950,29 +821,28 @@ def verify_counterexample(
     sql1: str, sql2: str, script: str, *, dialect: str | None = "duckdb",
     schema: RelSchema | None = None, engine: str | None = None, ordered: bool | None = None,
     bag: bool = True, permute_columns: bool = True, query_timeout_s: float = 5.0,
+    pg=None, choice: EngineChoice | None = None,
 ) -> Verification:
     """Execute a proposed counterexample database and check that it separates two queries.
 
     ``script`` holds INSERT statements (CREATE TABLE statements in it are used only when no
     ``schema`` is given; with a schema the tables are created from it, keys included, so a
-    database that breaks a PRIMARY KEY / UNIQUE / NOT NULL / FOREIGN KEY is rejected). Each
-    statement is transpiled from ``dialect`` to the engine (``sqlite`` for the sqlite dialect,
-    else DuckDB). The database separates the queries when their results differ under the match
-    options (``ordered`` default: both queries have a top-level ORDER BY) under every row
-    order tried — the inserts as written and with every INSERT's rows reversed, and, when a
-    query may choose arbitrarily among rows (:func:`arbitrary_choices`: ``LIMIT`` without a
-    total order, ...), rotations and shuffles (:func:`row_orders`) — so that a difference
-    that depends only on an arbitrary choice among ties is not accepted: no result sql1 gave
-    under some order may equal one sql2 gave under some order.
+    database that breaks a PRIMARY KEY / UNIQUE / NOT NULL / FOREIGN KEY is rejected; ALTER
+    TABLE / BEGIN / COMMIT lines of a rendered script are covered by that). Each statement is
+    transpiled from ``dialect`` to the pair's engine (:func:`engine_for`, or ``engine``). The
+    database separates the queries when :func:`separation` says *certain* — no result one query
+    may return equals one the other may return (ties under ORDER BY, LIMIT choices and other
+    arbitrary choices accounted for) — both with the inserts as written and with every
+    INSERT's rows reversed (an arbitrary choice the analysis missed shows there).
 
     Returns a :class:`Verification`; never raises for a bad script (the reason is in
-    ``error``).
-    """
-    engine = engine or ("sqlite" if dialect == "sqlite" else "duckdb")
+    ``error``)."""
     try:
+        choice = choice or engine_for(dialect, engine or "auto")
         dialect = sqlglot_dialect(dialect)
     except ValueError as exc:
-        return Verification(False, error=str(exc), engine=engine)
+        return Verification(False, error=str(exc), engine=engine or "duckdb")
+    eng = choice.engine
     if ordered is None:
         try:
             ordered = order_matters(sql1, sql2, dialect, "auto")
@@ -981,68 +851,79 @@ def verify_counterexample(
     try:
         statements = _split_script(script, dialect)
     except ValueError as exc:
-        return Verification(False, error=str(exc), engine=engine)
+        return Verification(False, error=str(exc), engine=eng)
     creates = [s for s in statements if isinstance(s, exp.Create)]
     inserts = [s for s in statements if isinstance(s, exp.Insert)]
-    others = [s for s in statements if not isinstance(s, (exp.Create, exp.Insert))]
+    others = [s for s in statements if not isinstance(s, (exp.Create, exp.Insert, exp.Alter, exp.Transaction,
+                                                          exp.Commit))]
     if others:
         kinds = sorted({type(s).__name__.upper() for s in others})
         return Verification(False, error=f"only CREATE TABLE and INSERT statements are allowed, got {kinds}",
-                            engine=engine)
+                            engine=eng)
     if schema is None:
         if not creates:
-            return Verification(False, error="no schema and no CREATE TABLE in the script", engine=engine)
+            return Verification(False, error="no schema and no CREATE TABLE in the script", engine=eng)
         try:
             schema = RelSchema.from_ddl(";\n".join(c.sql(dialect=dialect) for c in creates), dialect)
         except SchemaError as exc:
-            return Verification(False, error=str(exc), engine=engine)
+            return Verification(False, error=str(exc), engine=eng)
     try:
+        reads = [adapt_to_schema(read_query(sql1, dialect), schema),
+                 adapt_to_schema(read_query(sql2, dialect), schema)]
         tables = schema.closure(
-            set(referenced_tables(parse_query(sql1, dialect)))
-            | set(referenced_tables(parse_query(sql2, dialect)))
+            set(referenced_tables(reads[0].tree)) | set(referenced_tables(reads[1].tree))
             | {schema.table(i.this.this.name if isinstance(i.this, exp.Schema) else i.this.name).name.lower()
                for i in inserts}
         )
     except (ValueError, KeyError) as exc:
-        return Verification(False, error=str(exc).strip('"'), engine=engine)
+        return Verification(False, error=str(exc).strip('"'), engine=eng)
     try:
-        q1, q2 = engine_sql(sql1, dialect, engine), engine_sql(sql2, dialect, engine)
+        q1, q2 = (prepare_query(r, schema, choice) for r in reads)
     except (SqlglotError, ValueError) as exc:
-        return Verification(False, error=f"cannot transpile the queries: {exc}", engine=engine)
+        return Verification(False, error=f"cannot transpile the queries: {exc}", engine=eng)
     n_rows = sum(_insert_rows(i) for i in inserts)
-    many = any(arbitrary_choices(read_query(q, dialect).tree, engine) for q in (sql1, sql2))
-    orders = row_orders([len(_insert_values(i)) for i in inserts], many)
-    opts = {"ordered": ordered, "bag": bag, "permute_columns": permute_columns}
     try:
-        box = Sandbox(schema, tables, engine, constraints=True, query_timeout_s=query_timeout_s)
+        box = Sandbox(schema, tables, eng, constraints=True, query_timeout_s=query_timeout_s,
+                      mysql=choice.mysql, integer_division=choice.integer_division, pg=pg)
     except SchemaError as exc:
-        return Verification(False, error=str(exc), engine=engine)
-    seen1: list[Outcome] = []
-    seen2: list[Outcome] = []
+        return Verification(False, error=str(exc), engine=eng)
+    unenforced = [n for n in box.notes if n.startswith("CHECK constraints of table")]
+    if unenforced:
+        # the database may break a CHECK the engine cannot evaluate: not certified
+        box.close()
+        return Verification(False, error=f"{unenforced[0]}: a database breaking them is no database "
+                            "of the schema, so none is certified", engine=eng)
+    first: tuple[Outcome, Outcome] | None = None
     with box:
-        for k, order in enumerate(orders):
+        for k, order in enumerate(("as written", "reversed")):
             if k:
                 box.clear()
-            for ins, perm in zip(inserts, order):
-                try:
-                    box.execute(_permute_insert(ins, perm).sql(dialect=engine))
-                except (duckdb.Error, sqlite3.Error) as exc:
-                    return Verification(False, error=f"the database breaks the schema or does not load: {_short(exc)}",
-                                        rows=n_rows, engine=engine)
-            o1, o2 = box.run(q1), box.run(q2)
-            a1, a2 = (seen1 or [o1])[0], (seen2 or [o2])[0]
+            stmts = [strip_qualifiers(_reversed_insert(i) if k else i)[0] for i in inserts]
+            try:
+                box.execute_all([i.sql(dialect=eng) for i in stmts])
+            except box._errors as exc:
+                return Verification(False, error=f"the database breaks the schema or does not load: {_short(exc)}",
+                                    rows=n_rows, engine=eng)
+            o1, o2 = box.run(q1.sql), box.run(q2.sql)
+            first = first or (o1, o2)
+            a1, a2 = first
             if o1.error is not None and o2.error is not None:
                 return Verification(False, error=f"both queries fail: {o1.error}", result1=a1.preview(),
-                                    result2=a2.preview(), rows=n_rows, engine=engine)
+                                    result2=a2.preview(), rows=n_rows, engine=eng)
+            if o1.timeout or o2.timeout:
+                return Verification(False, error=one_sided_timeout(o1, o2), result1=o1.preview(),
+                                    result2=o2.preview(), rows=n_rows, engine=eng)
             one_sided = one_sided_error(o1, o2)
             if one_sided:
                 return Verification(False, error=f"{one_sided}: an error is not a result, so this "
                                     "database is no counterexample", error_on_instance=one_sided,
-                                    result1=o1.preview(), result2=o2.preview(), rows=n_rows, engine=engine)
-            seen1.append(o1)
-            seen2.append(o2)
-            if any(same_outcome(x, y, **opts) for x in seen1 for y in seen2):
-                return Verification(False, result1=a1.preview(), result2=a2.preview(), rows=n_rows,
-                                    engine=engine)
-    return Verification(True, result1=seen1[0].preview(), result2=seen2[0].preview(), rows=n_rows,
-                        engine=engine)
+                                    result1=o1.preview(), result2=o2.preview(), rows=n_rows, engine=eng)
+            sep = separation(box.run, q1, q2, o1, o2, ordered=ordered, bag=bag,
+                             permute_columns=permute_columns, fold=choice.mysql,
+                             abs_tol=choice.abs_tol(reads[0].tree, reads[1].tree))
+            if not sep.certain:
+                return Verification(False, choice=sep.reason if sep.kind == "choice" else None,
+                                    result1=a1.preview(), result2=a2.preview(), rows=n_rows, engine=eng)
+    assert first is not None
+    return Verification(True, result1=first[0].preview(), result2=first[1].preview(), rows=n_rows,
+                        engine=eng)

@@ -20,7 +20,7 @@ judge model is resolved in the models table (``data/models.yaml`` + ``QUERYLAB_M
 endpoint, key, USD prices), a model in no file runs at ``QUERYLAB_OPENAI_BASE_URL`` /
 ``QUERYLAB_OPENAI_API_KEY`` unpriced (cost 0, ``priced=False``); the ``openai`` client with
 querylab's infra-only retries (408/429/5xx, timeouts, connection errors; ``Retry-After``
-honoured), the response cache under ``<artifacts>/cache/llm`` and the optional per-model
+honoured), the response cache under ``<artifacts>/cache/judge`` and the optional per-model
 Prefect limits.
 """
 
@@ -31,7 +31,14 @@ from dataclasses import dataclass
 
 from schemas.equivalence import NOTIONS, TECHNIQUES, JudgeOptions
 from schemas.settings import Settings
-from tasks.llm import ChatModel, LLMCallError, ResponseCache, resolve_model, settings_env
+from tasks.llm import (
+    JUDGE_CACHE,
+    ChatModel,
+    LLMCallError,
+    ResponseCache,
+    resolve_model,
+    settings_env,
+)
 
 SYSTEM_PROMPT = (
     "You are an expert in SQL semantics. You decide whether two SQL queries written against "
@@ -270,7 +277,8 @@ def judge_model(
     options = options or JudgeOptions()
     settings = settings or Settings.from_env()
     resolved = resolve_model(model, env=settings_env(settings))
-    cache = ResponseCache(artifacts_root, options.cache) if artifacts_root else None
+    cache = (ResponseCache(artifacts_root, options.cache, namespace=JUDGE_CACHE)
+             if artifacts_root else None)
     return ChatModel(resolved, options.agent_options(), cache)
 
 

@@ -43,6 +43,7 @@ import logging
 import os
 import random
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -56,7 +57,8 @@ from openai.types.chat import ChatCompletion
 from pydantic import ValidationError
 
 from schemas.models import AgentOptions, ModelConfig, ModelsConfig, Prices, check_base_url
-from tasks import storage, tool_protocol
+from tasks import interrupt, storage, tool_protocol
+from tasks.safe_text import terminal_text
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,10 @@ def _read_models_file(path: Path) -> list[ModelConfig]:
         raise AgentConfigError(f"{path}: models file not found") from exc
     except yaml.YAMLError as exc:
         raise AgentConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise AgentConfigError(
+            f"{path}: expected a mapping with a `models:` list (as data/models.yaml), got "
+            f"{'a list: put it under `models:`' if isinstance(raw, list) else type(raw).__name__}")
     try:
         return ModelsConfig.model_validate(raw).models
     except ValidationError as exc:
@@ -413,7 +419,10 @@ class PreflightResult:
     check); ``status``: the HTTP status of the last attempt (None
     without a response); ``tools_accepted``: True when the endpoint accepted a request with
     ``tools``, False when it rejected them, None when unknown (no answer); ``latency_s``:
-    seconds the check took; ``model_id`` / ``base_url``: what was called."""
+    seconds the check took; ``model_id`` / ``base_url``: what was called; ``requests``: HTTP
+    requests the endpoint answered (or timed out on); ``prompt_tokens`` / ``completion_tokens``
+    / ``cost_usd`` (USD, the model's prices) of the answer: the check is a paid call, recorded
+    with the run (:func:`tasks.runs.record_preflight`)."""
 
     agent: str
     model_id: str
@@ -424,6 +433,11 @@ class PreflightResult:
     status: int | None = None
     tools_accepted: bool | None = None
     latency_s: float = 0.0
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    priced: bool = True
 
     def line(self) -> str:
         """``"<agent> at <base url>: <problem>"`` (or ``ok``): the one line the CLI prints."""
@@ -435,7 +449,7 @@ def _cause(exc: BaseException) -> str:
     while exc.__cause__ is not None or exc.__context__ is not None:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:200]
+    return terminal_text(text.splitlines()[0], 200)
 
 
 def preflight(
@@ -460,7 +474,8 @@ def preflight(
     import httpx
 
     agent = model_label(resolved.name)
-    result = PreflightResult(agent, resolved.model_id, resolved.base_url, ok=False)
+    result = PreflightResult(agent, resolved.model_id, resolved.base_url, ok=False,
+                             priced=resolved.priced)
     sampling = {**resolved.sampling, **(options.sampling() if options else {})}
     body: dict[str, Any] = {
         "model": resolved.model_id,
@@ -484,7 +499,13 @@ def preflight(
             try:
                 resp = client.post("/chat/completions", body=body, cast_to=ChatCompletion,
                                    options={"timeout": timeout})
+                result.requests += 1
+                prompt, cached, completion = usage_counts(getattr(resp, "usage", None))
+                result.prompt_tokens += prompt
+                result.completion_tokens += completion
+                result.cost_usd += resolved.prices.cost_usd(prompt, cached, completion)
             except openai.APITimeoutError:
+                result.requests += 1
                 result.status, result.problem = None, f"no answer within {timeout_s:g} s (timeout)"
                 break
             except openai.APIConnectionError as exc:
@@ -494,9 +515,10 @@ def preflight(
                     continue
                 break
             except openai.APIStatusError as exc:
+                result.requests += 1
                 result.status = exc.status_code
                 msg = exc.message if isinstance(exc.message, str) else str(exc)
-                msg = " ".join(msg.split())[:200]
+                msg = terminal_text(msg, 200)
                 code = str(getattr(exc, "code", "") or "")
                 if exc.status_code in (401, 403):
                     result.problem = f"the API key was refused (HTTP {exc.status_code}): {msg}"
@@ -572,6 +594,14 @@ class LLMCallRecord:
     priced: bool = True
 
 
+def _waited(what: str) -> str:
+    """The error of a trial whose wall time ran out waiting for the model API (a hang, a
+    timeout, a ``Retry-After`` longer than the time left): infrastructure, so the trial is
+    errored (``api_error``) and retried with ``--retry-errors``, never scored incorrect."""
+    return (f"the model API did not answer before the trial's wall time ran out ({what}); "
+            "errored, not scored: retry with --retry-errors (or raise --trial-timeout)")
+
+
 class _EmptyResponse(Exception):
     """A 200 response without choices (treated as a non-retryable API error)."""
 
@@ -629,15 +659,20 @@ def cache_key(
 
 
 class ResponseCache:
-    """Content-addressed model responses under ``<artifacts_root>/cache/llm``.
+    """Content-addressed model responses under ``<artifacts_root>/cache/<namespace>``.
 
-    ``mode``: ``on`` (read + write), ``refresh`` (write only), ``off``. Entries are JSON
+    ``mode``: ``on`` (read + write), ``refresh`` (write only), ``off``. ``namespace``: ``llm``
+    (agents, default) or :data:`JUDGE_CACHE` for judges, whose prompts and answers discuss
+    ground truth and must never sit beside agent responses. Entries are JSON
     ``{"response": <ChatCompletion JSON>, "cost_usd": <cost when first paid>, "model",
     "base_url", "trial"}``, written atomically; an unreadable entry counts as a miss.
+    ValueError for a namespace that is not a plain lower-case name.
     """
 
-    def __init__(self, artifacts_root: str, mode: str = "on"):
-        self.root = storage.join(artifacts_root, "cache", "llm")
+    def __init__(self, artifacts_root: str, mode: str = "on", namespace: str = "llm"):
+        if not re.fullmatch(r"[a-z][a-z0-9_-]{0,31}", namespace):
+            raise ValueError(f"response cache namespace {namespace!r}: use a lower-case name")
+        self.root = storage.join(artifacts_root, "cache", namespace)
         self.mode = mode
 
     def uri(self, key: str) -> str:
@@ -672,6 +707,10 @@ class ResponseCache:
 # --------------------------------------------------------------------------------------------
 
 
+#: The response-cache namespace of LLM judges (failure-mode and SQL-equivalence judges).
+JUDGE_CACHE = "judge"
+
+
 def retry_after_s(headers: Any) -> float | None:
     """Seconds asked for by ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date);
     None when absent or unreadable."""
@@ -701,19 +740,20 @@ def classify_error(exc: Exception) -> tuple[bool, float | None, str]:
     """``(retryable, retry_after_s, message)`` for an exception from the openai client.
 
     Retryable: HTTP 408/429/5xx, timeouts, connection errors. The message never includes
-    request headers (so never the key).
+    request headers (so never the key), nor escape sequences or control characters
+    (:func:`tasks.safe_text.terminal_text`: it is printed and logged).
     """
     if isinstance(exc, openai.APITimeoutError):
         return True, None, "request timed out"
     if isinstance(exc, openai.APIConnectionError):
-        return True, None, f"connection error: {exc}"
+        return True, None, f"connection error: {terminal_text(exc, 300)}"
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         retryable = status in (408, 429) or status >= 500
         ra = retry_after_s(exc.response.headers) if exc.response is not None else None
         msg = exc.message if isinstance(exc.message, str) else str(exc)
-        return retryable, ra, f"HTTP {status}: {msg[:300]}"
-    return False, None, f"{type(exc).__name__}: {str(exc)[:300]}"
+        return retryable, ra, f"HTTP {status}: {terminal_text(msg, 300)}"
+    return False, None, f"{type(exc).__name__}: {terminal_text(exc, 300)}"
 
 
 def _is_context_overflow(exc: Exception) -> bool:
@@ -872,7 +912,7 @@ class ChatModel:
         resolved: ResolvedModel,
         options: AgentOptions | None = None,
         cache: ResponseCache | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = interrupt.sleep,
         rng: random.Random | None = None,
         limits: ModelLimits | None | bool = True,
     ):
@@ -883,12 +923,25 @@ class ChatModel:
         self.sleep = sleep
         self.rng = rng or random.Random()
         self.sampling = {**resolved.sampling, **self.options.sampling()}
+        self._local = threading.local()  # per thread: trials of a batch share the model
         self.client = openai.OpenAI(
             base_url=resolved.base_url,
             api_key=resolved.api_key,
             max_retries=0,
             timeout=self.options.request_timeout_s,
         )
+
+    @property
+    def in_flight(self) -> LLMCallRecord | None:
+        """The record of this thread's call that reached the API while :meth:`complete` had
+        not returned yet (None otherwise): when something raises after the response arrived
+        (the cache write, decoding), the caller still counts the paid call
+        (:func:`tasks.agent.run_react`)."""
+        return getattr(self._local, "record", None)
+
+    @in_flight.setter
+    def in_flight(self, record: LLMCallRecord | None) -> None:
+        self._local.record = record
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -935,6 +988,7 @@ class ChatModel:
         Returns ``(response, record)``; raises :class:`LLMCallError` (reason ``api_error``,
         ``context_window`` or ``max_wall_time``) when the call fails for good.
         """
+        self.in_flight = None
         encoded = None
         if tools:
             try:
@@ -954,6 +1008,7 @@ class ChatModel:
             choice = resp.choices[0]
             record.finish_reason = choice.finish_reason
             record.n_tool_calls = len(choice.message.tool_calls or [])
+        self.in_flight = None
         return resp, record
 
     def _call(
@@ -991,32 +1046,38 @@ class ChatModel:
         kwargs: dict[str, Any] = {"model": r.model_id, "messages": messages, **params}
         if tools:
             kwargs["tools"] = tools
+        last_error: str | None = None  # the infrastructure failure being retried
         while True:
             record.attempts += 1
             timeout = self.options.request_timeout_s
             if deadline is not None:
                 timeout = min(timeout, deadline - time.monotonic())
                 if timeout <= 0:
+                    if last_error is not None:  # the wall time ran out waiting for the API
+                        return self._fail(record, start, "api_error", _waited(last_error))
                     return self._fail(record, start, "max_wall_time", "trial wall time exhausted")
             try:
                 # client.post is what chat.completions.create ends in (same HTTP, auth, error
                 # mapping and ChatCompletion parsing) minus its per-call parameter transform,
                 # a no-op for the plain JSON querylab builds that costs ms on long histories
+                # in a thread of its own: abandoned at once on Ctrl-C / SIGTERM
                 if self.limits is None:
-                    resp = self.client.post(
-                        "/chat/completions", body=kwargs, cast_to=ChatCompletion,
-                        options={"timeout": timeout},
+                    resp = interrupt.call(
+                        self.client.post, "/chat/completions", body=kwargs,
+                        cast_to=ChatCompletion, options={"timeout": timeout},
                     )
                 else:
-                    resp = self._limited_post(kwargs, timeout, deadline)
+                    resp = interrupt.call(self._limited_post, kwargs, timeout, deadline)
                 if not resp.choices:
                     raise _EmptyResponse("the response has no choices")
                 break
             except _SlotWaitTimeout:
+                # waiting for a slot is infrastructure (other trials hold them): errored
                 return self._fail(
-                    record, start, "max_wall_time",
+                    record, start, "api_error",
                     f"no slot of the model's Prefect concurrency/rate limits before the trial's "
-                    f"wall time ran out ({model_limit_names(r.name)})",
+                    f"wall time ran out ({', '.join(model_limit_names(r.name))}); the trial is "
+                    "errored, not scored",
                 )
             except ValueError as exc:  # a body that is not JSON / UTF-8: not retried
                 return self._fail(record, start, "api_error",
@@ -1028,6 +1089,12 @@ class ChatModel:
                 retryable, ra, msg = classify_error(exc)
                 if not retryable:
                     return self._fail(record, start, "api_error", msg)
+                if deadline is not None and isinstance(exc, openai.APITimeoutError) and \
+                        timeout < self.options.request_timeout_s and \
+                        time.monotonic() + 0.05 >= deadline:
+                    # the request was cut at the trial's deadline while the API had not answered
+                    return self._fail(record, start, "api_error", _waited(msg))
+                last_error = msg
                 if record.attempts > self.options.max_retries:
                     return self._fail(
                         record, start, "api_error",
@@ -1041,14 +1108,14 @@ class ChatModel:
                     )
                 wait = self.backoff_s(record.attempts, ra)
                 if deadline is not None and time.monotonic() + wait >= deadline:
-                    return self._fail(
-                        record, start, "max_wall_time", f"{msg}; no wall time left to retry"
-                    )
+                    what = f"{msg}; Retry-After {ra:g} s" if ra is not None else msg
+                    return self._fail(record, start, "api_error", _waited(what))
                 log.info("model call %s failed (%s); retry %d in %.2f s",
                          r.model_id, msg, record.attempts, wait)
                 self.sleep(wait)
         self._fill(record, resp, cost=True)
         record.latency_s = time.monotonic() - start
+        self.in_flight = record  # paid: kept by the caller even if what follows raises
         if self.cache is not None:
             self.cache.put(
                 key,

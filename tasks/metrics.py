@@ -182,33 +182,45 @@ def pass_at_k_summary(per_query: pl.DataFrame) -> pl.DataFrame:
     """Mean pass@k (and pass^k) per (agent, dataset, k) and overall per (agent, k).
 
     Dataset score = mean over its queries (null queries, n < k, are left out; ``queries``
-    counts those scored). Overall rows have dataset ``"ALL (queries)"`` (mean over all queries)
-    and ``"ALL (datasets)"`` (stratified: mean of the dataset scores). ``n`` is the number of
-    scored trials and ``n_errored`` of errored trials behind the row (the same for every k).
-    Returns agent, dataset, k, queries, n, n_errored, pass_at_k, pass_hat_k (pass_hat_k only
-    when ``per_query`` has it; ``n`` / ``n_errored`` only when it has them).
+    counts those scored at this k). Overall rows have dataset ``"ALL (queries)"`` (mean over
+    all queries) and ``"ALL (datasets)"`` (stratified: mean of the dataset scores). ``n`` is
+    the number of scored trials and ``n_errored`` of errored trials behind the row (the same
+    for every k). With ``n`` in ``per_query`` the queries left out of a k's mean are counted,
+    never silently dropped: ``queries_short`` (some but fewer than k scored trials) and
+    ``queries_errored`` (every trial errored: no scored trial at all). Returns agent, dataset,
+    k, queries, [queries_short, queries_errored,] n, n_errored, pass_at_k, pass_hat_k
+    (pass_hat_k only when ``per_query`` has it; ``n`` / ``n_errored`` only when it has them).
     """
     metrics = [m for m in ("pass_at_k", "pass_hat_k") if m in per_query.columns]
     counts = [c for c in ("n", "n_errored") if c in per_query.columns]
+    left_out = []
+    if "n" in per_query.columns:
+        n = pl.col("n")
+        left_out = [((n > 0) & (n < pl.col("k"))).sum().cast(pl.Int32).alias("queries_short"),
+                    (n == 0).sum().cast(pl.Int32).alias("queries_errored")]
+    short = [c.meta.output_name() for c in left_out]
     sums = [pl.col(c).sum().cast(pl.Int64) for c in counts]
     per_ds = per_query.group_by("agent", "dataset", "k").agg(
         pl.col("pass_at_k").count().cast(pl.Int32).alias("queries"),
+        *left_out,
         *sums,
         *[pl.col(m).mean() for m in metrics],
     )
     over_q = per_query.group_by("agent", "k").agg(
         pl.lit(ALL_QUERIES).alias("dataset"),
         pl.col("pass_at_k").count().cast(pl.Int32).alias("queries"),
+        *left_out,
         *sums,
         *[pl.col(m).mean() for m in metrics],
     )
     strat = per_ds.group_by("agent", "k").agg(
         pl.lit(ALL_DATASETS).alias("dataset"),
         pl.col("queries").sum().cast(pl.Int32),
+        *[pl.col(c).sum().cast(pl.Int32) for c in short],
         *sums,
         *[pl.col(m).mean() for m in metrics],
     )
-    cols = ["agent", "dataset", "k", "queries", *counts, *metrics]
+    cols = ["agent", "dataset", "k", "queries", *short, *counts, *metrics]
     return pl.concat([per_ds.select(cols), over_q.select(cols), strat.select(cols)]).sort(
         "agent", _overall_last, "dataset", "k"
     )
@@ -234,6 +246,28 @@ def pass_at_k_wide(summary: pl.DataFrame, metric: str = "pass_at_k") -> pl.DataF
     return wide.select("agent", "dataset", *counts, *[f"{label}{k}" for k in ks]).sort(
         "agent", _overall_last, "dataset"
     )
+
+
+def pass_at_k_queries(summary: pl.DataFrame) -> pl.DataFrame:
+    """How many queries each pass@k mean of ``summary`` (:func:`pass_at_k_summary`) is over:
+    one row per (agent, dataset) with ``queries`` (all of them), ``all errored`` (no scored
+    trial: in no mean) and a column ``pass@<k> over`` per k (queries with at least k scored
+    trials; the rest have too few for that k and are left out of its mean)."""
+    ks = sorted(summary["k"].unique().to_list())
+    if not ks or "queries_errored" not in summary.columns:
+        return pl.DataFrame(schema={"agent": pl.String, "dataset": pl.String})
+    first = summary.filter(pl.col("k") == ks[0]).select(
+        "agent", "dataset",
+        (pl.col("queries") + pl.col("queries_short") + pl.col("queries_errored"))
+        .alias("queries"),
+        pl.col("queries_errored").alias("all errored"),
+    )
+    wide = summary.with_columns(
+        (pl.lit("pass@") + pl.col("k").cast(pl.String) + pl.lit(" over")).alias("metric")
+    ).pivot(on="metric", index=["agent", "dataset"], values="queries", sort_columns=False)
+    return first.join(wide, on=["agent", "dataset"], how="left").select(
+        "agent", "dataset", "queries", "all errored", *[f"pass@{k} over" for k in ks]
+    ).sort("agent", _overall_last, "dataset")
 
 
 def z_value(confidence: float) -> float:

@@ -98,8 +98,8 @@ def pass_at_k_curves(summary: pl.DataFrame, dataset: str = ALL_QUERIES) -> bytes
 def cost_vs_pass_at_1(cost: pl.DataFrame, ci: pl.DataFrame) -> bytes:
     """Scatter of mean cost per trial (USD) against pass@1 (mean over queries) per agent, with
     the Wilson interval as a vertical error bar; agents whose cost is unknown (unpriced model
-    calls) are left out and named in a note. ``cost``: :func:`tasks.metrics.cost_table`;
-    ``ci``: :func:`tasks.metrics.pass_at_1_ci`. Returns PNG bytes."""
+    calls) or without a scored trial (every trial errored) are left out and named in a note.
+    ``cost``: :func:`tasks.metrics.cost_table`; ``ci``: :func:`tasks.metrics.pass_at_1_ci`. Returns PNG bytes."""
     fig = Figure(figsize=(6.5, 4.2))
     ax = fig.add_subplot()
     pts = (
@@ -114,12 +114,15 @@ def cost_vs_pass_at_1(cost: pl.DataFrame, ci: pl.DataFrame) -> bytes:
         .sort("agent")
     )
     unknown = pts.filter(pl.col("cost_per_trial_usd").is_null())["agent"].to_list()
-    pts = pts.filter(pl.col("cost_per_trial_usd").is_not_null())
-    if unknown:
-        ax.text(0.5, 0.96, "cost unknown (unpriced model): " + ", ".join(unknown),
+    unscored = pts.filter(pl.col("pass_at_1").is_null())["agent"].to_list()
+    pts = pts.filter(pl.col("cost_per_trial_usd").is_not_null() & pl.col("pass_at_1").is_not_null())
+    notes = ([f"cost unknown (unpriced model): {', '.join(unknown)}"] if unknown else []) + (
+        [f"no scored trial (all errored): {', '.join(unscored)}"] if unscored else [])
+    if notes:
+        ax.text(0.5, 0.96, "; ".join(notes),
                 ha="center", transform=ax.transAxes, fontsize=8, color="#555555")
     if pts.is_empty():
-        _empty(ax, "no trials" if not unknown else "no agent with a known cost")
+        _empty(ax, "no trials" if not notes else "no agent with a known cost and a score")
         return _png(fig)
     for i, r in enumerate(pts.iter_rows(named=True)):  # one point per agent
         x, y = r["cost_per_trial_usd"], r["pass_at_1"]
@@ -183,7 +186,8 @@ def pass_at_1_heatmap(ci: pl.DataFrame) -> bytes:
         _empty(ax, "no trials")
         return _png(fig)
     lookup = {(r["agent"], r["dataset"]): r["pass_at_1"] for r in rows.iter_rows(named=True)}
-    grid = [[lookup.get((a, d), float("nan")) for d in datasets] for a in agents]
+    grid = [[float("nan") if lookup.get((a, d)) is None else lookup[(a, d)] for d in datasets]
+            for a in agents]  # blank: no scored trial (all errored, or not run)
     im = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
     ax.set_xticks(range(len(datasets)))
     ax.set_xticklabels(datasets, rotation=30, ha="right")

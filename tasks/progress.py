@@ -5,7 +5,9 @@
   Prefect UI and API while the run goes on;
 - a **progress bar** (rich) on the terminal while :func:`console_progress` is active — the CLI
   turns it on for ``querylab run`` and ``querylab rerun``;
-- **log lines** at every quarter.
+- **log lines** at every quarter, and without a bar (output not a terminal: a log file, CI)
+  also whenever the count moved, at most one every :data:`LINE_MIN_INTERVAL_S` seconds (so a
+  run of slow trials shows each finished trial).
 
 A stage makes a :class:`StageProgress` with its total and either advances it or lets it
 :meth:`~StageProgress.poll` a counting function (the trials stage counts checkpointed trials
@@ -30,6 +32,8 @@ log = logging.getLogger("querylab.progress")
 
 #: Seconds between two Prefect artifact updates of one stage (the last one is always sent).
 ARTIFACT_MIN_INTERVAL_S = 1.0
+#: Seconds between two progress log lines when there is no bar (quarters are always logged).
+LINE_MIN_INTERVAL_S = 10.0
 #: Seconds between two polls of :meth:`StageProgress.poll`.
 POLL_INTERVAL_S = 2.0
 
@@ -123,6 +127,7 @@ class StageProgress:
         self._bar = None
         self._lock = threading.Lock()
         self._logged_quarter = 0
+        self._line_at, self._line_count = time.monotonic(), 0
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._log: Any = log
@@ -196,8 +201,12 @@ class StageProgress:
             if self._bar is not None and self._bar_task is not None:
                 self._bar.update(self._bar_task, completed=self.completed)
             quarter = int(pct // 25)
-            if quarter > self._logged_quarter:
-                self._logged_quarter = quarter
+            moved = self.completed != self._line_count
+            now = time.monotonic()
+            if quarter > self._logged_quarter or (
+                    self._bar is None and moved and now - self._line_at >= LINE_MIN_INTERVAL_S):
+                self._logged_quarter = max(quarter, self._logged_quarter)
+                self._line_at, self._line_count = now, self.completed
                 self._log.info(self._description())
             self._send_artifact(pct, final)
 

@@ -47,6 +47,7 @@ from tasks.metrics import (
     cost_table,
     pass_at_1_ci,
     pass_at_k_per_query,
+    pass_at_k_queries,
     pass_at_k_summary,
     pass_at_k_wide,
 )
@@ -56,7 +57,7 @@ from tasks.dab_rules import condition_notes
 from tasks.sandbox import sandbox_notes
 from tasks.scoring import (
     audit_uri,
-    full_manifest,
+    run_full_manifests,
     scan_scores,
     scored_trials,
     summarise,
@@ -146,6 +147,33 @@ def scan_llm_calls(artifacts_root: str, run_id: str) -> pl.LazyFrame | None:
     if not storage.exists(uri):
         return None
     return storage.scan_parquet(uri, artifacts.LLM_CALLS)
+
+
+def replayed_from_cache(
+    llm_calls: pl.DataFrame | pl.LazyFrame, trials: pl.DataFrame
+) -> list[str]:
+    """A warning (report note starting ``Warning:``) for each agent whose every model call in
+    the run was answered from the response cache: it sent no request, so its trials repeat
+    the samples (and $0 cost) of an earlier run with the same model, endpoint, prompts and
+    trial indices — not new measurements. Calls re-answered within the run after a retry do
+    not count (the run paid for them first)."""
+    per_agent = (  # one streaming query: a scan of llm_calls is never loaded whole
+        llm_calls.lazy()
+        .select("trial_key", "cache_hit")
+        .join(trials.lazy().select("trial_key", "agent"), on="trial_key", how="inner")
+        .group_by("agent")
+        .agg(pl.len().alias("n"), pl.col("cache_hit").all().alias("all_hits"))
+        .collect(engine="streaming")
+    )
+    out = []
+    for r in per_agent.sort("agent").iter_rows(named=True):
+        if r["all_hits"] and r["n"]:
+            out.append(
+                f"Warning: {r['agent']} made no request to its endpoint: all {r['n']} model "
+                "calls were answered from the response cache, recorded by an earlier run with "
+                "the same model, endpoint, prompts and trial indices. Its trials repeat that "
+                "run's samples at $0; for new samples run with `--cache refresh` (or `off`).")
+    return out
 
 
 def resolve_manifests(
@@ -244,6 +272,8 @@ def compute_report_tables(
             "The run has no `llm_calls.parquet` (offline agents or no per-call accounting): "
             "`llm_calls`, `response_cache_hit_share` and `retries` are empty."
         )
+    else:
+        notes += replayed_from_cache(llm_calls, trials)
     if not storage.exists(_trials_uri(artifacts_root, run_id, "messages")):
         notes.append("The run has no `messages.parquet`: the viewer shows no transcripts and "
                      "the trace audit checked tool-call arguments only.")
@@ -255,7 +285,8 @@ def compute_report_tables(
     notes += more
     notes += sandbox_notes(artifacts_root, run_id)
     notes += condition_notes(artifacts_root, run_id)
-    manifests = [full_manifest(u) for u in uris_m]  # scorer side: requirements, questions
+    # scorer side (requirements, questions), with the scoring the run was scored with
+    manifests = run_full_manifests(artifacts_root, run_id, uris_m)
     requirements = (
         requirements_from_manifests(manifests)
         if manifests
@@ -292,6 +323,15 @@ def compute_report_tables(
         .to_dicts()
     )
     verdicts = summarise(trials.select("verdict", "terminate_reason"))
+    from tasks.runs import preflight_checks
+
+    checks = preflight_checks(artifacts_root, run_id)
+    paid = {
+        "preflight_requests": sum(c["requests"] for c in checks),
+        "preflight_cost_usd": sum(c["cost_usd"] for c in checks),
+        "trials_cost_usd": float(trials["cost_usd"].sum()) if trials.height else 0.0,
+    }
+    paid["total_cost_usd"] = paid["preflight_cost_usd"] + paid["trials_cost_usd"]
     return {
         "uris": uris,
         "failed": failed,
@@ -313,6 +353,7 @@ def compute_report_tables(
         "unchecked_operations": unchecked_operations(requirements),
         "has_llm_calls": llm_calls is not None,
         "confidence": confidence,
+        "paid": paid,
     }
 
 
@@ -334,7 +375,8 @@ def judge_failure_modes(
     ``QUERYLAB_MODELS``, else ``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY``);
     ``base_url`` / ``api_key`` given here replace the resolved endpoint / key (the key is never
     written). Calls use temperature 0, the shared infra-only retries (3) and the response cache
-    under ``<artifacts_root>/cache/llm``. Raises AgentConfigError (a ValueError) when the model
+    under ``<artifacts_root>/cache/judge`` (the judge sees ground truth: never beside agent
+    responses). Raises AgentConfigError (a ValueError) when the model
     has no endpoint. Needs ``report/failure_labels.parquet`` (run
     :func:`compute_report_tables` first).
     """
@@ -342,7 +384,7 @@ def judge_failure_modes(
 
     from schemas.models import AgentOptions, check_base_url
     from tasks.failure_judge import judge_failures
-    from tasks.llm import AgentConfigError, ChatModel, ResponseCache, resolve_model
+    from tasks.llm import JUDGE_CACHE, AgentConfigError, ChatModel, ResponseCache, resolve_model
 
     name = model.removeprefix("openai:")
     env = dict(os.environ)
@@ -361,7 +403,7 @@ def judge_failure_modes(
     chat = ChatModel(
         resolved,
         AgentOptions(temperature=0, max_retries=3, request_timeout_s=120.0),
-        ResponseCache(artifacts_root),
+        ResponseCache(artifacts_root, namespace=JUDGE_CACHE),  # never beside agent responses
     )
     labels = pl.from_arrow(
         storage.read_parquet(
@@ -382,7 +424,7 @@ def judge_failure_modes(
     calls = load_tool_calls(artifacts_root, run_id)
     if calls is None:
         calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table())
-    manifests = [full_manifest(u) for u in manifest_uris]  # question and ground truth
+    manifests = run_full_manifests(artifacts_root, run_id, manifest_uris)  # question, truth
     try:
         judged = judge_failures(
             labels, trials, calls, manifests, chat, name, limit, done, rejudge=failed
@@ -499,7 +541,7 @@ def build_document(
     labels = _read(u["failure_labels"], rs.FAILURE_LABELS)
     trials = load_scored_trials(artifacts_root, run_id)
     audit = load_audit(artifacts_root, run_id)
-    manifests = [full_manifest(m) for m in tables.get("manifests", [])]
+    manifests = run_full_manifests(artifacts_root, run_id, tables.get("manifests", []))
     texts = _query_texts(manifests)
     c = tables["counts"]
     conf = round(tables.get("confidence", 0.95) * 100)
@@ -549,6 +591,11 @@ def build_document(
             "{1, 2, 3, 5, 10, 20, 50} up to the most scored trials of a query. " + k_note,
             [
                 Table("pass@k", pass_at_k_wide(summary)),
+                Table("Queries behind each pass@k", pass_at_k_queries(summary),
+                      "A query needs at least k scored trials for pass@k; one with fewer (some "
+                      "errored) is left out of that k's mean, and one whose every trial "
+                      "errored (`all errored`) is in no mean. `pass@k over`: the queries each "
+                      "mean is over."),
                 Table("pass^k (all k trials correct)", pass_at_k_wide(summary, "pass_hat_k")),
                 Figure(
                     "pass@k curves",
@@ -577,10 +624,13 @@ def build_document(
             "calls has an unknown (empty) cost. Latency in seconds and iterations (model calls) "
             "per trial: mean, median (p50) and 95th percentile. `prompt_cache_share` = cached / "
             "prompt tokens (provider prompt cache); `response_cache_hit_share` = model calls "
-            "answered from querylab's response cache (from `llm_calls.parquet`).",
+            "answered from querylab's response cache (from `llm_calls.parquet`). A trial "
+            "re-run (`--retry-errors`, a resumed run) keeps the cost of the calls its earlier "
+            "attempts paid for." + _paid_text(tables.get("paid")),
             [
                 *[
-                    Table(name, cost.select("agent", "dataset", *cols), float_precision=4)
+                    Table(name, cost.select("agent", "dataset", *cols),
+                          float_precision=6 if name.startswith("Cost") else 4)
                     for name, cols in COST_VIEWS.items()
                 ],
                 Figure(
@@ -694,7 +744,7 @@ def build_document(
                     pl.col("evidence").map_elements(_clip, return_dtype=pl.String))
         )
         flagged, note = _capped(flagged, audit_uri(artifacts_root, run_id))
-        counts = audit.group_by("check").len().sort("check")
+        counts = audit.group_by("check").len(name="findings").sort("check")
         sections.append(Section(
             "Trace audit",
             f"{audit['trial_key'].n_unique()} trial(s) flagged at score time (checks: "
@@ -733,6 +783,12 @@ def build_document(
     )
     sections.append(Section("Terminate reasons", "", [Table("Terminate reasons", terminate)]))
 
+    from tasks.report_agents import agents_section
+
+    agents = agents_section(artifacts_root, run_id)  # what the agents were
+    if agents is not None:
+        sections.insert(1, agents)  # after pass@k (render_report reads sections[0])
+
     from tasks import plots
 
     pngs = {
@@ -746,6 +802,16 @@ def build_document(
             if isinstance(block, Figure):
                 block.png = pngs[block.name]
     return title, intro, sections
+
+
+def _paid_text(paid: dict | None) -> str:
+    """The Cost section's sentence on what the run paid in all: the trials plus the
+    preflight checks (real requests made before any trial, in no per-trial figure)."""
+    if not paid:
+        return ""
+    return (f" Paid in all: ${paid['total_cost_usd']:.6f} (trials ${paid['trials_cost_usd']:.6f}"
+            f"; {paid['preflight_requests']} preflight request(s) "
+            f"${paid['preflight_cost_usd']:.6f}, not in the per-trial figures).")
 
 
 def _with_errored(tool_use: pl.DataFrame, fm: pl.DataFrame) -> pl.DataFrame:
@@ -814,6 +880,13 @@ def render_report(run_id: str, artifacts_root: str, tables: dict) -> dict:
     )
     viewer_uri = write_viewer(run_id, artifacts_root, tables.get("manifests"))
     wide = next(b for b in sections[0].blocks if isinstance(b, Table)).frame
+    behind = next(b for b in sections[0].blocks if isinstance(b, Table)
+                  and b.title == "Queries behind each pass@k").frame
+    over = [c for c in behind.columns if c.endswith(" over")]
+    left_out = behind.height > 0 and behind.select(
+        pl.any_horizontal([pl.col("all errored") > 0,
+                           *[pl.col(c) < pl.col("queries") - pl.col("all errored")
+                             for c in over]]).any()).item()
     keys = publish_prefect_artifacts(
         run_id,
         md.replace("](plots/", f"]({report_uri(artifacts_root, run_id, 'plots')}/"),
@@ -825,6 +898,7 @@ def render_report(run_id: str, artifacts_root: str, tables: dict) -> dict:
         "viewer": viewer_uri,
         "plots": plot_uris,
         "table": markdown_table(wide),
+        "queries_table": markdown_table(behind) if left_out else None,
         "prefect_artifacts": keys,
     }
 

@@ -61,12 +61,18 @@ def markdown_table(
     df: pl.DataFrame, float_precision: int = 3, links: dict[str, str] | None = None
 ) -> str:
     """A Polars frame as a GitHub Markdown table (all rows and columns, no dtypes); columns in
-    ``links`` (column → URL prefix) become Markdown links."""
+    ``links`` (column → URL prefix) become Markdown links. Text cells are escaped
+    (:func:`md_escape`): a model's answer with ``<script>``, ``<img onerror>`` or
+    ``[x](javascript:…)`` shows as text, never as HTML or a link."""
+    text_cols = [c for c, dt in zip(df.columns, df.dtypes) if dt == pl.String]
+    if text_cols:
+        df = df.with_columns(pl.col(c).map_elements(md_escape, return_dtype=pl.String)
+                             for c in text_cols)
     for col, prefix in (links or {}).items():
         if col in df.columns:
             df = df.with_columns(
                 pl.col(col).map_elements(
-                    lambda v, p=prefix: f"[{v}]({p}{quote(str(v), safe='')})",
+                    lambda v, p=prefix: f"[{v}]({p}{quote(_md_unescape(str(v)), safe='')})",
                     return_dtype=pl.String,
                 )
             )
@@ -85,6 +91,21 @@ def markdown_table(
         float_precision=float_precision,
     ):
         return str(df)
+
+
+_MD_SPECIAL = re.compile(r"([\\`\[\]])")
+
+
+def md_escape(text: str) -> str:
+    """``text`` as literal Markdown table-cell text: ``&``, ``<`` and ``>`` as HTML entities
+    (no raw HTML), backslash, backtick and brackets backslash-escaped (no code spans, links or
+    images)."""
+    return _MD_SPECIAL.sub(r"\\\1", html.escape(text, quote=False))
+
+
+def _md_unescape(text: str) -> str:
+    """The original of an :func:`md_escape` d text (for a link target)."""
+    return html.unescape(re.sub(r"\\([\\`\[\]])", r"\1", text))
 
 
 def render_markdown(title: str, intro: str, sections: list[Section]) -> str:

@@ -313,6 +313,20 @@ def stage_statuses(artifacts_root: str, run_id: str) -> dict[str, StageStatus]:
     return out
 
 
+def fail_running_stages(artifacts_root: str, run_id: str, error: str) -> list[str]:
+    """Record every ``running`` stage of ``run_id`` as ``failed`` with ``error`` (a process
+    that is about to exit without unwinding, :mod:`tasks.interrupt`); returns their names."""
+    out = []
+    for stage, status in stage_statuses(artifacts_root, run_id).items():
+        if status.status == "running":
+            status.status, status.finished_at = "failed", now_iso()
+            status.error = error[:MAX_ERROR_CHARS]
+            storage.write_json(stage_uri(artifacts_root, run_id, stage),
+                               status.model_dump(mode="json"))
+            out.append(stage)
+    return out
+
+
 def pending_stages(artifacts_root: str, run_id: str) -> list[str]:
     """The configured stages of the run that have not completed (failed, interrupted while
     ``running``, or never started), in DAG order."""
@@ -397,6 +411,44 @@ def _stage_attempt(artifacts_root: str, run_id: str, stage: str) -> Iterator[Sta
 # --------------------------------------------------------------------------------------------
 # Mapped items
 # --------------------------------------------------------------------------------------------
+
+
+def batch_key(label: str, index: int, material: Any) -> str:
+    """Key of one batch of a mapped stage: ``<label slug>-<index:04d>-<digest>``.
+
+    ``material``: everything the batch's output depends on, JSON-able — the items (their
+    content, not only their ids), the agent's fingerprint (:func:`spec_fingerprint`) and the
+    full stage configuration — so a re-run with any of them changed gets a new key and runs
+    again, while an unchanged one finds its finished batch. ``digest``: the first 10 hex digits
+    of SHA-256 over ``material`` as canonical JSON (sorted keys; other values via ``str``)."""
+    import hashlib
+    import re
+
+    text = json.dumps(material, sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")[:60] or "x"
+    return f"{slug}-{index:04d}-{digest}"
+
+
+def spec_fingerprint(spec: str) -> str | None:
+    """What identifies an agent / generator spec beyond its name: for ``replay:<path>`` the
+    SHA-256 (hex) of the file's bytes, or of every file of a directory (relative path and
+    bytes, in path order); None for every other spec (``oracle``, models by name). Raises
+    OSError when the replay source cannot be read."""
+    import hashlib
+    from pathlib import Path
+
+    kind, _, arg = spec.partition(":")
+    if kind != "replay" or not arg:
+        return None
+    path, h = Path(arg), hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    else:
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def gather(futures: Sequence, keys: Sequence[str], run_id: str, stage: str) -> list:
@@ -661,19 +713,28 @@ def run_lease(artifacts_root: str, run_id: str) -> Iterator[dict]:
 
 
 class TrialsErrored(RuntimeError):
-    """A run's share of errored trials (``api_error`` / ``error``) is above what it allows.
+    """Some agent's share of errored trials (``api_error`` / ``error``) is above what the run
+    allows.
 
     ``summary``: the score step's summary (``trials``, ``errored``, ``error_share``,
-    ``errored_by_reason``); ``max_share``: the allowed share; ``result``: what the flow
-    computed before failing (its report is written). The message says how to retry."""
+    ``errored_by_reason``, ``by_agent``); ``max_share``: the allowed share (per agent);
+    ``over``: agent → ``{"trials", "errored", "error_share"}`` of the agents above it;
+    ``result``: what the flow computed before failing (its report is written). The message
+    says how to retry."""
 
-    def __init__(self, run_id: str, summary: dict, max_share: float, result: Any = None):
+    def __init__(self, run_id: str, summary: dict, max_share: float, result: Any = None,
+                 over: dict[str, dict] | None = None):
         self.run_id, self.summary, self.max_share, self.result = run_id, summary, max_share, result
+        self.over = over or {}
         reasons = ", ".join(f"{r} {n}" for r, n in summary.get("errored_by_reason", {}).items())
+        agents = "; ".join(f"{a}: {c['errored']} of {c['trials']} ({c['error_share']:.1%})"
+                           for a, c in self.over.items())
         super().__init__(
             f"run {run_id!r}: {summary['errored']} of {summary['trials']} trials errored "
-            f"({reasons or 'no reason recorded'}; {summary['error_share']:.1%} > the allowed "
-            f"{max_share:.1%}); they have no verdict and are left out of the scores. Retry "
+            f"({reasons or 'no reason recorded'}"
+            + (f"; above the allowed {max_share:.1%} per agent: {agents}" if agents else
+               f"; {summary['error_share']:.1%} > the allowed {max_share:.1%}")
+            + "); they have no verdict and are left out of the scores. Retry "
             f"them with `querylab rerun --run-id {run_id} --retry-errors` (or allow them: "
             "--max-error-share)" + (
                 f"; validator_error: a validator gave no verdict (its traceback is the "
@@ -688,17 +749,59 @@ def score_summary(artifacts_root: str, run_id: str) -> dict | None:
     return storage.read_json(uri) if storage.exists(uri) else None
 
 
+def errored_over(summary: dict, max_share: float) -> dict[str, dict]:
+    """Agent → its ``{"trials", "errored", "error_share"}`` for every agent of a score
+    ``summary`` whose share of errored trials is above ``max_share`` (the share is per agent;
+    a summary written before ``by_agent`` existed is judged as one agent, ``*``)."""
+    by_agent = summary.get("by_agent") or {"*": {k: summary[k] for k in
+                                                 ("trials", "errored", "error_share")}}
+    return {a: c for a, c in by_agent.items()
+            if c["errored"] and c["error_share"] > max_share + 1e-12}
+
+
 def check_error_share(
     artifacts_root: str, run_id: str, max_share: float = 0.0, result: Any = None
 ) -> dict:
-    """The run's score summary; :class:`TrialsErrored` when its ``error_share`` exceeds
-    ``max_share`` (RunError when the run has not been scored)."""
+    """The run's score summary; :class:`TrialsErrored` when some agent's share of errored
+    trials exceeds ``max_share`` (RunError when the run has not been scored)."""
     summary = score_summary(artifacts_root, run_id)
     if summary is None:
         raise RunError(f"run {run_id!r} has not been scored: `querylab rescore --run-id {run_id}`")
-    if summary["errored"] and summary["error_share"] > max_share + 1e-12:
-        raise TrialsErrored(run_id, summary, max_share, result)
+    over = errored_over(summary, max_share)
+    if over:
+        raise TrialsErrored(run_id, summary, max_share, result, over)
     return summary
+
+
+def preflight_uri(artifacts_root: str, run_id: str) -> str:
+    """URI of ``runs/<run_id>/preflight.json``: every preflight check made for the run."""
+    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "preflight.json")
+
+
+def record_preflight(artifacts_root: str, run_id: str, results: list) -> str | None:
+    """Append the preflight checks ``results`` (:class:`tasks.llm.PreflightResult`) made for
+    ``run_id`` to its ``preflight.json`` (one entry per check: ``at``, ``agent``,
+    ``model_id``, ``base_url``, ``ok``, ``problem``, ``requests``, ``prompt_tokens``,
+    ``completion_tokens``, ``cost_usd``, ``priced``): they are real, paid requests, counted in
+    the report's cost. Returns the URI (None when there was nothing to record)."""
+    if not results:
+        return None
+    uri = preflight_uri(artifacts_root, run_id)
+    entries = storage.read_json(uri) if storage.exists(uri) else []
+    at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for r in results:
+        entries.append({"at": at, "agent": r.agent, "model_id": r.model_id,
+                        "base_url": r.base_url, "ok": r.ok, "problem": r.problem,
+                        "requests": r.requests, "prompt_tokens": r.prompt_tokens,
+                        "completion_tokens": r.completion_tokens, "cost_usd": r.cost_usd,
+                        "priced": r.priced})
+    return storage.write_json(uri, entries)
+
+
+def preflight_checks(artifacts_root: str, run_id: str) -> list[dict]:
+    """The run's recorded preflight checks (:func:`record_preflight`; [] when none)."""
+    uri = preflight_uri(artifacts_root, run_id)
+    return storage.read_json(uri) if storage.exists(uri) else []
 
 
 # --------------------------------------------------------------------------------------------
@@ -706,9 +809,12 @@ def check_error_share(
 # --------------------------------------------------------------------------------------------
 
 
-def _run_status(record: RunRecord, statuses: dict[str, StageStatus]) -> str:
-    """``completed`` (every configured stage), ``failed`` / ``running`` (some stage is),
-    ``partial`` (some stage never ran), ``empty``."""
+def _run_status(record: RunRecord, statuses: dict[str, StageStatus],
+                summary: dict | None = None) -> str:
+    """``completed`` (every configured stage), ``errored`` (every stage completed but some
+    agent's share of errored trials in ``summary`` is above the run's ``max_error_share``:
+    the run exits non-zero), ``failed`` / ``running`` (some stage is), ``partial`` (some stage
+    never ran), ``empty``."""
     configured = configured_stages(record)
     if not configured:
         return "empty"
@@ -716,13 +822,40 @@ def _run_status(record: RunRecord, statuses: dict[str, StageStatus]) -> str:
     for state in ("failed", "running"):
         if state in states:
             return state
-    return "completed" if all(s == "completed" for s in states) else "partial"
+    if not all(s == "completed" for s in states):
+        return "partial"
+    allowed = record.benchmark.max_error_share if record.benchmark else 0.0
+    return "errored" if summary and errored_over(summary, allowed) else "completed"
+
+
+def lease_alive(artifacts_root: str, run_id: str) -> bool:
+    """True when a live process holds the run's lease (see :func:`lease_is_stale`)."""
+    uri = lease_uri(artifacts_root, run_id)
+    try:
+        return storage.exists(uri) and not lease_is_stale(storage.read_json(uri))
+    except Exception:  # noqa: BLE001 - an unreadable lease holds nothing
+        return False
+
+
+def unsafe_agents(artifacts_root: str, run_id: str) -> dict[str, list[str]]:
+    """Agent → the sandbox mechanisms it ran without, for the LLM agents of the run that ran
+    with ``--unsafe-sandbox`` on a machine missing some (from ``trials/agents.json``)."""
+    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
+    try:
+        described = storage.read_json(uri) if storage.exists(uri) else []
+    except Exception:  # noqa: BLE001 - no record, nothing to mark
+        return {}
+    return {d["agent"]: list(d["sandbox"].get("missing") or []) for d in described
+            if (d.get("sandbox") or {}).get("unsafe_sandbox") and d["sandbox"].get("missing")}
 
 
 def list_runs(artifacts_root: str) -> list[dict]:
     """Every run under the artifact root with a run record, newest first: ``{"run_id",
     "created_at", "updated_at", "agents", "datasets", "stages", "status", "trials",
-    "errored", "pass_at_1": {agent: value}}`` (trials/errored from the score summary, pass@1 —
+    "errored", "pass_at_1": {agent: value}, "unsafe_sandbox": {agent: missing}}`` (status:
+    see :func:`_run_status`, ``errored`` when more trials errored than the run allows,
+    ``interrupted`` when a stage is recorded running but no live process holds the lease;
+    trials/errored from the score summary, pass@1 —
     mean over queries — from the report's ``pass_at_k_summary.parquet``; None when missing). A
     record that cannot be read is listed with ``status`` ``unreadable``."""
     out = []
@@ -747,7 +880,11 @@ def list_runs(artifacts_root: str) -> list[dict]:
             "agents": list(b.agents) if b else list(record.stages.get("lifecycle", {}).get("models", [])),
             "datasets": list(b.datasets) if b else [],
             "stages": configured_stages(record),
-            "status": _run_status(record, statuses),
+            # a "running" stage nobody runs any more (its process was killed)
+            "status": ("interrupted" if _run_status(record, statuses, summary) == "running"
+                       and not lease_alive(artifacts_root, run_id)
+                       else _run_status(record, statuses, summary)),
+            "unsafe_sandbox": unsafe_agents(artifacts_root, run_id),
             "trials": summary.get("trials"),
             "errored": summary.get("errored"),
             "pass_at_1": _pass_at_1(artifacts_root, run_id),

@@ -126,6 +126,11 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (could not start, a session died, a file operation failed)."""
 
 
+class WorkdirFull(SandboxError):
+    """The trial's work directory is full (the cells filled it): the agent's doing, so a tool
+    error the model sees, unlike every other :class:`SandboxError` (the sandbox failing)."""
+
+
 class SandboxUnavailable(SandboxError):
     """This machine cannot isolate cells: ``missing`` names the mechanisms it lacks."""
 
@@ -148,6 +153,13 @@ class CellResult:
     when the wall-clock limit killed it, ``cpu_exceeded`` / ``oom_killed`` when the process
     tree's CPU / memory limit did, ``pids_limit_hit`` when a fork or thread was refused at the
     process-count limit; ``error``: a one-line explanation when the cell failed, else None;
+    ``sandbox_failed``: the sandbox itself failed (it stopped answering, refused the request,
+    or could not set the cell up), not the cell's code — infrastructure, not the agent's;
+    ``audit_events``: what the cell's run-time audit hook reported (file-system accesses
+    outside its work directory, network and process events; see
+    :func:`tasks.sandbox_zygote._install_audit_hook`) and ``audit_complete`` whether the
+    channel ended with querylab's end marker (False: the cell closed or redirected it, or was
+    killed);
     ``duration_s`` wall seconds, ``cpu_s`` CPU seconds of the whole tree (cgroup), ``max_rss_kb``
     peak memory of the tree in KiB (cgroup; the main process's when there is none).
     """
@@ -165,6 +177,9 @@ class CellResult:
     cpu_exceeded: bool = False
     oom_killed: bool = False
     pids_limit_hit: bool = False
+    sandbox_failed: bool = False
+    audit_events: list = field(default_factory=list)
+    audit_complete: bool = True
 
     @property
     def ok(self) -> bool:
@@ -366,9 +381,11 @@ class Session:
         reply, data = self._request(header, payload, max_payload=max_payload)
         if not reply.get("ok"):
             err = str(reply.get("error"))
-            if "No space left" in err and self.disk_mb:
+            full = "No space left" in err or "Disk quota exceeded" in err
+            if full and self.disk_mb:
                 err += f" (the work directory holds at most {self.disk_mb} MiB)"
-            raise SandboxError(f"sandbox {header['op']} {header.get('path', '')[:100]}: {err}")
+            raise (WorkdirFull if full else SandboxError)(
+                f"sandbox {header['op']} {header.get('path', '')[:100]}: {err}")
         return reply, data
 
     # -- files ----------------------------------------------------------------------------
@@ -442,10 +459,11 @@ class Session:
             if "stopped answering" in str(exc):
                 return CellResult("", 0, "", None, None, True,
                                   "execute_python: the sandbox stopped answering; the cell "
-                                  "was abandoned")
+                                  "was abandoned", sandbox_failed=True)
             raise
         if not reply.get("ok"):
-            return CellResult("", 0, "", None, None, False, f"sandbox error: {reply.get('error')}")
+            return CellResult("", 0, "", None, None, False, f"sandbox error: {reply.get('error')}",
+                              sandbox_failed=True)
         res = CellResult(
             stdout=head.decode("utf-8", errors="replace")[:max_output_chars],
             stdout_bytes=reply["stdout_bytes"], stderr=reply["stderr"][-2000:],
@@ -453,9 +471,12 @@ class Session:
             error=None, duration_s=reply["duration_s"], cpu_s=reply["cpu_s"] or 0.0,
             max_rss_kb=reply["max_rss_kb"], cpu_exceeded=reply["cpu_exceeded"],
             oom_killed=reply["oom_killed"], pids_limit_hit=reply["pids_limit_hit"],
+            audit_events=list(reply.get("audit") or []),
+            audit_complete=bool(reply.get("audit_complete", True)),
         )
         if reply.get("setup_error"):
             res.error = f"execute_python could not start the cell: {reply['setup_error']}"
+            res.sandbox_failed = True
         else:
             res.error = _explain(res, timeout_s, memory_mb, cpu_s, max_file_mb, max_procs)
         return res
@@ -866,6 +887,9 @@ class Sandbox:
         if self._view_error:
             mech["filesystem_view"] = False
             notes["filesystem_view"] = self._view_error
+        for ctl in ("memory", "pids", "cpu"):  # say why, per missing limit
+            if not mech.get(f"cgroup_{ctl}") and f"cgroup_{ctl}" not in notes:
+                notes[f"cgroup_{ctl}"] = notes.get("cgroups") or sandbox_host.cgroup_reason(ctl)
         return Isolation(mech, notes)
 
     def require_isolation(self) -> Isolation:
@@ -1073,6 +1097,27 @@ def run_validator(
     return bool(result["ok"]), str(result["reason"])
 
 
+#: Mechanisms that only bound resources: without them a cell can use more memory, processes,
+#: CPU or disk than its limits, but still sees nothing of the host.
+RESOURCE_MECHANISMS = ("cgroup_memory", "cgroup_pids", "cgroup_cpu", "tmpfs_size_cap")
+
+
+def missing_text(missing: list[str]) -> str:
+    """What ``missing`` mechanisms (an unsafe run's) mean for its scores, in one sentence:
+    resource limits only (the answer key stayed out of reach) or the isolation itself."""
+    if not missing:
+        return "nothing was missing"
+    names = ", ".join(f"{m}: {REQUIRED_MECHANISMS[m]}" if m in REQUIRED_MECHANISMS else m
+                      for m in missing)
+    if all(m in RESOURCE_MECHANISMS for m in missing):
+        return (f"only resource limits were missing ({names}); the file-system view, "
+                "unprivileged uid and namespaces held, so the cells could not reach the answer "
+                "key or the host, but a cell could use more memory, processes or CPU than its "
+                "limits say")
+    return (f"missing {names}: the cells may have reached the answer key or the host, so the "
+            "scores are not sealed")
+
+
 def sandbox_notes(artifacts_root: str, run_id: str) -> list[str]:
     """Report lines for a run whose LLM agents ran with ``--unsafe-sandbox`` (read from
     ``runs/<run_id>/trials/agents.json``, written by :func:`tasks.trials.describe_agents`);
@@ -1088,9 +1133,8 @@ def sandbox_notes(artifacts_root: str, run_id: str) -> list[str]:
         if not sb.get("unsafe_sandbox"):
             continue
         if sb.get("missing"):
-            how = ("its `execute_python` cells ran WITHOUT full isolation (missing: "
-                   f"{', '.join(sb['missing'])}): the agent may have reached the answer key or "
-                   "the host, so its scores are not sealed")
+            how = ("its `execute_python` cells ran WITHOUT full isolation: "
+                   + missing_text(sb["missing"]))
         else:
             how = "this machine still isolated its `execute_python` cells (nothing was missing)"
         notes.append(f"UNSAFE SANDBOX: `{d['agent']}` ran with --unsafe-sandbox; {how}.")

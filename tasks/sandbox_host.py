@@ -26,6 +26,12 @@ DEVICES = ("null", "zero", "full", "random", "urandom")
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 #: Small /etc files bound read-only when present (the dynamic linker's cache, MIME types).
 ETC_BINDS = ("/etc/ld.so.cache", "/etc/mime.types")
+#: Where the cells' own file systems are mounted over the template (a view path under one of
+#: them would be hidden): the session's work directory is added to these.
+SCRATCH_MOUNTS = ("/tmp", "/dev/shm")
+#: Where a view tree that lies under a scratch mount is bound instead (``<root>/<n>``); a
+#: symlink at its own path (made on the scratch file system by the session) points there.
+RELOCATED_ROOT = "/opt/querylab-view"
 #: Name prefix of the sandbox's cgroup directories (``<prefix><pid>-<n>``).
 CGROUP_PREFIX = "querylab-sandbox-"
 
@@ -101,10 +107,15 @@ def filesystem_view(uid: int, gid: int, home: str) -> dict:
     bound = [src for src, _ in ro]
 
     def add_dir(path: str) -> None:
-        path = os.path.realpath(path)
+        logical, path = os.path.abspath(path), os.path.realpath(path)
         if os.path.isdir(path) and not any(_under(path, b) for b in bound):
             ro.append([path, path])
             bound.append(path)
+        # reached through a symlink (``.venv -> /elsewhere/.venv``): import paths name the
+        # logical path, so it must lead to the bound tree in the view too
+        if (os.path.isdir(path) and logical != path
+                and not any(_under(logical, b) for b in bound + [p for p, _ in symlinks])):
+            symlinks.append([logical, path])
 
     for prefix in (sys.base_prefix, sys.base_exec_prefix):
         add_dir(prefix)
@@ -145,10 +156,48 @@ def filesystem_view(uid: int, gid: int, home: str) -> dict:
     }
     if os.path.isfile("/etc/timezone"):
         files["/etc/timezone"] = Path("/etc/timezone").read_text()
-    visible = [dst for _, dst in ro] + [p for p, _ in symlinks]
-    hide = own_distribution_entries() + _unused_base_site_packages()
-    return {"ro": ro, "symlinks": symlinks, "files": files, "hide": hide,
-            "dev": [d for d in DEVICES if os.path.exists(f"/dev/{d}")], "visible": visible}
+    hide = [os.path.join(os.path.realpath(os.path.dirname(p)), os.path.basename(p))
+            for p in own_distribution_entries() + _unused_base_site_packages()]
+    view = {"ro": ro, "symlinks": symlinks, "files": files, "hide": hide,
+            "dev": [d for d in DEVICES if os.path.exists(f"/dev/{d}")]}
+    return _relocate_scratch(view, (*SCRATCH_MOUNTS, home))
+
+
+def _relocate_scratch(view: dict, covered: tuple[str, ...]) -> dict:
+    """Move the view's trees and symlinks that lie under a directory a session mounts its
+    own file system on (``covered``: /tmp, /dev/shm, the work directory; a repository or venv
+    under /tmp would be hidden by it) to ``RELOCATED_ROOT/<n>``, and list in
+    ``scratch_links`` the [path, target] symlinks the session makes on its scratch file
+    systems so the original paths still lead there. Sets ``visible`` (every path import
+    paths may name)."""
+    def hidden(path: str) -> bool:
+        return any(path == c or path.startswith(c.rstrip("/") + "/") for c in covered)
+
+    moved: list[tuple[str, str]] = []  # (original dst, relocated dst)
+    links: list[list[str]] = []
+    for i, (src, dst) in enumerate(view["ro"]):
+        if hidden(dst):
+            new = f"{RELOCATED_ROOT}/{i}"
+            view["ro"][i] = [src, new]
+            moved.append((dst, new))
+            links.append([dst, new])
+
+    def mapped(path: str) -> str:
+        for old, new in moved:
+            if path == old or path.startswith(old.rstrip("/") + "/"):
+                return new + path[len(old):]
+        return path
+
+    keep = []
+    for path, target in view["symlinks"]:
+        target = mapped(target) if os.path.isabs(target) else target
+        (links if hidden(path) else keep).append([path, target])
+    view["symlinks"] = keep
+    view["hide"] = [mapped(p) for p in view["hide"]]
+    view["scratch_links"] = links
+    view["visible"] = ([dst for _, dst in view["ro"]] + [p for p, _ in keep]
+                       + [p for p, _ in links])
+    return view
 
 
 def protected_paths() -> list[str]:
@@ -249,6 +298,35 @@ def cgroup_dirs() -> tuple[int, dict[str, str]] | None:
             if {"memory", "pids"} <= ctls and os.access(d, os.W_OK):
                 return 2, {"unified": d}
     return (1, v1) if v1 else None
+
+
+def cgroup_reason(ctl: str) -> str:
+    """Why this process cannot give cells a cgroup limit of controller ``ctl`` (``memory``,
+    ``pids`` or ``cpu``): not mounted, our cgroup not visible, read-only or not delegated."""
+    own, mounts = _own_cgroups(), _mountinfo()
+    v1 = [(m, r) for m, r, t, o in mounts if t == "cgroup" and ctl in o]
+    v2 = [(m, r) for m, r, t, _ in mounts if t == "cgroup2"]
+    for mnt, root in v1:
+        d = _join(mnt, root, own.get(ctl, "/"))
+        if not d or not os.path.isdir(d):
+            return f"our {ctl} cgroup ({own.get(ctl)}) is not visible under {mnt}"
+        if not os.access(d, os.W_OK):
+            if os.statvfs(d).f_flag & os.ST_RDONLY:
+                return f"{d} is mounted read-only"
+            return f"{d} is not writable by uid {os.geteuid()} (not delegated to this user)"
+        return f"{d} is writable, but the session's cgroup could not be made there"
+    for mnt, root in v2:
+        d = _join(mnt, root, own.get("", "/"))
+        try:
+            ctls = set(Path(d or "", "cgroup.controllers").read_text().split())
+        except OSError as exc:
+            return f"cgroup v2 at {mnt}: our cgroup {d} is not readable ({exc.strerror})"
+        if ctl not in ctls:
+            return f"cgroup v2 at {mnt}: the {ctl} controller is not enabled for {d}"
+        if not os.access(d or "", os.W_OK):
+            return f"cgroup v2: {d} is not writable by uid {os.geteuid()} (not delegated)"
+        return f"cgroup v2: {d} is writable, but the session's cgroup could not be made there"
+    return f"no cgroup hierarchy with the {ctl} controller is mounted"
 
 
 def create_cgroup_base(name: str) -> dict | None:

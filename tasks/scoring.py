@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
@@ -45,7 +46,7 @@ log = logging.getLogger("querylab.scoring")
 #: Bump when a verdict rule changes (recorded in every ``scores`` row and ``summary.json``).
 SCORER_VERSION = "3"
 #: Version of the public/private dataset layout; older manifests are rebuilt.
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 #: Terminate reasons of infrastructure or harness failures: such a trial has no verdict.
 ERRORED_REASONS = frozenset({"api_error", "error"})
 #: Per-query keys that only the scorer (and the trusted oracle) may read.
@@ -76,13 +77,53 @@ def scoring_uri(manifest_uri: str) -> str:
     return manifest_uri[: -len("manifest.json")] + "scoring.json"
 
 
+def scoring_digest(private: dict) -> str:
+    """16 hex digits of SHA-256 over a scoring file's content (canonical JSON: sorted keys, no
+    whitespace; canonical-table URIs relative to the dataset directory, so the same dataset
+    built under two artifact roots has one digest): its identity. The public manifest records the digest of the scoring file
+    written with it (``scoring_digest``), content-addressed copies live at
+    ``scoring/<digest>.json`` (:func:`pinned_scoring_uri`), and a run's score summary records
+    the digest it was scored with. The digest commits to the answer key without revealing it
+    (the file also holds the reference solutions and SQL)."""
+    content = dict(private)
+    canonical = content.get("canonical")
+    if isinstance(canonical, dict):  # locations count relative to the dataset directory
+        content["canonical"] = {n: re.sub(r"^.*/datasets/[^/]+/[^/]+/", "", str(u))
+                                for n, u in canonical.items()}
+    blob = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str)
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def pinned_scoring_uri(manifest_uri: str, digest: str) -> str:
+    """URI of the content-addressed scoring file ``scoring/<digest>.json`` of a dataset
+    version (written once, never replaced)."""
+    if not re.fullmatch(r"[0-9a-f]{16}", digest or ""):
+        raise ScoringError(f"bad scoring digest {digest!r}")
+    return scoring_uri(manifest_uri)[: -len("scoring.json")] + f"scoring/{digest}.json"
+
+
+def write_scoring(manifest_uri: str, private: dict) -> str:
+    """Write a dataset version's scoring file: the content-addressed copy
+    (:func:`pinned_scoring_uri`) and ``scoring.json`` (the current one). Returns its digest.
+    The caller records the digest in the public manifest (``scoring_digest``)."""
+    digest = scoring_digest(private)
+    pinned = pinned_scoring_uri(manifest_uri, digest)
+    if not storage.exists(pinned):
+        storage.write_json(pinned, private)
+    storage.write_json(scoring_uri(manifest_uri), private)
+    return digest
+
+
 def split_manifest(manifest_uri: str, full: dict) -> str:
     """Write a dataset's full description as the public ``manifest.json`` and the private
-    ``scoring.json`` (see the module docstring); returns the manifest URI.
+    scoring file (see the module docstring, :func:`write_scoring`); returns the manifest URI.
 
     ``full`` has the public keys plus :data:`PRIVATE_MANIFEST_KEYS` and, per query,
-    :data:`PRIVATE_QUERY_KEYS`. The scoring file is written first and the manifest last, so a
-    manifest in the current layout means both exist (:func:`is_current_dataset`)."""
+    :data:`PRIVATE_QUERY_KEYS`. The scoring file is written first and the manifest last (with
+    the scoring file's digest, ``scoring_digest``), so a manifest in the current layout means
+    both exist (:func:`is_current_dataset`) and a scoring file edited afterwards is detected
+    (:func:`load_scoring`)."""
     public = {k: v for k, v in full.items() if k not in (*PRIVATE_MANIFEST_KEYS, "queries")}
     public["manifest_version"] = MANIFEST_VERSION
     public["queries"] = [
@@ -97,8 +138,35 @@ def split_manifest(manifest_uri: str, full: dict) -> str:
             q["id"]: {k: q[k] for k in PRIVATE_QUERY_KEYS if k in q} for q in full["queries"]
         },
     }
-    storage.write_json(scoring_uri(manifest_uri), private)
+    public["scoring_digest"] = write_scoring(manifest_uri, private)
     return storage.write_json(manifest_uri, public)
+
+
+def replace_scoring(manifest_uri: str, queries: dict[str, dict]) -> tuple[str, str]:
+    """Give a built dataset version new per-query scoring entries (``queries``: id → ``{
+    "ground_truth", "validator", "reference", "requires"}``, e.g. re-derived from a fixed
+    spec) without touching its data: a new content-addressed scoring file, ``scoring.json`` and
+    the manifest's ``scoring_digest``. Returns ``(old digest, new digest)`` (equal: nothing was
+    written). Runs already scored keep the digest they recorded."""
+    public = storage.read_json(manifest_uri)
+    before = public.get("scoring_digest")
+    pinned = pinned_scoring_uri(manifest_uri, before) if before else None
+    base_uri = pinned if pinned and storage.exists(pinned) else scoring_uri(manifest_uri)
+    base = storage.read_json(base_uri)
+    before = before or scoring_digest(base)
+    private = {**base, "queries": queries}
+    after = scoring_digest(private)
+    current = storage.read_json(scoring_uri(manifest_uri)) if storage.exists(
+        scoring_uri(manifest_uri)) else None
+    if current is None or scoring_digest(current) != after:
+        if current is not None and after == before:
+            log.warning("%s did not match its digest (edited by hand?): rewritten from the "
+                        "spec", scoring_uri(manifest_uri))
+        write_scoring(manifest_uri, private)
+    if after != public.get("scoring_digest"):
+        public["scoring_digest"] = after
+        storage.write_json(manifest_uri, public)
+    return before, after
 
 
 def is_current_dataset(manifest_uri: str) -> bool:
@@ -122,16 +190,45 @@ def _legacy_scoring(manifest: dict) -> dict:
     }
 
 
-def load_scoring(manifest_uri: str) -> dict:
+def load_scoring(manifest_uri: str, digest: str | None = None) -> dict:
     """The private scoring file of a dataset manifest (scorer side only): ``{"name",
     "version", "canonical", "spec_file", "queries": {id: {"ground_truth", "validator",
-    "reference", "requires"}}}``. A manifest written before the split (answers inline, no
-    ``manifest_version``) is read as its own scoring file. ScoringError naming the file when a
-    current manifest has none."""
+    "reference", "requires"}}}``, checked against its digest (tamper-evident).
+
+    ``digest``: the scoring a run recorded (``scoring/<digest>.json``, or ``scoring.json``
+    when that is the same content); default: the manifest's ``scoring_digest`` (the scoring
+    file written with it). ScoringError when the file's content does not match the digest (it
+    was edited by hand or tampered with: fix the spec and rebuild / rescore instead) or when a
+    current manifest has no scoring file. A manifest written before digests is read
+    unchecked; one from before the split (answers inline, no ``manifest_version``) as its own
+    scoring file."""
     uri = scoring_uri(manifest_uri)
+    manifest = storage.read_json(manifest_uri)
+    expected = digest or manifest.get("scoring_digest")
+    if expected:
+        # a run's recorded scoring: its content-addressed copy (or scoring.json if the same);
+        # the manifest's own: scoring.json, which must still be what was written with it
+        candidates = [pinned_scoring_uri(manifest_uri, expected), uri] if digest else [uri]
+        seen = None
+        for candidate in candidates:
+            if storage.exists(candidate):
+                private = storage.read_json(candidate)
+                got = scoring_digest(private)
+                if got == expected:
+                    return private
+                seen = seen or (candidate, got)
+        if seen is None:
+            raise ScoringError(f"{uri}: no scoring file with digest {expected} for this "
+                               "dataset; rebuild it (`querylab datasets build "
+                               f"{manifest.get('name', '<name>')}`)")
+        raise ScoringError(
+            f"{seen[0]} does not match the scoring digest recorded when it was written "
+            f"({expected}; its content gives {seen[1]}): it was edited by hand or tampered "
+            "with. Scoring files are derived: fix the dataset spec and run `querylab rescore "
+            "--run-id <run>` (or `querylab datasets build "
+            f"{manifest.get('name', '<name>')}`)")
     if storage.exists(uri):
         return storage.read_json(uri)
-    manifest = storage.read_json(manifest_uri)
     if manifest.get("manifest_version") is None and any(
         k in q for q in manifest.get("queries", []) for k in PRIVATE_QUERY_KEYS
     ):
@@ -142,12 +239,13 @@ def load_scoring(manifest_uri: str) -> dict:
     )
 
 
-def full_manifest(manifest_uri: str) -> dict:
-    """Public manifest merged with its scoring file: every query with its question *and* its
-    ground truth, validator, reference and requirements. Scorer-side code only (failure modes,
-    the LLM judge, the viewer); never hand it to the trial side."""
+def full_manifest(manifest_uri: str, digest: str | None = None) -> dict:
+    """Public manifest merged with its scoring file (``digest``: the one a run recorded, see
+    :func:`load_scoring`): every query with its question *and* its ground truth, validator,
+    reference and requirements. Scorer-side code only (failure modes, the LLM judge, the
+    viewer); never hand it to the trial side."""
     public = storage.read_json(manifest_uri)
-    private = load_scoring(manifest_uri)
+    private = load_scoring(manifest_uri, digest)
     extra = private.get("queries", {})
     return {
         **public,
@@ -188,16 +286,19 @@ def _first_line(text: str | None, limit: int = 300) -> str:
 
 
 def score_rows(trials: Iterable[dict], scorings: dict[str, dict],
+               questions: dict[tuple[str, str], str] | None = None,
                score_no_tool_call: bool = False) -> list[dict]:
     """One ``scores`` row per trial (see :data:`schemas.artifacts.SCORES`).
 
     ``trials``: trial rows (``TRIALS`` columns); ``scorings``: dataset name → its scoring file
-    (:func:`load_scoring`). An errored trial (:data:`ERRORED_REASONS`) is not validated. A
-    validator that fails to give a verdict (a DAB ``validate.py`` that raised) makes the
-    verdict ``errored`` too, with its traceback as the reason. Queries of DAB datasets follow
-    DAB's scoring rules first (:func:`dab_verdict`; ``score_no_tool_call`` lifts the
-    ``no_tool_call`` one). Raises ScoringError for a trial whose dataset or query has no
-    scoring entry, or whose ``dataset_version`` differs from the scoring file's."""
+    (:func:`load_scoring`); ``questions``: (dataset, query id) → question text (the validators
+    tell numbers the question names apart from candidate answers; :func:`load_questions`). An
+    errored trial (:data:`ERRORED_REASONS`) is not validated. A validator that fails to give a
+    verdict (a DAB ``validate.py`` that raised) makes the verdict ``errored`` too, with its
+    traceback as the reason. Queries of DAB datasets follow DAB's scoring rules first
+    (:func:`dab_verdict`; ``score_no_tool_call`` lifts the ``no_tool_call`` one). Raises
+    ScoringError for a trial whose dataset or query has no scoring entry, or whose
+    ``dataset_version`` differs from the scoring file's."""
     digests: dict[tuple[str, str], str] = {}
     out = []
     for t in trials:
@@ -232,7 +333,8 @@ def score_rows(trials: Iterable[dict], scorings: dict[str, dict],
             row["reason"] = f"errored ({t['terminate_reason']}): {why}"
         else:
             v = dab_verdict(query, t, score_no_tool_call) or check_answer(
-                t["answer"], query.get("ground_truth"), query["validator"])
+                t["answer"], query.get("ground_truth"), query["validator"],
+                (questions or {}).get(key))
             if v.errored:  # the validator gave no verdict: errored, not incorrect
                 row["reason"] = v.reason
             else:
@@ -247,7 +349,8 @@ def score_frame(trials: pl.DataFrame, manifest_uris: list[str]) -> pl.DataFrame:
     """``trials`` (a ``TRIALS`` frame, e.g. one batch's) with their verdicts joined on
     (``verdict``, ``is_correct``, ``reason``), scored with the manifests' scoring files —
     the score step without writing anything (no audit). For checks and tests."""
-    rows = score_rows(trials.iter_rows(named=True), load_scorings(manifest_uris))
+    rows = score_rows(trials.iter_rows(named=True), load_scorings(manifest_uris),
+                      load_questions(manifest_uris))
     return scored_trials(trials, scores_frame(rows))
 
 
@@ -313,12 +416,62 @@ def run_manifest_uris(
     return uris
 
 
-def load_scorings(manifest_uris: list[str]) -> dict[str, dict]:
-    """Dataset name → scoring file for each manifest (the first manifest of a name wins)."""
+def load_questions(manifest_uris: list[str]) -> dict[tuple[str, str], str]:
+    """(dataset, query id) → question, from the public manifests (the first of a name wins)."""
+    out: dict[tuple[str, str], str] = {}
+    for uri in manifest_uris:
+        m = storage.read_json(uri)
+        for q in m.get("queries", []):
+            out.setdefault((m["name"], q["id"]), q.get("question") or "")
+    return out
+
+
+def load_engines(manifest_uris: list[str]) -> dict[str, dict[str, str]]:
+    """Dataset → database → engine, from the public manifests."""
+    out: dict[str, dict[str, str]] = {}
+    for uri in manifest_uris:
+        m = storage.read_json(uri)
+        out.setdefault(m["name"], {n: d.get("engine", "") for n, d in m["databases"].items()})
+    return out
+
+
+def load_scorings(manifest_uris: list[str],
+                  digests: dict[str, str] | None = None) -> dict[str, dict]:
+    """Dataset name → scoring file for each manifest (the first manifest of a name wins),
+    each checked against its digest (:func:`load_scoring`; ``digests``: dataset name → the
+    digest to load instead of the manifest's)."""
     out: dict[str, dict] = {}
     for uri in manifest_uris:
-        scoring = load_scoring(uri)
-        out.setdefault(scoring["name"], scoring)
+        name = storage.read_json(uri)["name"]
+        if name not in out:
+            out[name] = load_scoring(uri, (digests or {}).get(name))
+    return out
+
+
+def run_scoring_digests(artifacts_root: str, run_id: str) -> dict[str, str]:
+    """Dataset name → the scoring digest a run was last scored with (``score/summary.json``;
+    empty when it was never scored or scored before digests were recorded)."""
+    uri = summary_uri(artifacts_root, run_id)
+    if not storage.exists(uri):
+        return {}
+    return dict(storage.read_json(uri).get("scoring") or {})
+
+
+def run_full_manifests(artifacts_root: str, run_id: str, manifest_uris: list[str]) -> list[dict]:
+    """:func:`full_manifest` of each manifest with the scoring the run was scored with (so a
+    report or viewer of an old run shows the ground truth its verdicts were decided on, even
+    after a spec fix moved the dataset to a newer scoring); a recorded scoring that is gone
+    falls back to the current one."""
+    digests = run_scoring_digests(artifacts_root, run_id)
+    out = []
+    for uri in manifest_uris:
+        digest = digests.get(storage.read_json(uri)["name"])
+        try:
+            out.append(full_manifest(uri, digest))
+        except ScoringError:
+            if digest is None:
+                raise
+            out.append(full_manifest(uri))
     return out
 
 
@@ -329,9 +482,11 @@ def score_run(
     ``score/audit.parquet`` and ``score/summary.json``.
 
     Idempotent and cheap to repeat (``querylab rescore``): the verdicts are recomputed from the
-    stored answers with the validators as they are now; no model is called. Returns
+    stored answers with each dataset's current scoring file (checked against the manifest's
+    ``scoring_digest``: a hand-edited file is refused); no model is called. Returns
     ``{"scores": uri, "audit": uri, "summary": uri, **summary}`` where the summary holds
-    ``scorer_version``, ``trials``, ``correct``, ``incorrect``, ``errored``,
+    ``scorer_version``, ``scoring`` (dataset → the scoring digest used), ``trials``,
+    ``correct``, ``incorrect``, ``errored``,
     ``error_share`` (errored / trials), ``errored_by_reason``, ``flagged`` (trials with audit
     findings) and ``scored_at``. Raises ScoringError (see :func:`run_manifest_uris`,
     :func:`score_rows`) and StorageError when the run has no ``trials.parquet``."""
@@ -344,7 +499,8 @@ def score_run(
     trials = pl.from_arrow(storage.read_parquet(uri_t, artifacts.TRIALS))
     manifests = run_manifest_uris(artifacts_root, run_id, trials, manifest_uris)
     scorings = load_scorings(manifests)
-    rows = score_rows(trials.iter_rows(named=True), scorings,
+    questions = load_questions(manifests)
+    rows = score_rows(trials.iter_rows(named=True), scorings, questions,
                       score_no_tool_call=run_scores_no_tool_call(artifacts_root, run_id))
     messages_uri = trials_uri(artifacts_root, run_id, "messages")
     tool_calls_uri = trials_uri(artifacts_root, run_id, "tool_calls")
@@ -352,7 +508,8 @@ def score_run(
                 if storage.exists(messages_uri) else None)
     tool_calls = (pl.from_arrow(storage.read_parquet(tool_calls_uri, artifacts.TOOL_CALLS))
                   if storage.exists(tool_calls_uri) else None)
-    findings = audit_run(trials, messages, tool_calls, scorings)
+    findings = audit_run(trials, messages, tool_calls, scorings, questions,
+                         load_engines(manifests))
     flags: dict[str, int] = {}
     for f in findings:
         flags[f["trial_key"]] = flags.get(f["trial_key"], 0) + 1
@@ -369,6 +526,7 @@ def score_run(
     summary = summarise(scores)
     summary.update(
         scorer_version=SCORER_VERSION, manifests=manifests,
+        scoring={name: scoring_digest(sc) for name, sc in sorted(scorings.items())},
         scored_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         flagged=len(flags), transcripts=messages is not None,
     )
@@ -382,7 +540,10 @@ def score_run(
 def summarise(scores: pl.DataFrame) -> dict[str, Any]:
     """Counts of a ``scores`` frame: ``trials``, ``correct``, ``incorrect``, ``errored``,
     ``error_share`` (errored / trials, 0 without trials) and ``errored_by_reason``
-    (terminate reason → count; :data:`VALIDATOR_ERROR` for validators that gave no verdict)."""
+    (terminate reason → count; :data:`VALIDATOR_ERROR` for validators that gave no verdict);
+    with an ``agent`` column also ``by_agent`` (agent → ``{"trials", "errored",
+    "error_share"}``: the allowed share of errored trials applies to each agent, so an
+    oracle's trials never hide an agent whose every trial errored)."""
     n = scores.height
     count = {v: int((scores["verdict"] == v).sum()) for v in VERDICTS}
     # an errored verdict of a trial that ended normally is its validator's (VALIDATOR_ERROR)
@@ -392,10 +553,19 @@ def summarise(scores: pl.DataFrame) -> dict[str, Any]:
         r: int(c) for r, c in scores.filter(pl.col("verdict") == "errored")
         .group_by(reason.alias("r")).len().sort("r").iter_rows()
     }
-    return {
+    out: dict[str, Any] = {
         "trials": n, **count, "error_share": (count["errored"] / n) if n else 0.0,
         "errored_by_reason": by_reason,
     }
+    if "agent" in scores.columns:
+        per = scores.group_by("agent").agg(
+            pl.len().alias("trials"), (pl.col("verdict") == "errored").sum().alias("errored"))
+        out["by_agent"] = {
+            r["agent"]: {"trials": int(r["trials"]), "errored": int(r["errored"]),
+                         "error_share": r["errored"] / r["trials"] if r["trials"] else 0.0}
+            for r in per.sort("agent").iter_rows(named=True)
+        }
+    return out
 
 
 def load_scores(artifacts_root: str, run_id: str) -> pl.DataFrame:

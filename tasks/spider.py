@@ -33,13 +33,13 @@ import json
 import os
 import re
 import sqlite3
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import polars as pl
 
 from tasks.result_match import has_top_level_order_by, results_match
+from tasks.sqlite_guard import run_file_query
 
 __all__ = [
     "EX_STATUSES",
@@ -234,24 +234,15 @@ def build_spider_databases(
 
 
 def run_sqlite(path: str | Path, sql: str, timeout_ms: int = 30_000) -> list[tuple]:
-    """All rows of ``sql`` on the SQLite file ``path``, opened read-only (``mode=ro``), with
-    only reads authorised (no ATTACH — which would create a file even on a read-only
-    connection — no PRAGMA writes, no VACUUM INTO; see ``tasks.databases``).
+    """All rows of ``sql`` on the SQLite file ``path``, opened read-only (``mode=ro``), through
+    the guarded executor (:mod:`tasks.sqlite_guard`): only reads authorised (no ATTACH — which
+    would create a file even on a read-only connection — no PRAGMA, no VACUUM INTO), results
+    bounded by :data:`tasks.sqlite_guard.DEFAULT_MAX_RESULT_BYTES`.
 
     The query is interrupted after ``timeout_ms`` milliseconds. Raises ``sqlite3.Error`` for an
-    engine error (``interrupted`` on timeout, ``not authorized`` for a refused statement)."""
-    from tasks.databases import _sqlite_authorizer
-
-    conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, check_same_thread=False)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-    conn.set_authorizer(_sqlite_authorizer)
-    deadline = time.monotonic() + timeout_ms / 1000
-    conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
-    conn.text_factory = lambda b: b.decode("utf-8", errors="replace")
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
+    engine error (``interrupted`` on timeout, ``not authorized`` for a refused statement,
+    :class:`tasks.sqlite_guard.ResultTooLarge`)."""
+    return run_file_query(path, sql, timeout_ms)
 
 
 def _table_row_counts(path: Path) -> dict[str, int]:

@@ -26,6 +26,7 @@ constants, as in Calcite's default conformance).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -67,6 +68,7 @@ class SQLReadError(ValueError):
     """A statement or query cannot be read; the message names it and the dialects tried."""
 
 
+@functools.lru_cache(maxsize=64)
 def sqlglot_dialect(dialect: str | None) -> str:
     """The sqlglot dialect name for ``dialect`` (``ansi``/``calcite``/None → the neutral
     parser ``""``). Raises SQLReadError for a name sqlglot does not know."""
@@ -156,9 +158,96 @@ def _markers(text: str, dialect: str) -> list[str]:
     return [name for hit, name in found if hit]
 
 
+_USING_INDEX_TYPE = re.compile(
+    r"((?:PRIMARY\s+KEY|UNIQUE(?:\s+(?:KEY|INDEX))?|KEY|INDEX)(?:\s+(?:`[^`]*`|\"[^\"]*\"|\w+))??)"
+    r"\s+USING\s+(?:BTREE|HASH)\s*\(", re.IGNORECASE)
+_CONFLICT_CLAUSE = re.compile(r"\s+ON\s+CONFLICT\s+(?:ROLLBACK|ABORT|FAIL|IGNORE|REPLACE)\b", re.IGNORECASE)
+_CLUSTERING = re.compile(r"\b(PRIMARY\s+KEY|UNIQUE)\s+(?:NON)?CLUSTERED\b", re.IGNORECASE)
+_KEY_LIST = re.compile(r"\b(PRIMARY\s+KEY|UNIQUE)\s*\(([^()]*)\)", re.IGNORECASE)
+
+
+_CHECK_START = re.compile(r"(,\s*)?(?:\bCONSTRAINT\s+(?:`[^`]*`|\"[^\"]*\"|\w+)\s+)?\bCHECK\s*\(", re.IGNORECASE)
+_NOT_ENFORCED = re.compile(r"\s*NOT\s+ENFORCED\b", re.IGNORECASE)
+
+
+def _drop_unenforced_checks(text: str) -> str:
+    """MySQL's ``[CONSTRAINT c] CHECK (...) NOT ENFORCED`` removed (MySQL does not check it,
+    and sqlglot does not read it); a table-level one takes its leading comma along."""
+    out, pos = [], 0
+    for m in _CHECK_START.finditer(text):
+        if m.start() < pos:
+            continue
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            if text[i] == "'":  # skip a string literal
+                j = text.find("'", i + 1)
+                i = len(text) if j < 0 else j
+            elif text[i] == "(":
+                depth += 1
+            elif text[i] == ")":
+                depth -= 1
+            i += 1
+        tail = _NOT_ENFORCED.match(text, i)
+        if depth or tail is None:
+            continue
+        out.append(text[pos:m.start()])
+        out.append(" " if m.group(1) is None else "")
+        pos = tail.end()
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def normalise_ddl(text: str) -> tuple[str, list[str]]:
+    """Rewrite clauses of one DDL statement that sqlglot does not read but that do not change
+    which rows a table may hold: MySQL's index type before the key columns (``PRIMARY KEY
+    USING BTREE (id)``), T-SQL's ``PRIMARY KEY [NON]CLUSTERED``, MySQL's ``CHECK (...) NOT ENFORCED`` (not checked, dropped), SQLite's conflict clauses (``ON CONFLICT REPLACE``) and sort orders /
+    collations inside PRIMARY KEY / UNIQUE column lists (``PRIMARY KEY (id DESC)``). Returns
+    the text and one line per kind of change made (empty when nothing changed)."""
+    changes = []
+    out = _USING_INDEX_TYPE.sub(lambda m: m.group(1) + " (", text)
+    if out != text:
+        changes.append("index type (USING BTREE / HASH) before the key columns ignored (no effect on the rows)")
+    text, out = out, _drop_unenforced_checks(out)
+    if out != text:
+        changes.append("MySQL CHECK ... NOT ENFORCED ignored (MySQL does not check it)")
+    text, out = out, _CLUSTERING.sub(lambda m: m.group(1), out)
+    if out != text:
+        changes.append("T-SQL CLUSTERED / NONCLUSTERED after PRIMARY KEY / UNIQUE ignored (index "
+                       "storage, no effect on the rows)")
+    text, out = out, _CONFLICT_CLAUSE.sub("", out)
+    if out != text:
+        changes.append("SQLite conflict clauses (ON CONFLICT ...) ignored (they change how INSERT "
+                       "resolves a conflict, not which rows a table may hold)")
+
+    def strip_orders(m: re.Match) -> str:
+        inner = re.sub(r"\s+(?:ASC|DESC)\b", "", m.group(2), flags=re.IGNORECASE)
+        inner = re.sub(r"\s+COLLATE\s+(?:\w+|\"[^\"]*\")", "", inner, flags=re.IGNORECASE)
+        return f"{m.group(1)} ({inner})"
+
+    text, out = out, _KEY_LIST.sub(strip_orders, out)
+    if out != text:
+        changes.append("sort orders / collations in key column lists ignored (no effect on the rows)")
+    return out, changes
+
+
+#: ALTER statements (pg_dump writes them) that change nothing about which rows a table holds.
+_HARMLESS_ALTER = re.compile(
+    r"^\s*ALTER\s+(?:TABLE|SEQUENCE|SCHEMA|TYPE|FUNCTION|INDEX|VIEW|DATABASE|DOMAIN|MATERIALIZED\s+VIEW)\b"
+    r".*\b(?:OWNER\s+TO|OWNED\s+BY|SET\s+SCHEMA|SET\s+STATISTICS|REPLICA\s+IDENTITY|CLUSTER\s+ON|"
+    r"SET\s+DEFAULT|DROP\s+DEFAULT|SET\s+TABLESPACE|RESET\s*\(|SET\s*\(|ENABLE\s+TRIGGER|DISABLE\s+TRIGGER|"
+    r"RENAME\s+CONSTRAINT|ATTACH\s+PARTITION)\b", re.IGNORECASE | re.DOTALL)
+
+
+def _harmless_alter(stmt: exp.Expression) -> bool:
+    return isinstance(stmt, exp.Command) and str(stmt.this).upper() == "ALTER" and bool(
+        _HARMLESS_ALTER.match(f"ALTER {stmt.expression.this if isinstance(stmt.expression, exp.Expression) else stmt.expression}"))
+
+
 def _is_opaque_create(stmt: exp.Expression) -> bool:
-    """sqlglot's fallback for syntax it does not know: an opaque Command holding the text."""
-    return isinstance(stmt, exp.Command) and str(stmt.this).upper().split()[0:1] in (["CREATE"], ["ALTER"])
+    """sqlglot's fallback for syntax it does not know: an opaque Command holding the text
+    (an ALTER that changes nothing about the rows, :data:`_HARMLESS_ALTER`, is fine)."""
+    return isinstance(stmt, exp.Command) and str(stmt.this).upper().split()[0:1] in (["CREATE"], ["ALTER"]) \
+        and not _harmless_alter(stmt)
 
 
 def _parse_statement(text: str, dialect: str) -> tuple[exp.Expression | None, str]:
@@ -183,7 +272,7 @@ def _parse_statement(text: str, dialect: str) -> tuple[exp.Expression | None, st
         return None, f"not a statement (read as the expression {_short(trees[0].sql(), 40)})"
     misread = _misread_column(trees[0])
     if misread:
-        return None, f"{misread} read as a column"
+        return None, f"{misread} read as a column or a function"
     return trees[0], ""
 
 
@@ -201,6 +290,8 @@ def _misread_column(tree: exp.Expression) -> str | None:
         if isinstance(item, exp.ColumnDef) and isinstance(item.this, exp.Identifier) \
                 and not item.this.quoted and item.name.upper() in _CONSTRAINT_WORDS:
             return f"{item.name.upper()} {_short(item.sql(), 40)}"
+        if isinstance(item, (exp.Anonymous, exp.Column)):
+            return f"the item {_short(item.sql(), 40)}"
     return None
 
 
@@ -253,7 +344,11 @@ def read_ddl(text: str, dialect: str | None = None, query_dialect: str | None = 
     statements: list[DDLStatement] = []
     moved: dict[str, list[int]] = {}
     opaque: list[str] = []
+    normalised: dict[str, list[int]] = {}
     for i, st in enumerate(texts, start=1):
+        st, changes = normalise_ddl(st)
+        for c in changes:
+            normalised.setdefault(c, []).append(i)
         tree = used = None
         reasons = []
         for d in order:
@@ -268,7 +363,9 @@ def read_ddl(text: str, dialect: str | None = None, query_dialect: str | None = 
                 f"({order[0]}: {reasons[0]}): {_short(st)}")
         if isinstance(tree, exp.Command):
             word = str(tree.this).upper().split()[0] if str(tree.this).split() else "?"
-            if word not in _HARMLESS_COMMANDS:
+            if _harmless_alter(tree):
+                word = "ALTER (ownership, defaults, storage)"
+            elif word not in _HARMLESS_COMMANDS:
                 raise SQLReadError(f"schema statement {i} is not understood (read only as an "
                                    f"opaque {word} command): {_short(st)}")
             opaque.append(word)
@@ -276,11 +373,14 @@ def read_ddl(text: str, dialect: str | None = None, query_dialect: str | None = 
             moved.setdefault(used, []).append(i)
         statements.append(DDLStatement(tree, st, used))
     notes = []
+    shown = given or (query_dialect or dialect or "the neutral (ANSI) dialect")
     for d, idx in moved.items():
         why = ("its text points to it: " + ", ".join(_markers(text, d))) if d in detect_ddl_dialects(text) \
-            else f"they do not parse as {given}"
+            else f"they do not parse as {shown}"
         notes.append(f"schema DDL: statement(s) {', '.join(map(str, idx[:8]))}"
-                     f"{' …' if len(idx) > 8 else ''} read as {d}, not {given} ({why})")
+                     f"{' …' if len(idx) > 8 else ''} read as {d}, not {shown} ({why})")
+    for change, idx in normalised.items():
+        notes.append(f"schema DDL: statement(s) {', '.join(map(str, idx[:8]))}: {change}")
     if opaque:
         notes.append(f"schema DDL: {len(opaque)} statement(s) kept as commands and ignored "
                      f"({', '.join(sorted(set(opaque)))})")
@@ -337,8 +437,14 @@ class ReadQuery:
 
 def _parse_one_query(sql: str, read) -> exp.Expression:
     trees = [t for t in sqlglot.parse(sql, read=read) if t is not None]
-    if len(trees) != 1 or not isinstance(trees[0], exp.Query):
-        raise SQLReadError("must be a single SELECT query")
+    if len(trees) != 1:
+        raise SQLReadError(f"{len(trees)} statements where one SELECT query was expected")
+    if not isinstance(trees[0], exp.Query):
+        kind = type(trees[0]).__name__.upper()
+        if isinstance(trees[0], exp.Command):
+            kind = str(trees[0].this).upper()
+        raise SQLReadError(f"is a {kind} statement, not a query (the queries compared must be "
+                           "SELECT / WITH / set operations)")
     return trees[0]
 
 
@@ -350,14 +456,19 @@ def read_query(sql: str, dialect: str | None) -> ReadQuery:
     name = sqlglot_dialect(dialect)
     try:
         tree = _parse_one_query(sql, name)
+        out = ReadQuery(tree, sql, name)  # type: ignore[arg-type]
+        if name == "mysql":
+            _mysql_pipes(out)
+        _rewrite_engine_identifiers(out)
+        _group_by_literals(out)
+        _unix_timestamp(out)
+        _freeze_time(out)
+        out.tree.sql()  # a tree too deep to write is found here, not in the engine
     except SqlglotError as exc:
         raise SQLReadError(f"does not parse ({dialect}): {_first_line(exc)}") from None
-    out = ReadQuery(tree, sql, name)  # type: ignore[arg-type]
-    if name == "mysql":
-        _mysql_pipes(out)
-    _rewrite_engine_identifiers(out)
-    _group_by_literals(out)
-    _unix_timestamp(out)
+    except RecursionError:
+        raise SQLReadError(f"is nested too deeply to read ({len(sql)} characters; sqlglot's "
+                           "recursion limit)") from None
     return out
 
 
@@ -368,7 +479,8 @@ def _mysql_pipes(q: ReadQuery) -> None:
         return
     if not has_pipes:
         return
-    bad = [o for o in q.tree.find_all(exp.Or) if not (_is_condition(o.this) and _is_condition(o.expression))]
+    bad = [o for o in q.tree.find_all(exp.Or) if not (_is_condition(o.this) and _is_condition(o.expression))
+           and not _boolean_context(o) and not (_is_number(o.this) and _is_number(o.expression))]
     if not bad:
         q.readings.append("`||` read as OR (MySQL's default): its operands are conditions")
         return
@@ -382,6 +494,44 @@ def _mysql_pipes(q: ReadQuery) -> None:
     q.readings.append(
         f"`||` read as string concatenation (ANSI / PIPES_AS_CONCAT), not MySQL's default OR: "
         f"an operand is not a condition ({_short(bad[0].sql('mysql'), 60)})")
+
+
+def _is_number(node: exp.Expression) -> bool:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    return (isinstance(node, exp.Literal) and not node.is_string) or isinstance(node, exp.Boolean)
+
+
+def _boolean_context(node: exp.Expression) -> bool:
+    """``node`` is a condition by its place: a WHERE / HAVING / ON / QUALIFY clause, a CASE
+    WHEN condition, an operand of AND / OR / NOT."""
+    child, parent = node, node.parent
+    while isinstance(parent, exp.Paren):
+        child, parent = parent, parent.parent
+    if isinstance(parent, (exp.And, exp.Or, exp.Not, exp.Where, exp.Having, exp.Qualify)):
+        return True
+    if isinstance(parent, exp.Join) and child.arg_key == "on":
+        return True
+    return isinstance(parent, exp.If) and child.arg_key == "this"
+
+
+def mysql_pipes_numeric(q: ReadQuery, numeric) -> None:
+    """MySQL ``||`` read as concatenation whose operands are both numeric or boolean
+    (``numeric(node)``: a column of such a type, a number): MySQL ORs them, so it becomes OR
+    again (stated in :attr:`ReadQuery.readings`)."""
+    if q.dialect != "mysql":
+        return
+    changed = []
+    for node in list(q.tree.find_all(exp.DPipe)):
+        if all(_is_number(x) or numeric(x) for x in (node.this, node.expression)):
+            node.replace(exp.Or(this=node.this.copy(), expression=node.expression.copy()))
+            changed.append(node.sql("mysql")[:40])
+    if changed:
+        q.changed = True
+        if not any(True for _ in q.tree.find_all(exp.DPipe)):
+            q.readings[:] = [r for r in q.readings if not r.startswith("`||` read as string concatenation")]
+        q.readings.append(f"`||` with numeric / boolean operands read as OR, as MySQL does "
+                          f"({', '.join(changed[:3])})")
 
 
 def _rewrite_engine_identifiers(q: ReadQuery) -> None:
@@ -449,6 +599,142 @@ def _unix_timestamp(q: ReadQuery) -> None:
         q.readings.append("UNIX_TIMESTAMP(x) read as whole epoch seconds of x as a UTC timestamp")
 
 
+#: The instant ``now()`` and its kind stand for, in both queries of a pair.
+FROZEN_NOW = "2000-01-02 12:00:00"
+_NOW_CLASSES = tuple(getattr(exp, n) for n in (
+    "CurrentTimestamp", "CurrentDatetime", "Localtimestamp", "Systimestamp", "UtcTimestamp",
+    "CurrentTimestampLTZ") if hasattr(exp, n))
+_NOW_NAMES = {"NOW", "SYSDATE", "GETDATE", "GETUTCDATE", "CLOCK_TIMESTAMP", "STATEMENT_TIMESTAMP",
+              "TRANSACTION_TIMESTAMP", "LOCALTIMESTAMP", "SYSDATETIME", "UTC_TIMESTAMP",
+              "CURRENT_TIMESTAMP", "GET_CURRENT_TIME", "GET_CURRENT_TIMESTAMP", "CURRENT_LOCALTIMESTAMP",
+              "SYSDATETIMEOFFSET", "TODAY"}
+_TODAY_NAMES = {"CURDATE", "UTC_DATE", "CURRENT_DATE", "TODAY"}
+_SQLITE_TIME_FUNCTIONS = {"DATETIME", "DATE", "TIME", "JULIANDAY", "STRFTIME", "UNIXEPOCH", "TIMEDIFF"}
+
+
+def _freeze_time(q: ReadQuery) -> None:
+    """``now()``, ``CURRENT_TIMESTAMP``, ``CURRENT_DATE``, ``CURRENT_TIME`` (and SQLite's
+    ``'now'``) become one fixed instant, :data:`FROZEN_NOW`: both queries of a pair then run
+    at the same moment, as the statements of one transaction would."""
+    date, time_ = FROZEN_NOW.split()
+    found = []
+    for node in list(q.tree.walk()):
+        repl = None
+        name = str(node.this).upper() if isinstance(node, exp.Anonymous) else ""
+        if isinstance(node, _NOW_CLASSES) or name in _NOW_NAMES - {"TODAY"}:
+            repl = exp.Cast(this=exp.Literal.string(FROZEN_NOW), to=exp.DataType.build("TIMESTAMP"))
+        elif isinstance(node, exp.CurrentDate) or name in _TODAY_NAMES:
+            repl = exp.Cast(this=exp.Literal.string(date), to=exp.DataType.build("DATE"))
+        elif isinstance(node, (exp.CurrentTime, getattr(exp, "Localtime", exp.CurrentTime))) or name in ("CURTIME", "UTC_TIME"):
+            repl = exp.Cast(this=exp.Literal.string(time_), to=exp.DataType.build("TIME"))
+        elif isinstance(node, exp.Literal) and node.is_string and node.this.lower() == "now":
+            fn = node.parent
+            fname = str(fn.this).upper() if isinstance(fn, exp.Anonymous) else type(fn).__name__.upper()
+            if fname in _SQLITE_TIME_FUNCTIONS or isinstance(fn, (exp.TimeToStr, exp.Date, exp.StrToTime)):
+                node.replace(exp.Literal.string(FROZEN_NOW))
+                found.append("'now'")
+            continue
+        if repl is not None:
+            found.append(node.sql(q.dialect)[:30] if not isinstance(node, exp.Anonymous) else f"{node.this}()")
+            node.replace(repl)
+    if found:
+        q.changed = True
+        q.readings.append(f"{', '.join(dict.fromkeys(found))} frozen to {FROZEN_NOW} (one "
+                          "instant for both queries)")
+
+
+def strip_qualifiers(tree: exp.Expression) -> tuple[exp.Expression, list[str]]:
+    """``hr.emp`` → ``emp`` in table references and ``hr.emp.id`` → ``emp.id`` in columns
+    (the sandbox holds every table in one schema). Returns the new tree (a copy when changed)
+    and the qualified names dropped."""
+    dropped = []
+    if not any(t.args.get("db") or t.args.get("catalog") for t in tree.find_all(exp.Table)) and \
+            not any(c.args.get("db") or c.args.get("catalog") for c in tree.find_all(exp.Column)):
+        return tree, dropped
+    tree = tree.copy()
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    for t in tree.find_all(exp.Table):
+        if t.args.get("db") or t.args.get("catalog"):
+            if t.name.lower() in ctes:
+                continue
+            dropped.append(t.sql())
+            t.set("db", None)
+            t.set("catalog", None)
+    for c in tree.find_all(exp.Column):
+        if c.args.get("db") or c.args.get("catalog"):
+            c.set("db", None)
+            c.set("catalog", None)
+    return tree, list(dict.fromkeys(dropped))
+
+
+#: What MySQL semantics the DuckDB / SQLite approximation keeps and which it does not.
+MYSQL_APPROXIMATION = (
+    "MySQL semantics approximated by {engine} (no MySQL server here): text compared "
+    "case-insensitively as by MySQL's default *_ci collations (columns declared COLLATE NOCASE, "
+    "results compared case-folded), trailing spaces ignored as by PAD SPACE (string constants "
+    "compared with a value lose trailing spaces, no generated value ends in a space, results "
+    "compared without them), `/` of exact numbers rounded to MySQL's result scale (the "
+    "dividend's + 4, div_precision_increment) and numbers compared within 1e-4 when a query "
+    "divides; not modelled: accent-insensitive comparison, implicit "
+    "string-to-number conversion ('abc' = 0), integer overflow and zero-date rules — a difference "
+    "in these classes can still show")
+
+
+def mysql_approximation(tree: exp.Expression, scale_of=None) -> exp.Expression:
+    """A MySQL query tree rewritten for DuckDB / SQLite so that MySQL's comparisons hold (see
+    :data:`MYSQL_APPROXIMATION`): string constants compared with a value lose trailing spaces
+    (PAD SPACE), and the outermost arithmetic expression around ``x / y`` of exact numbers is
+    rounded to MySQL's result scale (a division adds 4 decimals, div_precision_increment; a
+    sum keeps the larger scale, a product adds them). ``scale_of(node)``: the scale of an exact
+    operand (0 for integers), None for approximate or unknown ones."""
+    tree = tree.copy()
+    comparisons = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.NullSafeEQ,
+                   exp.NullSafeNEQ, exp.In, exp.Between)
+    for node in tree.find_all(*comparisons):
+        for lit in [c for c in node.iter_expressions() if isinstance(c, exp.Literal) and c.is_string]:
+            if lit.this != lit.this.rstrip(" "):
+                lit.replace(exp.Literal.string(lit.this.rstrip(" ")))
+    if scale_of is None:
+        return tree
+    arithmetic = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod, exp.Neg, exp.Paren)
+
+    def scale(node: exp.Expression) -> int | None:
+        """MySQL's result scale of an exact-number expression (None: approximate / unknown)."""
+        if isinstance(node, exp.Paren | exp.Neg):
+            return scale(node.this)
+        if isinstance(node, (exp.Add, exp.Sub, exp.Mod)):
+            a, b = scale(node.this), scale(node.expression)
+            return None if a is None or b is None else max(a, b)
+        if isinstance(node, exp.Mul):
+            a, b = scale(node.this), scale(node.expression)
+            return None if a is None or b is None else a + b
+        if isinstance(node, exp.Div):
+            a, b = scale(node.this), scale(node.expression)
+            return None if a is None or b is None else a + 4
+        if isinstance(node, (exp.IntDiv, exp.Count)):
+            return 0
+        if isinstance(node, (exp.Sum, exp.Max, exp.Min)):
+            return scale(node.this)
+        if isinstance(node, exp.Avg):  # AVG of exact numbers: 4 more decimals, as `/`
+            inner = scale(node.this)
+            return None if inner is None else inner + 4
+        return scale_of(node)
+
+    # the outermost arithmetic around a division keeps MySQL's scale; inside it, MySQL
+    # computes with more digits, as DuckDB does
+    for div in list(tree.find_all(exp.Div, exp.Avg)):
+        top = div
+        while isinstance(top.parent, arithmetic):
+            top = top.parent
+        s_top = scale(top)
+        if s_top is None or top.meta.get("ql_rounded"):
+            continue
+        rounded = exp.Round(this=top.copy(), decimals=exp.Literal.number(s_top))
+        rounded.meta["ql_rounded"] = True
+        top.replace(rounded)
+    return tree
+
+
 def _sqlite_values(tree: exp.Expression) -> exp.Expression:
     """``(VALUES ...) AS t(a, b)`` → ``(SELECT column1 AS a, column2 AS b FROM (VALUES ...)) AS t``
     (SQLite names VALUES columns column1, column2, ... and has no alias list for them)."""
@@ -466,12 +752,25 @@ def _sqlite_values(tree: exp.Expression) -> exp.Expression:
     return tree
 
 
-def engine_sql(query: ReadQuery | str, dialect: str | None, engine: str) -> str:
-    """The query written for ``engine`` (``duckdb`` or ``sqlite``, or any sqlglot dialect):
-    the original text when the dialect is the engine's own and normalising changed nothing,
-    else generated by sqlglot from the normalised tree. Raises SQLReadError / sqlglot errors."""
+def engine_tree(tree: exp.Expression, dialect: str | None, engine: str, scale_of=None) -> exp.Expression:
+    """A normalised query tree made ready for ``engine``: qualifiers dropped
+    (:func:`strip_qualifiers`), the MySQL approximation applied for a MySQL query on another
+    engine (:func:`mysql_approximation`), ``VALUES ... AS t(c)`` rewritten for SQLite."""
+    tree, _ = strip_qualifiers(tree)
+    if sqlglot_dialect(dialect) == "mysql" and engine != "mysql":
+        tree = mysql_approximation(tree, scale_of)
+    if engine == "sqlite":
+        tree = _sqlite_values(tree)
+    return tree
+
+
+def engine_sql(query: ReadQuery | str, dialect: str | None, engine: str, scale_of=None) -> str:
+    """The query written for ``engine`` (``duckdb``, ``sqlite``, ``postgres``, or any sqlglot
+    dialect): the original text when the dialect is the engine's own and normalising changed
+    nothing, else generated by sqlglot from the tree of :func:`engine_tree`. Raises
+    SQLReadError / sqlglot errors."""
     q = query if isinstance(query, ReadQuery) else read_query(query, dialect)
-    if q.dialect == engine and not q.changed:
+    tree = engine_tree(q.tree, q.dialect, engine, scale_of)
+    if q.dialect == engine and not q.changed and tree is q.tree:
         return q.text
-    tree = _sqlite_values(q.tree) if engine == "sqlite" else q.tree
     return tree.sql(dialect=engine)

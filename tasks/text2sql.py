@@ -26,7 +26,6 @@ may hold a password): tasks rebuild it from :class:`schemas.settings.Settings`.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import re
@@ -62,6 +61,7 @@ from tasks.llm import (
     resolve_model,
     settings_env,
 )
+from tasks.runs import batch_key, spec_fingerprint
 from tasks.sql_features import (
     BAG_FEATURES,
     HISTOGRAM_FEATURES,
@@ -125,6 +125,23 @@ def tpcds_postgres_dsn(settings: Settings | None = None, dbname: str = TPCDS_PG_
     return dsn
 
 
+def tpcds_validator_dsn(settings: Settings | None = None, dbname: str = TPCDS_PG_DATABASE) -> str:
+    """DSN of the TPC-DS schema database as its least-privilege agent role ``<db>_ro``
+    (:func:`tasks.pg_roles.ensure_agent_role`: SELECT on its tables, read-only transactions,
+    no server-file or signalling functions): what model-written SQL is validated as, never the
+    administrator that created the schema. Creates the schema first (:func:`tpcds_postgres_dsn`).
+    Raises ``psycopg.Error`` when the server cannot be reached or refuses the role."""
+    from tasks.databases import postgres_server_url
+    from tasks.pg_roles import agent_dsn, ensure_agent_role
+
+    settings = settings or Settings.from_env()
+    tpcds_postgres_dsn(settings, dbname)
+    server = postgres_server_url(settings.postgres_url, settings.home)
+    home = Path(settings.home)
+    ensure_agent_role(server, dbname, home, embedded=not settings.postgres_url)
+    return agent_dsn(server, dbname, home)
+
+
 @task(name="tpcds-postgres-schema", persist_result=False)
 def prepare_tpcds_postgres() -> str:
     """Create (if missing) the PostgreSQL database holding the empty TPC-DS schema; returns the
@@ -161,10 +178,19 @@ def clean_sql(sql: str) -> str:
     return re.sub(r"[\s;]+$", "", sql.strip())
 
 
+#: How a query the validator plans may begin (comments and parentheses first): it is prefixed
+#: with ``EXPLAIN``, so anything else, e.g. ``ANALYZE`` or an option list, would turn the plan
+#: into an execution.
+_QUERY_START = re.compile(
+    r"(?is)(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/|\()*(?:select|with|values|table)\b")
+
+
 class PostgresValidator:
     """Validates SQL with ``EXPLAIN`` (the query is planned, never run) on one PostgreSQL
-    connection opened read-only with a ``statement_timeout``. Use as a context manager or call
-    :meth:`close`. ``validate(sql)`` returns None when PostgreSQL accepts the query, else the
+    connection opened read-only with a ``statement_timeout``; ``dsn`` should log in as the
+    database's agent role (:func:`tpcds_validator_dsn`). Text that does not begin as a query
+    (``ANALYZE ...``, which ``EXPLAIN`` would execute) is refused. Use as a context manager or
+    call :meth:`close`. ``validate(sql)`` returns None when PostgreSQL accepts the query, else the
     error message shown to the model."""
 
     def __init__(self, dsn: str, statement_timeout_ms: int = 10_000):
@@ -192,6 +218,9 @@ class PostgresValidator:
             return f"{len(trees)} statements found; write exactly one SELECT query"
         if trees and not isinstance(trees[0], exp.Query):
             return f"not a query: a {type(trees[0]).__name__.upper()} statement; write one SELECT query"
+        if not _QUERY_START.match(sql):  # e.g. "ANALYZE SELECT ...": EXPLAIN would run it
+            first = sql.split(None, 1)[0][:40]
+            return f"not a query: it starts with {first!r}; write one SELECT query"
         prefix = "EXPLAIN "
         try:
             self._conn.execute(prefix + sql, prepare=False)
@@ -531,10 +560,6 @@ def generate_with_validation(
 # --------------------------------------------------------------------------------------------
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:60] or "x"
-
-
 def stage_prefix(artifacts_root: str, run_id: str, stage: str) -> str:
     """``<root>/runs/<run_id>/<stage>``."""
     return storage.join(artifacts_root, "runs", run_id, stage)
@@ -545,13 +570,20 @@ def plan_generation_batches(
     query_ids: list[str],
     batch_size: int = 10,
     known_query_ids: Iterable[str] | None = None,
+    config: GenerationConfig | dict | None = None,
+    descriptions_path: str | None = None,
 ) -> list[dict]:
     """(generator × query) work in batches of at most ``batch_size`` queries.
 
-    Returns JSON-able dicts ``{"key", "generator", "query_ids"}``; keys are stable for equal
-    inputs, so a re-run finds finished batches. Raises ValueError for no generators/queries, a
-    duplicate generator or query, a query id not in ``known_query_ids`` (when given), or
-    ``batch_size < 1``; :class:`GeneratorConfigError` for a bad generator spec."""
+    Returns JSON-able dicts ``{"key", "generator", "query_ids"}``. A key digests the
+    generator (and a replay source's content), the batch's queries (business question and
+    parameters from ``descriptions_path`` — none when None — and gold SQL) and the full
+    ``config`` (:class:`GenerationConfig`; the default when None): a re-run with the same
+    inputs finds its finished batches, one with any of them changed generates again
+    (:func:`tasks.runs.batch_key`). Raises ValueError for no generators/queries, a duplicate
+    generator or query, a query id not in ``known_query_ids`` (when given), or
+    ``batch_size < 1``; :class:`GeneratorConfigError` for a bad generator spec, CorpusError
+    for a bad descriptions file."""
     if not generators:
         raise ValueError("no generators given")
     if not query_ids:
@@ -571,12 +603,25 @@ def plan_generation_batches(
     labels = [generator_label(g) for g in generators]
     if len(set(labels)) != len(labels):
         raise ValueError(f"duplicate generators {labels}")
+    cfg = GenerationConfig.model_validate(
+        config.model_dump() if isinstance(config, GenerationConfig) else config or {}
+    ).model_dump(mode="json")
+    corpus = load_tpcds_corpus(descriptions_path).by_id()
+
+    def item(qid: str) -> list:  # what the prompt is built from, and the oracle's answer
+        q = corpus.get(qid)
+        return [qid] if q is None else [qid, q.description, list(q.params), q.sql]
+
     batches = []
     for gen in generators:
+        try:
+            fingerprint = spec_fingerprint(gen)
+        except OSError as exc:
+            raise GeneratorConfigError(f"{gen}: cannot read the replay source: {exc}") from None
         for start in range(0, len(query_ids), batch_size):
             chunk = [str(q) for q in query_ids[start : start + batch_size]]
-            digest = hashlib.sha256(json.dumps([gen, chunk]).encode()).hexdigest()[:10]
-            key = f"{_slug(generator_label(gen))}-{start // batch_size:04d}-{digest}"
+            material = [gen, fingerprint, [item(q) for q in chunk], cfg]
+            key = batch_key(generator_label(gen), start // batch_size, material)
             batches.append({"key": key, "generator": gen, "query_ids": chunk})
     return batches
 
@@ -615,8 +660,8 @@ def run_generation_batch(
     rows: list[dict] = []
     generator = make_generator(batch["generator"], settings, cfg, artifacts_root)
     try:
-        with PostgresValidator(
-            tpcds_postgres_dsn(settings), cfg.statement_timeout_ms
+        with PostgresValidator(  # as the read-only agent role: the SQL is the model's
+            tpcds_validator_dsn(settings), cfg.statement_timeout_ms
         ) as validator:
             for qid in batch["query_ids"]:
                 prompt = build_prompt(corpus[qid], ddl)

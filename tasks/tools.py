@@ -18,9 +18,13 @@ arguments (any type, size, nesting or characters) and always returns a :class:`T
 Arguments larger than :data:`MAX_ARGUMENT_CHARS` or nested deeper than
 :data:`MAX_ARGUMENT_DEPTH`, non-JSON or non-object arguments and unknown tools are tool errors;
 lone surrogates (invalid UTF-8) in any string become U+FFFD, so every recorded string can be
-written as UTF-8. Only an unexpected exception inside a tool (a harness bug) is flagged
-``harness_error`` for the agent loop to end the trial as ``error``. ``query_db`` results are
-capped in rows and bytes, per query and per trial (:data:`MAX_TRIAL_RESULT_BYTES`).
+written as UTF-8. Only a failure of querylab's side — an unexpected exception inside a tool (a
+harness bug), a database server that cannot be reached or dropped the connection
+(:class:`tasks.databases.DatabaseUnavailable`), the sandbox itself failing (a
+:class:`tasks.sandbox.SandboxError` other than a full work directory) — is flagged
+``harness_error`` for the agent loop to end the trial as ``error`` (errored, not scored).
+``query_db`` results are capped in rows and bytes, per query and per trial
+(:data:`MAX_TRIAL_RESULT_BYTES`).
 
 ``list_db``, ``query_db`` and ``return_answer`` run in-process (databases are opened once per
 process and shared); ``execute_python`` runs each cell in a sealed, unprivileged,
@@ -43,9 +47,10 @@ from tasks.databases import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
     Database,
+    DatabaseUnavailable,
     QueryError,
 )
-from tasks.sandbox import Sandbox, SandboxError, Session, shared_sandbox
+from tasks.sandbox import Sandbox, SandboxError, Session, WorkdirFull, shared_sandbox
 
 TOOL_SCHEMAS: list[dict] = [
     {
@@ -254,7 +259,10 @@ class ToolOutcome:
 
     ``content`` is the text the model sees; ``value`` the full result kept as ``var_<call_id>``;
     ``result_size`` the length in characters of the full JSON result; ``duration_s`` seconds.
-    ``answer`` is set only by ``return_answer``. ``harness_error``: the tool failed because
+    ``answer`` is set only by ``return_answer``. ``runtime_events``: what an
+    ``execute_python`` cell's run-time audit hook reported (see
+    :attr:`tasks.sandbox.CellResult.audit_events`; ``{"e": "_incomplete"}`` last when the cell
+    cut its audit channel). ``harness_error``: the tool failed because
     of querylab, not the agent (an unexpected exception); the agent loop ends the trial.
     """
 
@@ -269,6 +277,7 @@ class ToolOutcome:
     duration_s: float = 0.0
     answer: str | None = None
     harness_error: bool = False
+    runtime_events: list | None = None
 
     @property
     def is_final(self) -> bool:
@@ -366,6 +375,12 @@ class ToolBox:
             self._fail(out, f"malformed arguments for {tool!r}: nested too deeply")
         except MemoryError:
             self._fail(out, f"arguments for {tool!r} are too large")
+        except (DatabaseUnavailable, SandboxError) as exc:
+            # the infrastructure failed (a database server gone, the sandbox itself broken),
+            # not the agent: the trial ends errored instead of being scored on it
+            what = "database" if isinstance(exc, DatabaseUnavailable) else "sandbox"
+            self._fail(out, f"{what} unavailable ({tool}): {clean_text(str(exc))[:500]}")
+            out.harness_error = True
         except Exception as exc:  # noqa: BLE001 - a harness bug must not crash the batch
             self._fail(out, f"internal error in tool {tool!r}: {type(exc).__name__}: "
                             f"{clean_text(str(exc))[:500]}")
@@ -405,7 +420,7 @@ class ToolBox:
             if exc.__traceback__ is not None and exc.__traceback__.tb_next is not None:
                 raise  # raised inside the tool, not by the call: a harness error
             self._fail(out, f"bad arguments for {name}: {clean_text(str(exc))[:300]}")
-        except (QueryError, SandboxError) as exc:
+        except (QueryError, WorkdirFull) as exc:  # the agent's query / its full work dir
             self._fail(out, str(exc))
 
     def _fail(self, out: ToolOutcome, message: str) -> None:
@@ -531,14 +546,20 @@ class ToolBox:
                 cpu_s=self.python_cpu_s, max_procs=self.python_max_procs,
                 max_output_chars=max(self.max_content_chars, 100_000),
             )
-        except SandboxError as exc:
+        except WorkdirFull as exc:
             return self._fail(out, f"execute_python could not run: {exc}")
+        # any other SandboxError (the sandbox failing, not the cell) ends the trial errored
+        if res.sandbox_failed:
+            raise SandboxError(res.error or "the sandbox failed")
+        killed = res.timed_out or res.cpu_exceeded or res.oom_killed or res.signal is not None
+        out.runtime_events = list(res.audit_events) + (
+            [] if res.audit_complete or killed else [{"e": "_incomplete"}])
         if res.error:
             return self._fail(out, res.error)
         shown: dict[str, Any] = {"stdout": res.stdout}
         try:
             shown["variable"] = self._store(out.call_id, res.stdout)
-        except SandboxError as exc:  # e.g. the cell filled its work directory
+        except WorkdirFull as exc:  # the cell filled its work directory
             shown["variable_not_saved"] = str(exc)
         if res.stderr.strip():
             shown["stderr"] = res.stderr[-1000:]
@@ -550,7 +571,7 @@ class ToolBox:
             try:
                 session.save_output(f"results/{stem}.stdout.txt")
                 shown["saved_to"] = f"results/{stem}.stdout.txt"
-            except SandboxError as exc:
+            except WorkdirFull as exc:
                 shown["not_saved"] = str(exc)
         self._ok(out, res.stdout, shown)
 

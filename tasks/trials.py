@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from schemas import artifacts
 from schemas.models import AgentOptions
 from schemas.settings import Settings
-from tasks import storage
+from tasks import interrupt, storage
 from tasks.dab_rules import agent_options_for
 from tasks.agent import (
     Transcript,
@@ -176,8 +176,13 @@ def check_agents(
     options: dict | None = None,
     env: dict | None = None,
     hints: list[str] | None = None,
+    agent_defaults: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Check that every agent can run before any trial does; return their descriptions.
+
+    ``options`` (explicit) over ``agent_defaults`` (agent → its model's defaults; None: the
+    models table's, :func:`model_agent_defaults`) give each LLM agent's ``options`` (all
+    fields) and ``model_defaults`` in its description.
 
     Each description has ``hints``: the hint conditions the agent runs under (``["off"]`` by
     default; ``[]`` for the oracle and replay agents, which read no prompt) and ``labels``:
@@ -210,6 +215,7 @@ def check_agents(
             config = config or load_models_config(env=env)
             resolved = resolve_model(agent if kind == "local" else arg, config, env)
             desc.update(resolved.describe())
+            desc["tool_protocol_configured"] = resolved.tool_protocol  # auto: probed here
             desc["tool_protocol"] = check_tool_protocol(resolved, opts)
             warnings = [endpoint_warning(resolved)]
             if not resolved.priced:
@@ -234,9 +240,14 @@ def check_agents(
         out.append(desc)
     sandbox = check_sandbox(agents, opts)
     if any(d["kind"] in ("openai", "local") for d in out):
+        if agent_defaults is None:
+            agent_defaults = model_agent_defaults(agents, config)
         for d in out:
             d["options"] = opts.model_dump()
             if d["kind"] in ("openai", "local"):
+                own = agent_defaults.get(d["agent"], {})
+                d["options"] = agent_options({**own, **(options or {})}).model_dump()
+                d["model_defaults"] = dict(own)
                 d["sandbox"] = sandbox
     return out
 
@@ -320,6 +331,23 @@ def trial_key(agent: str, dataset: str, query_id: str, trial: int) -> str:
     return f"{agent}|{dataset}|{query_id}|{trial}"
 
 
+def model_agent_defaults(agents: list[str], config=None) -> dict[str, dict]:
+    """Agent → the models table's ``agent_defaults`` of its model (``openai:<name>`` or
+    ``local:<name>`` with an entry that sets some; other agents are left out), e.g.
+    ``{"local:smollm2-135m": {"max_iterations": 4, "max_wall_time_s": 300}}``. A run's explicit
+    options override them (:func:`plan_batches`). AgentConfigError for a bad models table."""
+    out: dict[str, dict] = {}
+    for agent in agents:
+        kind, name = parse_agent(agent)
+        if kind not in ("openai", "local") or not name:
+            continue
+        config = load_models_config() if config is None else config
+        entry = config.get(name.split("@", 1)[0] if kind == "openai" else name)
+        if entry is not None and entry.agent_defaults:
+            out[agent] = dict(entry.agent_defaults)
+    return out
+
+
 def _fingerprint(agent: str) -> str | None:
     """Content that identifies an agent beyond its name (a replay file's hash)."""
     kind, arg = parse_agent(agent)
@@ -371,9 +399,14 @@ def plan_batches(
     query_ids: list[str] | None = None,
     limit: int | None = None,
     agent_plans: dict[str, dict] | None = None,
+    agent_defaults: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Expand agents × hint conditions × datasets × queries × trials into batches of at most
     ``batch_size``.
+
+    ``agent_defaults``: agent → its model's own default options (the run record's, see
+    :func:`model_agent_defaults`; None: read from the models table now); ``options`` (the
+    run's explicit ones) override them.
 
     ``hints``: the run's hint conditions (:func:`hint_conditions`; default ``["off"]``). An
     agent that reads a prompt is planned once per condition (its trials are labelled
@@ -403,6 +436,8 @@ def plan_batches(
     agent_options(options)  # the options given are valid
     conditions = hint_conditions(hints)
     fingerprints = {agent: _fingerprint(agent) for agent in agents}
+    if agent_defaults is None:
+        agent_defaults = model_agent_defaults(agents)
     manifests = {uri: storage.read_json(uri) for uri in manifest_uris}
     check_query_selection(list(manifests.values()), query_ids)
     batches = []
@@ -414,7 +449,8 @@ def plan_batches(
                 if plan.get("datasets") is not None and manifest["name"] not in plan["datasets"]:
                     continue
                 # DAB datasets: DAB's limits unless given (tasks.dab_rules)
-                opts = agent_options(agent_options_for(manifest, options)).model_dump(
+                explicit = {**agent_defaults.get(agent, {}), **(options or {})}
+                opts = agent_options(agent_options_for(manifest, explicit)).model_dump(
                     exclude_defaults=True)
                 runs = (_replay_runs(agent, manifest) if agent.startswith("replay:")
                         else plan.get("n_trials") or n_trials)
@@ -499,7 +535,8 @@ class _Agent:
             self.error = f"{type(exc).__name__}: {exc}" if not isinstance(
                 exc, AgentConfigError) else str(exc)
 
-    def run(self, query: dict, trial: int, toolbox: ToolBox) -> TrialOutcome:
+    def run(self, query: dict, trial: int, toolbox: ToolBox,
+            on_call: Callable[[list], None] | None = None) -> TrialOutcome:
         if self.error is not None:
             return TrialOutcome(None, "error", self.error)
         if self.kind == "oracle":
@@ -514,7 +551,7 @@ class _Agent:
             return outcome
         assert self.chat is not None
         prompt = user_prompt(self.manifest, query["question"], self.hints)
-        return run_react(self.chat, toolbox, prompt, self.system, trial, self.options)
+        return run_react(self.chat, toolbox, prompt, self.system, trial, self.options, on_call)
 
     def concurrency_cap(self) -> tuple[int | None, str | None, str | None]:
         """``(max_concurrency, model name, base URL)`` of this agent's model (the models
@@ -529,10 +566,61 @@ class _Agent:
             self.chat.close()
 
 
+def _llm_row(run_id: str, key: str, c, attempt: int) -> dict:
+    """One ``llm_calls`` row of trial ``key`` for the call record ``c``
+    (:class:`tasks.llm.LLMCallRecord`) made by attempt ``attempt`` of the trial."""
+    return {
+        "run_id": run_id, "trial_key": key, "call_index": c.call_index, "model": c.model,
+        "base_url": c.base_url, "prompt_tokens": c.prompt_tokens,
+        "cached_tokens": c.cached_tokens, "completion_tokens": c.completion_tokens,
+        "cost_usd": c.cost_usd, "latency_s": c.latency_s, "finish_reason": c.finish_reason,
+        "n_tool_calls": c.n_tool_calls, "attempts": c.attempts, "cache_hit": c.cache_hit,
+        "error": c.error, "priced": c.priced, "trial_attempt": attempt,
+    }
+
+
+def _journal_uri(artifacts_root: str, run_id: str, key: str, index: int) -> str:
+    """The model calls of the attempt of batch item ``index`` running now (rewritten after
+    every call; ``<key>.calls/`` beside the checkpoints, removed with them): what an
+    interrupted attempt paid for, read back on resume."""
+    return storage.join(artifacts_root, "runs", run_id, "trials", "batches", f"{key}.calls",
+                        f"{index:05d}.json")
+
+
+def _earlier_calls(journal_uri: str, previous: list[dict]) -> tuple[list[dict], int]:
+    """The ``llm_calls`` rows of a trial's earlier attempts that reached the API (cache hits
+    cost nothing and are dropped), and the number of the attempt about to run.
+
+    ``previous``: the rows of the trial's last recorded (errored) attempt, earlier attempts'
+    rows included; the journal adds an attempt that was interrupted before it was recorded
+    (a killed process)."""
+    attempts = {r.get("trial_attempt") or 0 for r in previous}
+    rows = [{**r, "trial_attempt": r.get("trial_attempt") or 0}
+            for r in previous if not r["cache_hit"]]
+    if storage.exists(journal_uri):
+        journal = storage.read_json(journal_uri)
+        if journal["attempt"] not in attempts:
+            attempts.add(journal["attempt"])
+            rows += [r for r in journal["calls"] if not r["cache_hit"]]
+    return rows, (max(attempts) + 1 if attempts else 0)
+
+
+def _with_earlier_calls(rows: dict, earlier: list[dict]) -> dict:
+    """A trial's rows with the paid calls of its earlier attempts: their ``llm_calls`` rows
+    first, their cost and tokens added to the trial row (what the trial cost in all)."""
+    if not earlier:
+        return rows
+    trial = dict(rows["trial"])
+    for col in ("cost_usd", "prompt_tokens", "completion_tokens", "cached_tokens"):
+        trial[col] += sum(r[col] for r in earlier)
+    return {**rows, "trial": trial, "llm_calls": earlier + rows["llm_calls"]}
+
+
 def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, query: dict,
-          trial: int, outcome: TrialOutcome, hints: str | None = None) -> dict:
+          trial: int, outcome: TrialOutcome, hints: str | None = None, attempt: int = 0) -> dict:
     """The artifact rows of one finished trial: ``{"trial": row, "tool_calls": [...],
-    "llm_calls": [...], "messages": [...]}`` (the checkpoint of the trial). No verdict."""
+    "llm_calls": [...], "messages": [...]}`` (the checkpoint of the trial; ``attempt``: the
+    trial attempt that made the model calls). No verdict."""
     trial_row = {
         "run_id": run_id,
         "trial_key": key,
@@ -572,27 +660,7 @@ def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, 
                 "duration_s": o.duration_s,
             }
         )
-    llm_rows = [
-        {
-            "run_id": run_id,
-            "trial_key": key,
-            "call_index": c.call_index,
-            "model": c.model,
-            "base_url": c.base_url,
-            "prompt_tokens": c.prompt_tokens,
-            "cached_tokens": c.cached_tokens,
-            "completion_tokens": c.completion_tokens,
-            "cost_usd": c.cost_usd,
-            "latency_s": c.latency_s,
-            "finish_reason": c.finish_reason,
-            "n_tool_calls": c.n_tool_calls,
-            "attempts": c.attempts,
-            "cache_hit": c.cache_hit,
-            "error": c.error,
-            "priced": c.priced,
-        }
-        for c in outcome.llm_calls
-    ]
+    llm_rows = [_llm_row(run_id, key, c, attempt) for c in outcome.llm_calls]
     message_rows = [{"run_id": run_id, "trial_key": key, **m} for m in outcome.messages]
     return {"trial": trial_row, "tool_calls": tool_rows, "llm_calls": llm_rows,
             "messages": message_rows}
@@ -725,17 +793,31 @@ def run_batch(
         for index, (query_id, trial) in enumerate(batch["items"]):
             part_uri = _parts_uri(artifacts_root, run_id, batch["key"], index)
             key = trial_key(label, manifest["name"], query_id, trial)
+            previous: list[dict] = []  # the llm_calls rows of the errored attempt re-run now
             if storage.exists(part_uri):
                 part = storage.read_json(part_uri)
                 if not (retry_errors and is_errored(part["trial"]["terminate_reason"])):
                     done[index] = part
                     continue
-            elif key in finished and not is_errored(finished[key]["trial"]["terminate_reason"]):
-                done[index] = finished[key]
-                continue
-            yield index, query_id, trial, part_uri, key
+                previous = part["llm_calls"]
+            elif key in finished:
+                if not is_errored(finished[key]["trial"]["terminate_reason"]):
+                    done[index] = finished[key]
+                    continue
+                previous = finished[key]["llm_calls"]
+            yield index, query_id, trial, part_uri, key, index, previous
 
-    def run_one(query_id: str, trial: int, part_uri: str, key: str) -> dict:
+    def run_one(query_id: str, trial: int, part_uri: str, key: str, index: int = 0,
+                previous: list[dict] | None = None) -> dict:
+        journal = _journal_uri(artifacts_root, run_id, batch["key"], index)
+        earlier, attempt = _earlier_calls(journal, previous or [])
+
+        def on_call(calls) -> None:  # what this attempt paid for, in case it is cut short
+            storage.write_bytes(journal, json.dumps({
+                "attempt": attempt,
+                "calls": [_llm_row(run_id, key, c, attempt) for c in calls],
+            }, default=str).encode())
+
         query = queries[query_id]
         workdir = batch_dir / f"{query_id}-{trial}"
         if workdir.exists():  # left by a killed run
@@ -751,15 +833,22 @@ def run_batch(
                 max_content_chars=options.preview_chars, preview_rows=options.preview_rows,
                 preview_value_chars=options.preview_value_chars,
             )
-            outcome = runner.run(query, trial, toolbox)
+            outcome = runner.run(query, trial, toolbox, on_call)
+        except interrupt.RunInterrupted as exc:  # not checkpointed: a rerun runs it again
+            raise interrupt.RunInterrupted(f"trial {key}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - one trial's harness failure is recorded
             log.exception("trial %s failed in the harness", key)
             outcome = _harness_error(exc)
+            made = storage.read_json(journal) if storage.exists(journal) else {}
+            if made.get("attempt") == attempt:  # the calls it made before it failed
+                earlier += made["calls"]
         finally:
             if toolbox is not None:
                 toolbox.close()  # the trial's sandbox session (back to the warm pool)
             shutil.rmtree(workdir, ignore_errors=True)
-        rows = _rows(run_id, key, label, runner.model, manifest, query, trial, outcome, hints)
+        rows = _with_earlier_calls(_rows(
+            run_id, key, label, runner.model, manifest, query, trial, outcome, hints, attempt
+        ), earlier)
         storage.write_bytes(part_uri, json.dumps(rows, default=str).encode())
         return rows
 
@@ -787,6 +876,8 @@ def run_batch(
         out_uri, pa.Table.from_pylist(trials, schema=artifacts.TRIALS), artifacts.TRIALS
     )
     _remove_local(_parts_uri(artifacts_root, run_id, batch["key"]))
+    _remove_local(storage.join(artifacts_root, "runs", run_id, "trials", "batches",
+                               f"{batch['key']}.calls"))
     log.info(
         "batch %s: %d trials (%d run now, %d kept), %d errored, $%.4f",
         batch["key"], len(trials), len(ran), len(trials) - len(ran),
@@ -871,13 +962,15 @@ def run_trial_batch(
 def describe_agents(
     run_id: str, artifacts_root: str, agents: list[str], manifest_uris: list[str],
     options: dict | None = None, hints: list[str] | None = None,
+    agent_defaults: dict[str, dict] | None = None,
 ) -> str:
     """:func:`check_agents` (with the run's hint conditions) and write the descriptions to
     ``runs/<run_id>/trials/agents.json`` (endpoints actually called, prices, ``priced``,
     options; never a key), and the dataset manifests of the trials to
     ``trials/manifests.json`` (what the score step reads). Returns the agents.json URI; raises
     AgentConfigError before any trial runs when an agent cannot."""
-    described = check_agents(agents, manifest_uris, options, hints=hints)
+    described = check_agents(agents, manifest_uris, options, hints=hints,
+                             agent_defaults=agent_defaults)
     for d in described:
         for warning in d.get("warnings", []):
             log.warning("%s", warning)
@@ -896,11 +989,13 @@ def combine_trials(run_id: str, artifacts_root: str, batch_keys: list[str]) -> d
     whose trials artifact is missing (a batch from before transcripts adds no messages).
     """
     by_call = [("trial_key", "ascending"), ("call_index", "ascending")]
+    by_attempt = [("trial_key", "ascending"), ("trial_attempt", "ascending"),
+                  ("call_index", "ascending")]
     out = {}
     for what, schema, order in (
         ("trials", artifacts.TRIALS, [("trial_key", "ascending")]),
         ("tool_calls", artifacts.TOOL_CALLS, by_call),
-        ("llm_calls", artifacts.LLM_CALLS, by_call),
+        ("llm_calls", artifacts.LLM_CALLS, by_attempt),
         ("messages", artifacts.MESSAGES, [("trial_key", "ascending"), ("index", "ascending")]),
     ):
         uris = [batch_uri(artifacts_root, run_id, k, what) for k in batch_keys]

@@ -58,17 +58,25 @@ def viewer_data(run_id: str, artifacts_root: str, manifest_uris: list[str] | Non
     {trial_key: [...]}}`` from the run's artifacts (scored trials, transcripts, failure labels
     — the report's, or computed by the same rules —, audit findings, the datasets' questions
     and ground truths). ScoringError when the run is not scored."""
-    from tasks.report import load_audit, load_messages, load_scored_trials, resolve_manifests
-    from tasks.scoring import full_manifest
+    from tasks.report import (
+        load_audit,
+        load_llm_calls,
+        load_messages,
+        load_scored_trials,
+        resolve_manifests,
+    )
+    from tasks.scoring import run_full_manifests
 
     trials = load_scored_trials(artifacts_root, run_id)
+    calls = load_llm_calls(artifacts_root, run_id)
+    requests = {} if calls is None else dict(  # HTTP requests each trial sent, all attempts
+        calls.group_by("trial_key").agg(pl.col("attempts").sum()).iter_rows())
     run_queries = {
         d: set(q) for d, q in trials.group_by("dataset").agg(pl.col("query_id").unique()).iter_rows()
     }
     uris, _ = resolve_manifests(artifacts_root, run_id, run_queries, manifest_uris)
     queries = {}
-    for uri in uris:
-        m = full_manifest(uri)
+    for m in run_full_manifests(artifacts_root, run_id, uris):  # the scoring it was scored with
         for q in m.get("queries", []):
             queries.setdefault((m["name"], q["id"]), q)
     labels = {r["trial_key"]: r for r in _labels(run_id, artifacts_root, trials, uris)
@@ -95,6 +103,7 @@ def viewer_data(run_id: str, artifacts_root: str, manifest_uris: list[str] | Non
             "flags": flags.get(t["trial_key"], []),
             "cost_usd": t["cost_usd"], "latency_s": t["latency_s"],
             "n_llm_calls": t["n_llm_calls"], "n_tool_calls": t["n_tool_calls"],
+            "n_requests": requests.get(t["trial_key"]),
         })
     messages: dict[str, list[dict]] = {}
     frame = load_messages(artifacts_root, run_id)
@@ -123,7 +132,7 @@ def _labels(run_id: str, artifacts_root: str, trials: pl.DataFrame,
     (:func:`tasks.failure_modes.classify_failures`)."""
     from tasks.failure_modes import classify_failures, requirements_from_manifests
     from tasks.report import load_tool_calls, report_uri
-    from tasks.scoring import full_manifest
+    from tasks.scoring import run_full_manifests
 
     uri = report_uri(artifacts_root, run_id, "failure_labels.parquet")
     incorrect = set(trials.filter(pl.col("verdict") == "incorrect")["trial_key"])
@@ -136,7 +145,8 @@ def _labels(run_id: str, artifacts_root: str, trials: pl.DataFrame,
         from schemas import artifacts
 
         calls = pl.from_arrow(artifacts.TOOL_CALLS.empty_table())
-    requirements = requirements_from_manifests([full_manifest(u) for u in manifest_uris])
+    requirements = requirements_from_manifests(
+        run_full_manifests(artifacts_root, run_id, manifest_uris))
     return classify_failures(trials, calls, requirements)
 
 
@@ -154,10 +164,10 @@ gap:.5rem}#filters label{font-size:.8rem;color:#555;display:flex;flex-direction:
 select{font-size:.85rem;max-width:14rem}main{display:flex;height:calc(100vh - 6.5rem)}
 #list{width:34%;min-width:18rem;overflow-y:auto;border-right:1px solid #ddd}
 #list table{border-collapse:collapse;width:100%;font-size:.8rem}
-#list td{border-bottom:1px solid #eee;padding:.25rem .4rem;cursor:pointer;overflow-wrap:anywhere}
+#list td{border-bottom:1px solid #eee;padding:.25rem .4rem;cursor:pointer;overflow-wrap:break-word}
 #list tr.sel td{background:#e8f0fe}#detail{flex:1;overflow-y:auto;padding:.8rem 1.2rem}
 .v-correct{color:#1a7f37;font-weight:600}.v-incorrect{color:#cf222e;font-weight:600}
-.v-errored{color:#9a6700;font-weight:600}.flag{color:#cf222e}
+.v-errored{color:#9a6700;font-weight:600}.v-correct,.v-incorrect,.v-errored{white-space:nowrap}.flag{color:#cf222e}
 dl{display:grid;grid-template-columns:9rem 1fr;gap:.2rem .8rem;margin:.4rem 0 1rem}
 dt{color:#555}dd{margin:0;white-space:pre-wrap;overflow-wrap:anywhere}
 .msg{border:1px solid #ddd;border-radius:4px;margin:.5rem 0;padding:.4rem .6rem}
@@ -249,9 +259,10 @@ _SCRIPT = r"""
     if (m.role === "tool") {
       var d = el("details");
       var shown = m.chars === null ? 0 : m.chars;
+      var cut = m.full !== null && m.full !== undefined && m.full > shown;
       d.appendChild(el("summary", null, "tool result of " + (m.tool_name || "?") + " (" +
-        (m.tool_call_id || "") + "): " + shown + " characters shown" +
-        (m.full !== null && m.full !== undefined ? " of a " + m.full + "-character result" : "")));
+        (m.tool_call_id || "") + "): " + shown + " characters" +
+        (cut ? " shown of a " + m.full + "-character result (cut)" : ", the whole result")));
       var pre = el("pre", "tool-result", m.content || "");
       d.appendChild(pre);
       box.appendChild(el("div", "role", head));
@@ -309,8 +320,11 @@ _SCRIPT = r"""
     field(dl, "audit", t.flags.length ? t.flags.map(function (f) {
       return f.check + (f.index !== null ? " (message " + f.index + ")" : "") + ": " + f.evidence;
     }).join("\n") : "no findings", t.flags.length ? "flag" : null);
-    field(dl, "effort", t.n_llm_calls + " model calls, " + t.n_tool_calls + " tool calls, " +
-      Number(t.latency_s).toFixed(2) + " s, $" + Number(t.cost_usd).toFixed(4));
+    field(dl, "effort", t.n_llm_calls + " model call" + (t.n_llm_calls === 1 ? "" : "s") +
+      (t.n_requests !== null && t.n_requests !== undefined && t.n_requests !== t.n_llm_calls ?
+        " (" + t.n_requests + " HTTP requests, retries and earlier attempts included)" : "") +
+      ", " + t.n_tool_calls + " tool calls, " +
+      Number(t.latency_s).toFixed(2) + " s, $" + Number(t.cost_usd).toFixed(6));
     pane.appendChild(dl);
     pane.appendChild(el("h3", null, "Transcript"));
     var msgs = data.messages[t.key] || [];

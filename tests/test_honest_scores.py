@@ -266,6 +266,15 @@ def test_audit_flags_answer_key_reads_and_prompt_free_answers(tmp_path, manifest
 # -- rescoring without model calls ---------------------------------------------------------------
 
 
+def fixed_ground_truth(spec_text: str, query_id: str, sql: str) -> str:
+    """A spec's text with query ``query_id``'s ground-truth SQL replaced by ``sql`` (a "fix")."""
+    start = spec_text.index(f"  - id: {query_id}\n")
+    head = spec_text.index("    ground_truth:\n", start)
+    end = spec_text.index("    validator:", head)
+    return (spec_text[:head] + f"    ground_truth:\n      sql: \"{sql}\"\n"
+            + spec_text[end:])
+
+
 def test_validator_change_and_rescore_without_model_calls(tmp_path, model, capsys):
     from querylab.cli import main
     from tasks.build import build_dataset_artifacts
@@ -292,13 +301,23 @@ def test_validator_change_and_rescore_without_model_calls(tmp_path, model, capsy
         shown = {t["trial"]: t for t in viewer_data("rescore-run", root)["trials"]}
         assert shown[1]["mode"] == "FM1" and shown[1]["rule"] == "no_data_tool_call"
         assert shown[0]["mode"] is None and shown[1]["ground_truth"] == "Facebook"
-        # fix the "validator": the ground truth of the query was wrong all along
-        private = storage.read_json(scoring_uri(uri))
-        private["queries"][QUERY]["ground_truth"] = ["Apple"]
-        storage.write_json(scoring_uri(uri), private)
-        n = srv.request_count
-        assert main(["rescore", "--run-id", "rescore-run", "--artifacts", root]) == 0
-        assert srv.request_count == n  # no model call
+        # fix the "validator": the ground truth of the query was wrong all along (a fixed
+        # spec: its ground-truth SQL; hand-editing scoring.json is refused, tests/test_qa13.py)
+        fixed = tmp_path / "spec" / "stocks.yaml"
+        fixed.parent.mkdir()
+        shutil.copy(spec_path("stocks").parent / "stocks_companies.csv", fixed.parent)
+        fixed.write_text(fixed_ground_truth(spec_path("stocks").read_text(), QUERY,
+                                            "SELECT 'Apple'"))
+        import tasks.spec
+
+        real = tasks.spec.spec_path
+        tasks.spec.spec_path = lambda name: fixed if name == "stocks" else real(name)
+        try:
+            n = srv.request_count
+            assert main(["rescore", "--run-id", "rescore-run", "--artifacts", root]) == 0
+            assert srv.request_count == n  # no model call
+        finally:
+            tasks.spec.spec_path = real
     out = capsys.readouterr().out
     assert "2 verdict(s) changed" in out and "correct -> incorrect" in out
     after = pl.read_parquet(storage.join(root, "runs", "rescore-run", "score", "scores.parquet"))

@@ -244,3 +244,60 @@ def test_cli_agent_plan_flags_reject_bad_values(argv, message, capsys):
     assert main(["run", "--agent", "oracle", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- per-model limits
+
+
+def test_model_defaults_limit_trials_unless_given(tmp_path):
+    """H4: the shipped small model has its own iteration / wall-time defaults (a trial ran
+    100 calls / 900 s before); explicit options override them, other agents keep querylab's."""
+    from tasks.trials import model_agent_defaults
+
+    uris = _manifests(tmp_path)[:1]
+    own = model_agent_defaults(["oracle", "local:smollm2-135m", "openai:gpt-4o-mini"])
+    assert own == {"local:smollm2-135m": {"max_iterations": 4, "max_wall_time_s": 300}}
+    opts = {b["agent"]: b["options"]
+            for b in plan_batches(uris, ["oracle", "local:smollm2-135m"], 1)}
+    assert opts == {"oracle": {}, "local:smollm2-135m": {"max_iterations": 4,
+                                                          "max_wall_time_s": 300.0}}
+    (given,) = plan_batches(uris, ["local:smollm2-135m"], 1, options={"max_iterations": 9})
+    assert given["options"] == {"max_iterations": 9, "max_wall_time_s": 300.0}
+    # a rerun plans from the run record's defaults, not today's table
+    (recorded,) = plan_batches(uris, ["local:smollm2-135m"], 1, agent_defaults={})
+    assert recorded["options"] == {}
+    cfg = BenchmarkConfig(datasets=["alpha"], agents=["local:smollm2-135m"],
+                          agent_defaults=own)
+    assert cfg.agent_defaults["local:smollm2-135m"]["max_iterations"] == 4
+
+
+@pytest.mark.parametrize("defaults, message", [
+    ({"cache": "off"}, "agent_defaults may set"),
+    ({"max_iterations": 0}, "greater than or equal to 1"),
+])
+def test_model_defaults_are_validated(defaults, message):
+    with pytest.raises(ValidationError, match=message):
+        ModelConfig(name="m", prices=PRICES, context_window=100, agent_defaults=defaults)
+
+
+def test_models_command_shows_protocol_and_defaults(capsys):
+    assert main(["models"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "smollm2-135m" in ln)
+    assert "json_schema" in line and "defaults: max_iterations 4, max_wall_time_s 300" in line
+
+
+def test_progress_without_a_terminal_logs_each_finished_trial(monkeypatch, caplog):
+    """H4: with output redirected (no bar) a line per finished trial, not only per quarter."""
+    import logging
+
+    from tasks import progress
+
+    monkeypatch.setattr(progress, "LINE_MIN_INTERVAL_S", 0.0)
+    with caplog.at_level(logging.INFO, logger="querylab.progress"):
+        with progress.StageProgress("trials", "r", 10, unit="trials") as p:
+            p.update(1)
+            p.update(2)
+            p.update(2)
+    lines = [r.getMessage() for r in caplog.records if "trials of run r" in r.getMessage()]
+    assert lines[:2] == ["trials of run r: 1/10 trials (10%)", "trials of run r: 2/10 trials (20%)"]
+    assert len(lines) == 2

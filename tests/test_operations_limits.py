@@ -99,3 +99,24 @@ def test_limits_are_opt_in(monkeypatch):
     assert llm.model_limits("any", {llm.MODEL_LIMITS_ENV: "off"}) is None
     with pytest.raises(AgentConfigError, match="QUERYLAB_MODEL_LIMITS='sometimes'"):
         llm.model_limits("any", {llm.MODEL_LIMITS_ENV: "sometimes"})
+
+
+def test_waiting_for_a_slot_past_the_deadline_is_errored(limits_on):
+    """QA M1: a trial whose wall time ran out waiting for the model's Prefect concurrency slot
+    (other trials held it) is errored (``api_error``), not the agent's ``max_wall_time``."""
+    conc, _ = model_limit_names("lim-wait")
+    _create_limit(conc, 1)
+    with ScriptedOpenAIServer(lambda body, i: delay(3, message("ok"))) as srv:
+        holder, waiter = (ChatModel(_model("lim-wait", srv), AgentOptions()) for _ in range(2))
+        t = threading.Thread(target=holder.complete,
+                             args=([{"role": "user", "content": "hold"}], None, 0, 0))
+        t.start()
+        time.sleep(0.8)  # the holder has the only slot
+        with pytest.raises(llm.LLMCallError) as err:
+            waiter.complete([{"role": "user", "content": "wait"}], None, 0, 0,
+                            deadline=time.monotonic() + 1.0)
+        t.join(30)
+        holder.close()
+        waiter.close()
+    assert err.value.reason == "api_error" and "no slot" in str(err.value)
+    assert "model:lim-wait" in str(err.value)

@@ -322,7 +322,7 @@ def test_report_from_artifacts_alone(tmp_path):
     html = Path(out["html"]).read_text()
     images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
     assert len(images) == 4 and all(base64.b64decode(i)[:4] == b"\x89PNG" for i in images)
-    assert html.count('<table class="data') == 13  # the cost and tool-use tables are split
+    assert html.count('<table class="data') == 14  # cost and tool-use split; queries per k
     assert "http://" not in html.replace("http://127.0.0.1", "") and "<link" not in html
     assert out["prefect_artifacts"] == []  # not inside a flow run
 

@@ -167,12 +167,21 @@ def test_sigkill_midway_then_rerun(tmp_path, manifest_uri, model_env):
         again = trials.filter(pl.col("trial_key") == row["trial_key"]).row(0, named=True)
         assert again["latency_s"] == row["latency_s"] and again["cost_usd"] == row["cost_usd"]
     llm = pl.read_parquet(out["llm_calls"])
-    assert llm.height == 45 and llm.select("trial_key", "call_index").n_unique() == 45
+    # every answered request has its row (QA M2): the killed attempt's paid first call is
+    # kept (trial_attempt 0) beside the resumed attempt's cache hit for it (trial_attempt 1)
+    assert llm.height == 46
+    assert llm.select("trial_key", "trial_attempt", "call_index").n_unique() == 46
+    paid = llm.filter(~pl.col("cache_hit"))
+    assert paid.height == 45 and int(paid["attempts"].sum()) == 45
+    assert llm["cost_usd"].sum() == pytest.approx(paid["cost_usd"].sum())
     hits = llm.filter(pl.col("cache_hit"))
     assert hits.height == 1 and hits["call_index"].to_list() == [0]
+    assert hits["trial_attempt"].to_list() == [1]
     # the cache hit belongs to the trial that was cut short: the 7th in plan order
     plan_order = [f"{agent}|stocks|{q}|{t}" for b in batches for q, t in b["items"]]
     assert hits["trial_key"][0] == plan_order[6]
+    killed = paid.filter(pl.col("trial_key") == plan_order[6])
+    assert killed["trial_attempt"].to_list() == [0, 1, 1] and killed["cost_usd"].min() > 0
     calls = pl.read_parquet(out["tool_calls"])
     assert calls.height == 45 and calls.select("trial_key", "call_index").n_unique() == 45
     # no checkpoint directories are left behind

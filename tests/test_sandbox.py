@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -511,3 +512,29 @@ def test_a_deep_work_tree_is_emptied_without_recursion(tmp_path):
         assert (outside / "keep.txt").read_text() == "x"
     finally:
         os.close(fd)
+
+
+def test_the_probe_says_why_each_missing_cgroup_limit_is_missing(tmp_path):
+    """M3: with the cgroup hierarchies read-only (a private mount namespace), `python -m
+    tasks.sandbox` names each missing limit and why (its notes were empty)."""
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare to make the cgroups read-only privately")
+    script = tmp_path / "nocg.sh"
+    script.write_text("for c in memory pids cpu cpuacct; do\n"
+                      "  [ -d /sys/fs/cgroup/$c ] && mount -o remount,bind,ro /sys/fs/cgroup/$c\n"
+                      "done\nexec \"$@\"\n")
+    res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", str(script),
+                          sys.executable, "-m", "tasks.sandbox"],
+                         capture_output=True, text=True, timeout=180,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    if not out["missing"]:
+        pytest.skip("this machine's cgroups could not be made read-only")
+    assert not out["isolated"]
+    for m in out["missing"]:
+        assert m.startswith("cgroup_"), out
+        assert "read-only" in out["notes"][m], out["notes"]

@@ -515,3 +515,92 @@ def test_unprivileged_user_gets_the_sealed_view_and_no_cgroups(unprivileged_dir)
     assert out["run"]["exit_code"] == 0 and cell["shadow"] == 2 and cell["pids"] == []
     assert cell["umount_proc"][0] == -1 and cell["unshare_user"][0] == -1
     assert set(cell["caps"]) == {"0000000000000000"} and cell["no_new_privs"] == "1"
+
+
+#: Run by the interpreter of a venv seen at another path (argv[1]: the protected paths to
+#: probe): one sealed cell imports the venv's libraries, also ones no zygote preloads.
+_VENV_CLIENT = r"""
+import json, sys
+from tasks.sandbox import Sandbox
+CELL = '''
+import importlib, json, os, sys
+out = {}
+for m in ("polars", "duckdb", "pandas.io.formats.style", "numpy.random", "pyarrow.csv", "tasks"):
+    try:
+        importlib.import_module(m)
+        out[m] = "ok"
+    except BaseException as exc:
+        out[m] = repr(exc)
+venv = sys.prefix
+out["prefix"] = venv
+out["venv_entries"] = sorted(os.listdir(venv)) if os.path.isdir(venv) else None
+out["parent_entries"] = sorted(os.listdir(os.path.dirname(venv)))
+out["protected"] = {p: os.path.exists(p) for p in json.loads(%r)}
+print(json.dumps(out))
+''' % sys.argv[1]
+sb = Sandbox(spares=0)
+try:
+    with sb.open_session(disk_mb=16, require_isolation=True) as s:
+        r = s.run(CELL, timeout_s=90, cpu_s=90)
+        print(json.dumps({"ok": r.ok, "stdout": r.stdout, "error": r.error, "prefix": sys.prefix}))
+finally:
+    sb.close()
+"""
+
+
+def _venv_elsewhere(kind: str, tmp_path: Path) -> tuple[list[str], str]:
+    """(command prefix, logical venv path) for the repo's venv seen under /tmp through a
+    symlink, under /tmp as its real path (a bind mount in a private mount namespace), or
+    through a symlink outside /tmp."""
+    import shutil
+    import tempfile
+
+    real = REPO / ".venv"
+    if kind == "tmp-symlink":
+        clone = tmp_path / "clone"
+        clone.mkdir()
+        (clone / ".venv").symlink_to(real)
+        return [], str(clone / ".venv")
+    if kind == "tmp-real":
+        if os.geteuid() != 0 or not shutil.which("unshare"):
+            pytest.skip("needs root and unshare for a private bind mount")
+        venv = tmp_path / "clone" / ".venv"
+        venv.mkdir(parents=True)
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                f'mount --bind "{real}" "{venv}" && exec "$0" "$@"'], str(venv)
+    base = Path(tempfile.mkdtemp(prefix="ql-venvlink-", dir="/var/tmp"))
+    (base / ".venv").symlink_to(real)
+    return [], str(base / ".venv")
+
+
+@pytest.mark.parametrize("kind", ["tmp-symlink", "tmp-real", "symlink"])
+def test_cells_import_the_venvs_libraries_wherever_the_venv_lives(kind, tmp_path, settings):
+    """H1: a venv under /tmp (hidden by the trial's own /tmp before) or reached through a
+    symlink (its import paths were dropped) still gives cells polars, duckdb and lazily
+    loaded pandas parts, and nothing else of the host."""
+    import subprocess
+
+    prefix, venv = _venv_elsewhere(kind, tmp_path)
+    client = tmp_path / "client.py"
+    client.write_text(_VENV_CLIENT)
+    protected = [str(REPO / "tasks"), str(REPO / "data"), str(settings.home),
+                 str(settings.artifacts), str(tmp_path / "client.py")]
+    try:
+        res = subprocess.run([*prefix, f"{venv}/bin/python", str(client), json.dumps(protected)],
+                             capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    finally:
+        if kind == "symlink":
+            import shutil
+            shutil.rmtree(Path(venv).parent, ignore_errors=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    outer = json.loads(res.stdout.strip().splitlines()[-1])
+    assert outer["prefix"] == venv  # the interpreter really ran from the path under test
+    assert outer["ok"], outer["error"]
+    cell = json.loads(outer["stdout"])
+    for m in ("polars", "duckdb", "pandas.io.formats.style", "numpy.random", "pyarrow.csv"):
+        assert cell[m] == "ok", (m, cell)
+    assert cell["tasks"].startswith("ModuleNotFoundError"), cell
+    assert not any(cell["protected"].values()), cell["protected"]
+    # the venv's directory shows only what the view binds, its parent only the venv
+    assert set(cell["venv_entries"]) <= {"lib", "lib64", "bin", "pyvenv.cfg"}, cell
+    assert cell["parent_entries"] == [".venv"], cell

@@ -93,7 +93,7 @@ def test_datasets_build_runs_the_flow(prefect_harness, settings, capsys):
     assert uri.startswith(settings.artifacts) and uri.endswith("manifest.json")
     assert Path(uri).is_file()
     assert cli("datasets", "build", "nosuch") == 2
-    assert "unknown datasets ['nosuch']" in capsys.readouterr().err
+    assert "querylab datasets build: unknown dataset(s) ['nosuch']" in capsys.readouterr().err
 
 
 def test_datasets_build_reports_a_missing_source(prefect_harness, settings, capsys, tmp_path):

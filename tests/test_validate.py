@@ -23,3 +23,36 @@ def test_items_all_present_case_insensitive():
     truth = ["James Cameron", "Chris Renaud, Pierre Coffin"]
     assert is_correct("james cameron; Chris  Renaud, Pierre Coffin", truth, v)
     assert not is_correct("James Cameron", truth, v)
+
+
+def test_items_are_whole_words_and_case_sensitive_when_the_spec_says_so():
+    """QA newcomer H2: "I could not read the tables, sorry." named the sub-category ``Tables``
+    and scored correct. Items match as whole words; an everyday-word item is case-sensitive."""
+    exact = {"kind": "items", "case_sensitive": True}
+    assert not is_correct("I could not read the tables, sorry.", ["Tables"], exact)
+    assert is_correct("The sub-category is Tables (-$17,725).", ["Tables"], exact)
+    assert is_correct("tables", ["Tables"], {"kind": "items"})  # the default stays lenient
+    assert not is_correct("GOOGL", ["GOOG"], {"kind": "items"})  # not inside a longer word
+    assert not is_correct("Pythonic", ["Python"], {"kind": "items"})
+    assert is_correct("Chris\nRenaud,  Pierre Coffin.", ["Chris Renaud, Pierre Coffin"],
+                      {"kind": "items"})
+
+
+def test_the_audit_matches_items_as_the_validator_does():
+    """The prompt's everyday "tables" is not the ground truth ``Tables`` of a case-sensitive
+    validator (QA H2: every LLM trial was flagged ground_truth_in_prompt)."""
+    from tasks.audit import audit_trial
+
+    query = {"ground_truth": ["Tables"], "validator": {"kind": "items", "case_sensitive": True}}
+    trial = {"agent": "openai:m", "answer": "Tables", "terminate_reason": "return_answer"}
+    messages = [
+        {"index": 0, "role": "system", "content": "Query the tables of each database."},
+        {"index": 1, "role": "user", "content": "Which sub-category lost the most money?"},
+    ]
+    checks = {f["check"] for f in audit_trial(trial, messages, query=query,
+                                              question=messages[1]["content"])}
+    assert "ground_truth_in_prompt" not in checks
+    messages[0]["content"] = "Tables is the answer."
+    checks = {f["check"] for f in audit_trial(trial, messages, query=query,
+                                              question=messages[1]["content"])}
+    assert "ground_truth_in_prompt" in checks

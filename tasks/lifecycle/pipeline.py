@@ -14,10 +14,8 @@ generated; without it the items are the templated ones.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import re
 from pathlib import Path
 
 import polars as pl
@@ -28,7 +26,7 @@ from schemas import lifecycle as schema
 from schemas.lifecycle import PHASES, LifecycleConfig
 from schemas.settings import Settings
 from tasks import storage
-from tasks.lifecycle.agents import agent_label, check_agent_spec, make_agent
+from tasks.lifecycle.agents import AgentConfigError, agent_label, check_agent_spec, make_agent
 from tasks.lifecycle.items import generate_phase_items, prepare_databases
 from tasks.lifecycle.rewrite import REWRITE_PHASES, rewrite_items, rewrite_label
 from tasks.lifecycle.runner import RunContext, run_item
@@ -41,6 +39,7 @@ from tasks.lifecycle.tables import (
     robustness_table,
     variant_cv_table,
 )
+from tasks.runs import batch_key, spec_fingerprint
 
 __all__ = [
     "check_phases",
@@ -180,17 +179,20 @@ def generate_lifecycle_items(
     return {**manifest, "uri": uri}
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")[:50] or "x"
-
-
 def plan_lifecycle_batches(
-    models: list[str], item_manifests: list[dict], batch_size: int
+    models: list[str],
+    item_manifests: list[dict],
+    batch_size: int,
+    config: LifecycleConfig | dict | None = None,
 ) -> list[dict]:
     """(model × phase × items) work in batches of at most ``batch_size`` items:
-    ``[{"key", "model", "phase", "items_uri", "item_ids"}]``; keys are stable for equal inputs
-    (so a re-run finds finished batches). Raises ValueError for no models, a duplicate model
-    label or ``batch_size < 1``; AgentConfigError for a bad model spec."""
+    ``[{"key", "model", "phase", "items_uri", "item_ids"}]``. A key digests the model (and a
+    replay file's content), the phase, the batch's items (every column, not only the ids) and
+    the full ``config`` (:class:`LifecycleConfig`; the default when None): a re-run with the
+    same inputs finds its finished batches, one with any of them changed (``debug_rounds``,
+    sampling, ...) runs again (:func:`tasks.runs.batch_key`). Raises ValueError for no models,
+    a duplicate model label or ``batch_size < 1``; AgentConfigError for a bad model spec or an
+    unreadable replay file."""
     if not models:
         raise ValueError("no models given")
     if batch_size < 1:
@@ -200,25 +202,31 @@ def plan_lifecycle_batches(
     labels = [agent_label(m) for m in models]
     if len(set(labels)) != len(labels):
         raise ValueError(f"duplicate models {labels}")
+    cfg = LifecycleConfig.model_validate(
+        config.model_dump() if isinstance(config, LifecycleConfig) else config or {}
+    ).model_dump(mode="json")
+    fingerprints = {}
+    for m in models:
+        try:
+            fingerprints[m] = spec_fingerprint(m)
+        except OSError as exc:
+            raise AgentConfigError(f"{m}: cannot read the replay file: {exc}") from None
     batches = []
     for man in item_manifests:
-        ids = read_items_table(man["uri"])["item_id"].to_pylist()
+        rows = read_items_table(man["uri"]).to_pylist()
+        ids = [r["item_id"] for r in rows]
         for model in models:
             for start in range(0, len(ids), batch_size):
-                chunk = ids[start : start + batch_size]
-                digest = hashlib.sha256(
-                    json.dumps([model, man["phase"], chunk]).encode()
-                ).hexdigest()[:10]
-                key = (
-                    f"{_slug(agent_label(model))}-{man['phase']}-{start // batch_size:04d}-{digest}"
-                )
+                material = [model, fingerprints[model], man["phase"],
+                            rows[start : start + batch_size], cfg]
+                label = f"{agent_label(model)}-{man['phase']}"
                 batches.append(
                     {
-                        "key": key,
+                        "key": batch_key(label, start // batch_size, material),
                         "model": model,
                         "phase": man["phase"],
                         "items_uri": man["uri"],
-                        "item_ids": chunk,
+                        "item_ids": ids[start : start + batch_size],
                     }
                 )
     return batches

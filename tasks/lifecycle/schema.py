@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.sqlite_guard import run_file_query
+
 __all__ = [
     "TYPE_CLASSES",
     "Column",
@@ -337,14 +339,13 @@ def run_script(conn: sqlite3.Connection, sql: str, timeout_ms: int = 10_000) -> 
 
 def run_readonly(path: str | Path, sql: str, timeout_ms: int = 10_000) -> list[tuple]:
     """All rows of one untrusted query on the SQLite file ``path``, opened read-only
-    (``mode=ro``) with ``ATTACH``/``DETACH`` refused (an ATTACH would create a file even on a
-    read-only connection), ``VACUUM``/``load_extension`` rejected, and interrupted after
-    ``timeout_ms``. Raises ``sqlite3.Error`` with SQLite's message."""
-    if _FORBIDDEN.search(sql):
-        raise sqlite3.DatabaseError("not authorized: VACUUM and load_extension are not allowed")
-    from tasks.spider import run_sqlite
-
-    return run_sqlite(path, sql, timeout_ms)
+    (``mode=ro``), through the guarded executor (:mod:`tasks.sqlite_guard`): the authorizer
+    allows only reads (``ATTACH``/``DETACH`` — an ATTACH would create a file even on a
+    read-only connection — writes, writes through a CTE, ``PRAGMA``, ``VACUUM`` are refused;
+    ``load_extension`` is never enabled), the result is bounded in bytes and the query is
+    interrupted after ``timeout_ms``. Raises ``sqlite3.Error`` with SQLite's message
+    (``not authorized``, ``interrupted``)."""
+    return run_file_query(path, sql, timeout_ms)
 
 
 def execute_ddl(ddl: str, timeout_ms: int = 10_000) -> Schema:
