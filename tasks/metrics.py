@@ -112,6 +112,7 @@ def query_counts(trials: pl.DataFrame) -> pl.DataFrame:
             _ERRORED.sum().cast(pl.Int32).alias("n_errored"),
         )
         .collect(engine="streaming")
+        .sort(*_QUERY_KEYS)  # streaming groups come in any order: means over them must not
     )
 
 
@@ -412,14 +413,13 @@ def cost_table(
     effort = ["cost_usd", "prompt_tokens", "completion_tokens", "cached_tokens", "latency_s",
               "n_llm_calls"]
     keys = trials.select("trial_key", "agent", "dataset")  # for the llm_calls join
-    trials = with_verdicts(trials.select("agent", "dataset", *effort, *verdict)).lazy()
+    # in memory, not streamed: float sums in row order, the same figures run after run
+    trials = with_verdicts(trials.select("agent", "dataset", *effort, *verdict))
     per_ds = trials.group_by("agent", "dataset").agg(_effort_aggs())
     per_agent = (
         trials.group_by("agent").agg(_effort_aggs()).with_columns(pl.lit(ALL).alias("dataset"))
     )
-    table = pl.concat(
-        [per_ds, per_agent.select(per_ds.collect_schema().names())]
-    ).collect(engine="streaming")
+    table = pl.concat([per_ds, per_agent.select(per_ds.columns)])
     if llm_calls is not None:
         names = llm_calls.collect_schema().names()
         missing = [c for c in ("trial_key", "cache_hit", "attempts") if c not in names]
