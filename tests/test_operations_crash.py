@@ -42,6 +42,7 @@ def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_mo
 
     root = str(tmp_path / "artifacts")
     hang_at = 19  # this request never gets its answer before the kill
+    # two trials in flight: some have finished (and are checkpointed) by request 19
 
     def responder(body, index):
         step = _turn(body)
@@ -53,7 +54,7 @@ def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_mo
                "QUERYLAB_ARTIFACTS": root}
         child = subprocess.Popen(
             [sys.executable, "-m", "querylab.cli", "run", "--dataset", "stocks", "--agent", agent,
-             "--trials", "3", "--batch-size", "4", "--run-id", "crash"],
+             "--trials", "3", "--batch-size", "4", "--max-concurrency", "2", "--run-id", "crash"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         sigkill_after_requests(child, srv, hang_at)
@@ -78,9 +79,21 @@ def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_mo
     for key, row in saved.items():  # kept from before the kill, not run again
         again = trials.filter(pl.col("trial_key") == key).row(0, named=True)
         assert (again["latency_s"], again["cost_usd"]) == (row["latency_s"], row["cost_usd"])
-    for name in ("llm_calls", "tool_calls"):
-        calls = pl.read_parquet(out / f"{name}.parquet")
-        assert calls.height == 45 and calls.select("trial_key", "call_index").n_unique() == 45
+    tools = pl.read_parquet(out / "tool_calls.parquet")
+    assert tools.height == 45 and tools.select("trial_key", "call_index").n_unique() == 45
+    # every answered model request is a paid call and stays: the 45 of the finished attempts,
+    # plus those the trials in flight at the kill had been answered (their earlier attempt)
+    llm = pl.read_parquet(out / "llm_calls.parquet")
+    last = llm.group_by("trial_key").agg(pl.col("trial_attempt").max().alias("last"))
+    final = llm.join(last, on="trial_key").filter(pl.col("trial_attempt") == pl.col("last"))
+    assert final.height == 45 and final.select("trial_key", "call_index").n_unique() == 45
+    earlier = llm.join(last, on="trial_key").filter(pl.col("trial_attempt") < pl.col("last"))
+    assert earlier.height <= 2 * 2  # at most 2 trials in flight, each answered at most twice
+    assert earlier.height == 0 or earlier["cost_usd"].min() > 0
+    # paid (not a response-cache hit) = answered requests: all but the hung one (and at most
+    # the other trial's request in flight at the kill)
+    paid_before_kill = llm.filter(~pl.col("cache_hit")).height - rerun_requests
+    assert n_killed - 2 <= paid_before_kill <= n_killed - 1
     status = runs.stage_status(root, "crash", "trials")
     assert status.status == "completed" and status.attempt == 2
     assert [h.status for h in status.history] == ["running"]
