@@ -468,13 +468,17 @@ class Sandbox:
         self.notes: list[str] = []
         self._errors = _ENGINE_ERRORS
         if engine == "duckdb":
-            self.con = duckdb.connect(":memory:", config={"threads": 1})
+            # a pair's SQL may be a model's: no file, extension or network access, and no
+            # setting it can change back (COPY ... TO, read_csv, ATTACH, INSTALL all refused)
+            self.con = duckdb.connect(":memory:", config={"threads": 1,
+                                                          "enable_external_access": False})
             if integer_division:
                 self.con.execute("SET integer_division = true")
             if many_joins:
                 # planning a many-way join costs DuckDB ~30 ms, the tiny instances ~1 ms:
                 # the join-order search is skipped (the results are the same)
                 self.con.execute("SET disabled_optimizers = 'join_order'")
+            self.con.execute("SET lock_configuration = true")
             self._watchdog = threading.Thread(target=self._watch, daemon=True,
                                               name="equivalence-sandbox-watchdog")
             self._watchdog.start()

@@ -192,3 +192,21 @@ def test_model_answer_over_http_cannot_touch_the_lifecycle_database(tmp_path, mo
                                                "interrupted")), (sql, row["error"])
     assert "interrupted" in rows[-1]["error"]
     assert _digest(path) == before and not (tmp_path / "attached.db").exists()
+
+
+def test_duckdb_instances_refuse_files_extensions_and_settings(tmp_path):
+    """The finder's DuckDB instances run a pair's (possibly a model's) SQL with no file,
+    extension or network access, and the SQL cannot turn that back on."""
+    from tasks.instances import RelSchema, Sandbox
+
+    schema = RelSchema.from_ddl("CREATE TABLE t (a INT PRIMARY KEY, b INT)", "duckdb")
+    out_file, db_file = tmp_path / "out.csv", tmp_path / "x.db"
+    with Sandbox(schema, ["t"], "duckdb", query_timeout_s=2) as box:
+        box.load({"t": [(1, 2)]})
+        for sql in (f"COPY (SELECT 1) TO '{out_file}'", "SELECT * FROM read_csv('/etc/passwd')",
+                    f"ATTACH '{db_file}' AS x", "INSTALL httpfs",
+                    "SET enable_external_access = true", "SET lock_configuration = false"):
+            out = box.run(sql)
+            assert out.error and out.rows is None, (sql, out)
+        assert box.run("SELECT a, b FROM t").rows == [(1, 2)]
+    assert not out_file.exists() and not db_file.exists()
