@@ -34,6 +34,29 @@ _EVENT = threading.Event()
 _LOCK = threading.Lock()
 _WAITERS: set[threading.Event] = set()
 _REASON: list[str] = []
+_HOOKS: list[Callable[[], None]] = []
+
+
+def on_request(hook: Callable[[], None]) -> None:
+    """Call ``hook()`` (in a thread of its own, errors ignored) when a stop is requested, and
+    again, synchronously, before the process exits on a hard stop: e.g. the sandbox kills its
+    sessions, so a cell in flight neither delays the stop nor outlives the process."""
+    with _LOCK:
+        if hook not in _HOOKS:
+            _HOOKS.append(hook)
+
+
+def _run_hooks(wait: bool) -> None:
+    for hook in list(_HOOKS):
+        def safe(h: Callable[[], None] = hook) -> None:
+            try:
+                h()
+            except Exception:  # noqa: BLE001 - best effort while stopping
+                pass
+        if wait:
+            safe()
+        else:
+            threading.Thread(target=safe, daemon=True, name="interrupt-hook").start()
 
 
 class RunInterrupted(Exception):
@@ -45,9 +68,12 @@ def request(reason: str) -> None:
     with _LOCK:
         if not _REASON:
             _REASON.append(reason)
+        first = not _EVENT.is_set()
         _EVENT.set()
         for w in _WAITERS:
             w.set()
+    if first:
+        _run_hooks(wait=False)
 
 
 def requested() -> str | None:
@@ -110,7 +136,10 @@ def call(fn: Callable[..., T], *args: Any, what: str = "the trial", **kwargs: An
 
 def _hard_stop(artifacts_root: str | None, run_id: str | None) -> None:
     """What the flow's own clean-up would do, when it cannot run: stop the local model
-    servers and Prefect's temporary server, record the run's running stages as failed."""
+    servers and Prefect's temporary server, stop the sandbox's sessions (the
+    :func:`on_request` hooks: ``os._exit`` runs no ``atexit``), record the run's running
+    stages as failed."""
+    _run_hooks(wait=True)
     try:
         from tasks import local_model
 

@@ -953,6 +953,11 @@ def shared_sandbox() -> Sandbox:
     with _SHARED_LOCK:
         if _SHARED is None or _SHARED_PID != os.getpid():
             _SHARED, _SHARED_PID = Sandbox(), os.getpid()
+            from tasks import interrupt
+
+            # Ctrl-C / SIGTERM: every session (and its cells) is killed at once, so no cell
+            # delays the stop or outlives querylab
+            interrupt.on_request(_close_all)
         return _SHARED
 
 

@@ -151,3 +151,40 @@ def test_a_stage_that_does_not_stop_is_ended_after_the_grace_period(tmp_path):
     assert "did not stop within 1 s" in err
     status = runs.stage_status(root, "stuck", "datasets")
     assert status.status == "failed" and "interrupted (SIGTERM)" in status.error
+
+
+
+def test_a_stop_request_kills_the_sandbox_sessions_at_once():
+    """QA12 re-check NEW-1/NEW-2: Ctrl-C while an execute_python cell (and a process it
+    started) runs: the stop request kills the shared sandbox's sessions at once, so the cell
+    neither delays the stop (it returned after ~15 s before) nor outlives querylab (os._exit
+    runs no atexit: the hard stop runs the same hook)."""
+    import threading
+
+    from tasks.sandbox import shared_sandbox
+
+    interrupt.reset()
+    session = shared_sandbox().open_session(require_isolation=True)
+    code = ("import subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            "time.sleep(120)\n")
+    box = {}
+    def run() -> None:
+        try:
+            box["res"] = session.run(code, timeout_s=110)
+        except Exception as exc:  # noqa: BLE001 - the session was killed under the cell
+            box["error"] = exc
+
+    t = threading.Thread(target=run)
+    try:
+        t.start()
+        time.sleep(3.0)  # the cell and its child are running
+        t0 = time.monotonic()
+        interrupt.request("SIGINT")
+        t.join(20)
+        assert not t.is_alive() and time.monotonic() - t0 < 10
+        assert not session.alive  # killed with its processes, not recycled
+        assert "error" in box or box["res"].sandbox_failed
+    finally:
+        interrupt.reset()
+        session.close()
