@@ -21,7 +21,7 @@ from tasks.engines import ensure_loaded, open_databases
 from tasks.spec import load_spec, spec_path
 from tasks.tools import ToolBox
 from tasks.scoring import full_manifest
-from tasks.validate import is_correct
+from tasks.validate import check_answer, is_correct, normalise
 from tests.conftest import SHARED_DATA
 
 CATALOGUE = ("movies", "stocks", "flights", "superstore", "aircraft", "military", "news",
@@ -86,6 +86,36 @@ def test_oracle_scores_one(name, catalogue, settings, tmp_path):
         for rec in out.tool_calls:
             if rec.outcome.tool == "query_db":
                 assert len(rec.outcome.value) < 10_000, (q["id"], rec.outcome.arguments)
+
+
+# -- items validators: a list of every option is not an answer (QA NEW-3) ----------------------
+
+
+@pytest.mark.parametrize("name", CATALOGUE)
+def test_items_queries_refuse_a_list_of_every_option(name, catalogue):
+    """Every ``items`` query states the values it chooses among (``options`` / ``options_sql``,
+    evaluated at build time): the ground truth is among them, the ground truth alone is correct,
+    and an answer pasting every option (a shotgun) is incorrect."""
+    manifest = catalogue(name)
+    items = [q for q in manifest["queries"] if q["validator"]["kind"] == "items"]
+    for q in items:
+        v, gt, question = q["validator"], q["ground_truth"], q["question"]
+        options = v.get("options") or []
+        assert len(options) > len(gt), (q["id"], "the options must hold more than the truth")
+        have = {normalise(o) for o in options}
+        assert {normalise(t) for t in gt} <= have, (q["id"], gt)
+        assert is_correct(", ".join(map(str, gt)), gt, v, question), (q["id"], gt)
+        shotgun = "It is one of: " + ", ".join(map(str, options))
+        verdict = check_answer(shotgun, gt, v, question)
+        assert not verdict.ok, (q["id"], verdict.reason)
+        assert "listing the options" in verdict.reason, (q["id"], verdict.reason)
+
+
+def test_every_items_query_in_the_catalogue_has_options():
+    """Spec-level: no ``items`` query in data/*.yaml lacks ``options`` / ``options_sql``."""
+    missing = [(n, q.id) for n, s in _specs().items() for q in s.queries
+               if q.validator.kind == "items" and not (q.validator.options or q.validator.options_sql)]
+    assert not missing, missing
 
 
 # -- catalogue-wide rules (specs only) ----------------------------------------------------------
