@@ -311,6 +311,8 @@ def test_a_recycled_session_keeps_nothing_of_the_previous_trial():
     )
     sb = Sandbox(spares=2)
     a = sb.open_session(disk_mb=16)
+    # what a fresh session's /tmp holds (the view's links when the venv lives under /tmp)
+    fresh_tmp = _json(a.run("import json, os\nprint(json.dumps(sorted(os.listdir('/tmp'))))"))
     res = a.run(leave)
     assert res.ok and int(res.stdout) >= 0, (res.error, res.stdout)
     # positive control: the segment outlives its cell within the trial
@@ -325,7 +327,7 @@ def test_a_recycled_session_keeps_nothing_of_the_previous_trial():
         assert b.pid == pid  # the same session process, handed to the next trial
         out = _json(b.run(
             "import ctypes, json, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "print(json.dumps({'home': os.listdir('.'), 'tmp': os.listdir('/tmp'),"
+            "print(json.dumps({'home': os.listdir('.'), 'tmp': sorted(os.listdir('/tmp')),"
             " 'shm': os.listdir('/dev/shm'), 'sysv': libc.shmget(0x51AB, 0, 0),"
             " 'xattr': os.listxattr('.'), 'mode': oct(os.stat('.').st_mode & 0o777),"
             " 'mtime': os.stat('.').st_mtime,"
@@ -334,7 +336,8 @@ def test_a_recycled_session_keeps_nothing_of_the_previous_trial():
     finally:
         b.close()
         sb.close()
-    assert out == {"home": [], "tmp": [], "shm": [], "sysv": -1, "others": [], "xattr": [],
+    assert "t" not in fresh_tmp
+    assert out == {"home": [], "tmp": fresh_tmp, "shm": [], "sysv": -1, "others": [], "xattr": [],
                    "mode": "0o700", "mtime": 0.0}
     with pytest.raises(Exception, match="closed"):
         a.run("print(1)")  # the old handle is dead for good
