@@ -355,7 +355,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{stage:<12} {'-':<10} {'':>7}  {'':<20} {'':<20}")
             continue
         error = (st.error or "").splitlines()[0][:100] if st.error else ""
-        state = st.status
+        state = "interrupted" if runs.was_interrupted(st) else st.status
         if state == "running" and not alive:
             state = "interrupted"
             error = error or "recorded running, but no live process holds the run"

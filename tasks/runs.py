@@ -813,12 +813,15 @@ def _run_status(record: RunRecord, statuses: dict[str, StageStatus],
                 summary: dict | None = None) -> str:
     """``completed`` (every configured stage), ``errored`` (every stage completed but some
     agent's share of errored trials in ``summary`` is above the run's ``max_error_share``:
-    the run exits non-zero), ``failed`` / ``running`` (some stage is), ``partial`` (some stage
-    never ran), ``empty``."""
+    the run exits non-zero), ``interrupted`` (a stage failed because the run was stopped by a
+    signal), ``failed`` / ``running`` (some stage is), ``partial`` (some stage never ran),
+    ``empty``."""
     configured = configured_stages(record)
     if not configured:
         return "empty"
     states = [statuses[s].status if s in statuses else "pending" for s in configured]
+    if any(was_interrupted(statuses[s]) for s in configured if s in statuses):
+        return "interrupted"
     for state in ("failed", "running"):
         if state in states:
             return state
@@ -826,6 +829,12 @@ def _run_status(record: RunRecord, statuses: dict[str, StageStatus],
         return "partial"
     allowed = record.benchmark.max_error_share if record.benchmark else 0.0
     return "errored" if summary and errored_over(summary, allowed) else "completed"
+
+
+def was_interrupted(status: StageStatus) -> bool:
+    """True for a stage that failed because the run was stopped (Ctrl-C / SIGTERM:
+    :class:`tasks.interrupt.RunInterrupted`), not because something went wrong."""
+    return status.status == "failed" and "interrupted (SIG" in (status.error or "")
 
 
 def lease_alive(artifacts_root: str, run_id: str) -> bool:

@@ -77,6 +77,8 @@ def test_a_signal_stops_the_run_and_rerun_resumes(sig, prefect_harness, tmp_path
         assert "interrupted" in err and f"querylab rerun --run-id {run_id}" in err, err[-2000:]
         status = runs.stage_status(root, run_id, "trials")
         assert status.status == "failed" and "interrupted" in status.error, status
+        # `runs` / `status` say interrupted, not failed (QA re-check N1)
+        assert [r["status"] for r in runs.list_runs(root) if r["run_id"] == run_id] == ["interrupted"]
         assert _checkpointed(root, run_id) == {}  # no cancelled trial counted as a result
         time.sleep(1.0)
         assert _session_processes(child.pid) == []  # Prefect's server etc. gone with it
