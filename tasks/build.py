@@ -261,8 +261,9 @@ def derive_scoring(
             except duckdb.Error as exc:
                 raise SpecError(spec_file, f"queries[{i}].validator.options_sql",
                                 str(exc).splitlines()[0]) from exc
-            options = list(q.validator.options or []) + [str(r[0]) for r in rows
-                                                         if r[0] is not None]
+            # sorted: SELECT DISTINCT comes back in any order, the scoring file must not
+            options = list(q.validator.options or []) + sorted(str(r[0]) for r in rows
+                                                               if r[0] is not None)
             validator["options"] = list(dict.fromkeys(options))
         missing = []
         if validator.get("options") is not None and isinstance(truth[q.id], list):
