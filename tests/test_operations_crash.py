@@ -88,7 +88,9 @@ def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_mo
     final = llm.join(last, on="trial_key").filter(pl.col("trial_attempt") == pl.col("last"))
     assert final.height == 45 and final.select("trial_key", "call_index").n_unique() == 45
     earlier = llm.join(last, on="trial_key").filter(pl.col("trial_attempt") < pl.col("last"))
-    assert earlier.height <= 2 * 2  # at most 2 trials in flight, each answered at most twice
+    # at most 2 trials in flight at the kill: the hung one had at most 2 answers; the other may
+    # have had all 3 answered and been killed while writing its checkpoint
+    assert earlier["trial_key"].n_unique() <= 2 and earlier.height <= 2 + 3
     assert earlier.height == 0 or earlier["cost_usd"].min() > 0
     # paid (not a response-cache hit) = answered requests: all but the hung one (and at most
     # the other trial's request in flight at the kill)
