@@ -12,8 +12,8 @@ the item: the debugging round, the graph node, the expert turn; 0 otherwise.
   ``{"item_id": ..., "step": 0, "response": "..."}`` or, for Expert items,
   ``{"item_id": ..., "step": 0, "tool_calls": [{"name": ..., "arguments": {...}}]}``; lines
   without ``step`` are numbered in file order per item.
-- ``openai:<model>`` calls a chat model through the shared model layer :mod:`tasks.llm`, like
-  :mod:`tasks.text2sql`: the model is resolved in the models table (``data/models.yaml`` +
+- ``openai:<model>`` calls a chat model through the shared model layer :mod:`tasks.core.llm`, like
+  :mod:`tasks.text2sql.stage`: the model is resolved in the models table (``data/models.yaml`` +
   ``QUERYLAB_MODELS``: endpoint, key, USD prices), a model in no file runs at
   ``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY`` (:class:`schemas.settings.Settings`)
   with a null (unknown) cost; infra-only retries with backoff honouring ``Retry-After``
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from schemas.lifecycle import LifecycleConfig
 from schemas.settings import Settings
-from tasks import llm
+from tasks.core import llm
 
 __all__ = [
     "Agent",
@@ -165,8 +165,8 @@ def item_trial_index(item_id: str) -> int:
 
 
 class OpenAIAgent(Agent):
-    """A chat model through :class:`tasks.llm.ChatModel` (module docstring). ``cache``: the
-    shared :class:`tasks.llm.ResponseCache` (None: no cache). API failures after the shared
+    """A chat model through :class:`tasks.core.llm.ChatModel` (module docstring). ``cache``: the
+    shared :class:`tasks.core.llm.ResponseCache` (None: no cache). API failures after the shared
     retries come back as an :class:`AgentReply` with ``error`` set. Raises
     :class:`AgentConfigError` when the model cannot be resolved (no endpoint, missing key)."""
 

@@ -47,7 +47,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from tasks.spider import run_sqlite
+from tasks.text2sql.spider import run_sqlite
 
 __all__ = [
     "PERTURBATION_KINDS",

@@ -1,10 +1,10 @@
 """Item generation for every phase, from real schemas and queries (no LLM).
 
-Sources: the Spider dev databases (built into SQLite by :func:`tasks.spider.build_spider_databases`)
+Sources: the Spider dev databases (built into SQLite by :func:`tasks.text2sql.spider.build_spider_databases`)
 with the Spider dev questions (``dev.json``: question, gold SQL, db_id; the question id is its
 0-based position, as in the gold file), and Chinook (read by path, never copied). Text2SQL,
 progressive and debugging items share one seeded sample of questions whose gold query can be
-scored (it executes and reads no empty table — :func:`tasks.spider.score_execution_accuracy`
+scored (it executes and reads no empty table — :func:`tasks.text2sql.spider.score_execution_accuracy`
 status ``match``), so EX and G-EX are measured on the same questions.
 
 Per phase (:func:`generate_phase_items` returns the items and a manifest of what was dropped):
@@ -56,8 +56,8 @@ from tasks.lifecycle.variants import (
     translate_sql,
     variant_maps,
 )
-from tasks.result_match import has_top_level_order_by, results_match
-from tasks.spider import build_spider_databases, run_sqlite, score_execution_accuracy
+from tasks.scoring.result_match import has_top_level_order_by, results_match
+from tasks.text2sql.spider import build_spider_databases, run_sqlite, score_execution_accuracy
 
 __all__ = [
     "LifecycleSourceError",
@@ -116,7 +116,7 @@ def prepare_databases(
     Returns the databases manifest ``{"spider": {db_id: path}, "chinook": path or None,
     "variants": {db_id: {variant: path}}, "questions": path}``. Raises
     :class:`LifecycleSourceError` for a missing Chinook file or questions file,
-    :class:`tasks.spider.SpiderError` for a bad Spider directory."""
+    :class:`tasks.text2sql.spider.SpiderError` for a bad Spider directory."""
     out = Path(home)
     qpath = Path(questions_path)
     if not qpath.is_file():

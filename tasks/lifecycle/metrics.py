@@ -19,7 +19,7 @@ P2 Implementation — on the schema SQLite created from the model's DDL (0 when 
   counts when the created table matched to ``t`` has a field with a matching name and the same
   type class.
 
-P3 Operation — **EX** (execution accuracy, :func:`tasks.result_match.results_match`);
+P3 Operation — **EX** (execution accuracy, :func:`tasks.scoring.result_match.results_match`);
 **G-EX** = mean over graphs of node-level EX (:func:`graph_execution_accuracy`); UPDATE/DELETE
 by **state comparison** (:func:`table_digests`: every table's rows as a bag).
 P4 Debugging — EX of the corrected SQL, single-round and multi-round.
@@ -40,7 +40,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 from tasks.lifecycle.naming import match_names
 from tasks.lifecycle.schema import Schema, Table, type_class
-from tasks.result_match import normalize_value
+from tasks.scoring.result_match import normalize_value
 
 __all__ = [
     "assigner_scores",
@@ -204,7 +204,7 @@ def graph_execution_accuracy(node_ex: Sequence[Sequence[bool]]) -> float | None:
 
 def table_digests(conn: sqlite3.Connection) -> dict[str, str]:
     """``{table: SHA-256 of its rows as a bag}`` for every non-``sqlite_*`` table of ``conn``:
-    rows normalised with :func:`tasks.result_match.normalize_value` (1 = 1.0), sorted, then
+    rows normalised with :func:`tasks.scoring.result_match.normalize_value` (1 = 1.0), sorted, then
     hashed together with the column names — equal digests mean equal table contents whatever
     the row order."""
     out = {}

@@ -25,7 +25,7 @@ from prefect import task
 from schemas import lifecycle as schema
 from schemas.lifecycle import PHASES, LifecycleConfig
 from schemas.settings import Settings
-from tasks import storage
+from tasks.core import storage
 from tasks.lifecycle.agents import AgentConfigError, agent_label, check_agent_spec, make_agent
 from tasks.lifecycle.items import generate_phase_items, prepare_databases
 from tasks.lifecycle.rewrite import REWRITE_PHASES, rewrite_items, rewrite_label
@@ -39,7 +39,7 @@ from tasks.lifecycle.tables import (
     robustness_table,
     variant_cv_table,
 )
-from tasks.runs import batch_key, spec_fingerprint
+from tasks.core.runs import batch_key, spec_fingerprint
 
 __all__ = [
     "check_phases",
@@ -190,7 +190,7 @@ def plan_lifecycle_batches(
     replay file's content), the phase, the batch's items (every column, not only the ids) and
     the full ``config`` (:class:`LifecycleConfig`; the default when None): a re-run with the
     same inputs finds its finished batches, one with any of them changed (``debug_rounds``,
-    sampling, ...) runs again (:func:`tasks.runs.batch_key`). Raises ValueError for no models,
+    sampling, ...) runs again (:func:`tasks.core.runs.batch_key`). Raises ValueError for no models,
     a duplicate model label or ``batch_size < 1``; AgentConfigError for a bad model spec or an
     unreadable replay file."""
     if not models:
@@ -314,7 +314,7 @@ def combine_lifecycle_results(run_id: str, artifacts_root: str, batches: list[di
 
 
 def _markdown(df: pl.DataFrame) -> str:
-    from tasks.report import markdown_table
+    from tasks.report.stage import markdown_table
 
     return markdown_table(df)
 

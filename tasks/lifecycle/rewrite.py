@@ -6,7 +6,7 @@ Without a rewrite model nothing runs and the items are exactly the templated one
 ``openai:<model>`` every design/implementation item's requirements text — the design
 requirements (``context["requirements"]``, the ``Requirements:`` block of the prompt) or the
 structured design of an implementation prompt (:func:`tasks.lifecycle.design.describe_design`)
-— is paraphrased by the model through the shared model layer :mod:`tasks.llm` (models table,
+— is paraphrased by the model through the shared model layer :mod:`tasks.core.llm` (models table,
 retries, the response cache under ``<artifacts>/cache/llm`` keyed by the item and the
 conversation, USD prices) with :data:`REWRITE_SYSTEM_PROMPT`: it forbids adding or dropping
 entities, attributes or relationships; implementation texts must also keep every table and
@@ -28,7 +28,7 @@ import re
 
 from schemas.lifecycle import LifecycleConfig
 from schemas.settings import Settings
-from tasks import llm
+from tasks.core import llm
 from tasks.lifecycle.agents import AgentConfigError, item_trial_index
 from tasks.lifecycle.design import describe_design, design_prompt, implementation_prompt
 from tasks.lifecycle.schema import Schema

@@ -57,8 +57,8 @@ from tasks.lifecycle.schema import (
     parse_design,
     run_readonly,
 )
-from tasks.result_match import results_match
-from tasks.spider import run_sqlite
+from tasks.scoring.result_match import results_match
+from tasks.text2sql.spider import run_sqlite
 
 __all__ = [
     "SYSTEM_PROMPTS",
@@ -124,7 +124,7 @@ def db_path(databases: dict, db_id: str, variant: str = "original") -> Path:
 
 
 def _extract_sql(text: str | None) -> str:
-    from tasks.text2sql import extract_sql
+    from tasks.text2sql.stage import extract_sql
 
     return extract_sql(text)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.sqlite_guard import run_file_query
+from tasks.db.sqlite_guard import run_file_query
 
 __all__ = [
     "TYPE_CLASSES",
@@ -339,7 +339,7 @@ def run_script(conn: sqlite3.Connection, sql: str, timeout_ms: int = 10_000) -> 
 
 def run_readonly(path: str | Path, sql: str, timeout_ms: int = 10_000) -> list[tuple]:
     """All rows of one untrusted query on the SQLite file ``path``, opened read-only
-    (``mode=ro``), through the guarded executor (:mod:`tasks.sqlite_guard`): the authorizer
+    (``mode=ro``), through the guarded executor (:mod:`tasks.db.sqlite_guard`): the authorizer
     allows only reads (``ATTACH``/``DETACH`` — an ATTACH would create a file even on a
     read-only connection — writes, writes through a CTE, ``PRAGMA``, ``VACUUM`` are refused;
     ``load_extension`` is never enabled), the result is bounded in bytes and the query is

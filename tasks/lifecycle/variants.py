@@ -16,7 +16,7 @@ sqlglot (:func:`translate_sql`): table references are renamed, and every column 
 the table it belongs to (its qualifier's table, or the one table of its scope — or an enclosing
 scope — that has a column of that name). A translation is kept only when the translated gold
 query returns the same result on the variant as the gold query on the original
-(:func:`tasks.result_match.results_match`); questions failing that are left out of the variant
+(:func:`tasks.scoring.result_match.results_match`); questions failing that are left out of the variant
 comparison and counted.
 """
 

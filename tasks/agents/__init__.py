@@ -1,0 +1,1 @@
+"""Agents that answer a query: the ReAct data agent and its tools (list_db, query_db, execute_python, return_answer), tool-call protocols (native, json_schema), replay of recorded answers, and local GGUF models served by llama.cpp."""

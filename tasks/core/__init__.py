@@ -1,0 +1,1 @@
+"""Shared machinery of every suite: storage (local or S3), the model client and models table (llm), runs and their records, leases and stage status (runs), progress, concurrency limits, interrupts, Prefect task wrappers and task runners, safe text for terminals, file permissions."""

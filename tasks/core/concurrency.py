@@ -1,0 +1,147 @@
+"""Bounded concurrency of trials: one cap for a whole stage, one per model.
+
+``querylab run --max-concurrency N`` (default :data:`DEFAULT_MAX_CONCURRENCY`) bounds the
+trials in flight across the whole trials stage; a models-table entry's ``max_concurrency`` (a
+local model: its ``parallel`` slots) bounds the trials of that model in flight, whatever the
+stage's cap. Batch size is only the checkpoint / Parquet granularity: a batch runs its trials
+concurrently (:func:`tasks.trials.stage.run_batch`), each trial holding a slot of both caps while it
+runs.
+
+Where the slots live:
+
+- in one process (the default thread-pool task runner): :class:`Limiter`\\ s shared by every
+  batch thread of the process (:func:`limiter`);
+- on a Dask cluster (``QUERYLAB_TASK_RUNNER=dask`` / ``dask://host:8786``, see
+  :mod:`tasks.core.task_runners`): ``distributed.Semaphore``\\ s held by the scheduler, so the caps
+  span every worker process of the cluster (:func:`trial_slot` picks these when it runs inside
+  a Dask worker).
+
+A trial takes its model slot before its stage slot, so trials waiting for a busy model never
+hold stage slots other models' trials could use. Prefect global concurrency limits per model
+(``QUERYLAB_MODEL_LIMITS=prefect``, :class:`tasks.core.llm.ModelLimits`) stay available on top:
+they bound HTTP requests in flight across everything that shares the Prefect server.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+
+#: Trials in flight across a stage unless ``--max-concurrency`` says otherwise.
+DEFAULT_MAX_CONCURRENCY = 32
+
+
+class Limiter:
+    """A counting semaphore of ``limit`` slots that records how many are held (``in_use``)
+    and the most ever held at once (``peak``). Thread-safe."""
+
+    def __init__(self, limit: int):
+        if int(limit) < 1:
+            raise ValueError(f"a concurrency limit must be >= 1, got {limit}")
+        self.limit = int(limit)
+        self.in_use = 0
+        self.peak = 0
+        self._cond = threading.Condition()
+
+    def acquire(self) -> None:
+        """Wait for a free slot and take it."""
+        with self._cond:
+            while self.in_use >= self.limit:
+                self._cond.wait()
+            self.in_use += 1
+            self.peak = max(self.peak, self.in_use)
+
+    def release(self) -> None:
+        """Give a slot back (ValueError when none is held)."""
+        with self._cond:
+            if self.in_use <= 0:
+                raise ValueError("release() without acquire()")
+            self.in_use -= 1
+            self._cond.notify()
+
+
+_LIMITERS: dict[str, Limiter] = {}
+_LIMITERS_LOCK = threading.Lock()
+
+
+def limiter(name: str, limit: int) -> Limiter:
+    """This process's :class:`Limiter` called ``name`` with ``limit`` slots (created on first
+    use; the same name and limit always give the same object)."""
+    key = f"{name}#{int(limit)}"
+    with _LIMITERS_LOCK:
+        if key not in _LIMITERS:
+            _LIMITERS[key] = Limiter(limit)
+        return _LIMITERS[key]
+
+
+def stage_slot_name(run_id: str, stage: str = "trials") -> str:
+    """Name of the stage-wide cap of ``stage`` of run ``run_id``."""
+    return f"querylab-{stage}-{run_id}"
+
+
+def model_slot_name(model: str, base_url: str | None) -> str:
+    """Name of the per-model cap of ``model`` at ``base_url`` (shared by every run of the
+    process or cluster: the cap protects the endpoint)."""
+    return f"querylab-model-{model}@{base_url or '-'}"
+
+
+def in_dask_worker() -> bool:
+    """True inside a task running on a Dask worker (``distributed`` already imported and a
+    worker found); never imports ``distributed`` itself."""
+    if "distributed" not in sys.modules:
+        return False
+    try:
+        sys.modules["distributed"].get_worker()
+    except (ValueError, AttributeError):
+        return False
+    return True
+
+
+class _ClusterSlot:
+    """A ``distributed.Semaphore`` of the scheduler (slots shared by every worker)."""
+
+    def __init__(self, name: str, limit: int):
+        from distributed import Semaphore
+
+        self.sem = Semaphore(max_leases=int(limit), name=f"{name}#{int(limit)}")
+
+    def acquire(self) -> None:
+        self.sem.acquire()
+
+    def release(self) -> None:
+        self.sem.release()
+
+
+_CLUSTER_SLOTS: dict[str, _ClusterSlot] = {}
+
+
+def _slot(name: str, limit: int):
+    if not in_dask_worker():
+        return limiter(name, limit)
+    key = f"{name}#{int(limit)}"
+    with _LIMITERS_LOCK:
+        if key not in _CLUSTER_SLOTS:
+            _CLUSTER_SLOTS[key] = _ClusterSlot(name, limit)
+        return _CLUSTER_SLOTS[key]
+
+
+@contextmanager
+def trial_slot(
+    run_id: str, max_concurrency: int, model: str | None = None,
+    model_base_url: str | None = None, model_limit: int | None = None,
+) -> Iterator[None]:
+    """Hold one trial's slots for the block: the model's (when ``model_limit``), then the
+    stage's (``max_concurrency`` across the trials stage of ``run_id``). In-process
+    :class:`Limiter`\\ s, or the scheduler's semaphores inside a Dask worker. ValueError for a
+    limit below 1."""
+    slots = []
+    if model is not None and model_limit is not None:
+        slots.append(_slot(model_slot_name(model, model_base_url), model_limit))
+    slots.append(_slot(stage_slot_name(run_id), max_concurrency))
+    with ExitStack() as stack:
+        for s in slots:
+            s.acquire()
+            stack.callback(s.release)
+        yield

@@ -1,0 +1,918 @@
+"""Run records and stage bookkeeping: re-run any stage of a run from its run id alone.
+
+Layout under the artifact root (local path or ``s3://``, always through :mod:`tasks.core.storage`):
+
+- ``runs/<run_id>/run.json`` — :class:`schemas.runs.RunRecord`: the benchmark configuration
+  (datasets, agents, trials, batch size, agent options), the dataset manifests the datasets stage
+  produced, and the parameters of stand-alone stages (generation, equivalence, lifecycle).
+- ``runs/<run_id>/stages/<stage>.json`` — :class:`schemas.runs.StageStatus`: the latest attempt
+  of the stage (``running`` / ``completed`` / ``failed``), its error and outputs, and the
+  earlier attempts. Each stage writes only its own file.
+- ``runs/<run_id>/lease.json`` — who is running the run now (:func:`run_lease`): one process
+  per run id, so two ``querylab run`` / ``rerun`` of one id never both call (and pay) the model.
+
+Stages are idempotent on ``(run_id, stage, item)`` (trial batches, dataset versions, generation
+and equivalence batches skip finished work), so re-running a stage only does what is missing.
+:func:`gather` waits for every mapped item of a stage before failing, so one failed batch never
+throws away the work of the others, and names the failed items.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas.runs import (
+    BENCHMARK_STAGES,
+    RUN_RECORD_VERSION,
+    STAGES,
+    STANDALONE_REQUIRED,
+    BenchmarkConfig,
+    RunRecord,
+    StageAttempt,
+    StageStatus,
+    check_run_id,
+)
+from tasks.core import storage
+
+log = logging.getLogger("querylab.runs")
+
+#: Longest error message kept in a stage record (characters).
+MAX_ERROR_CHARS = 4000
+
+
+class RunError(ValueError):
+    """A run cannot be (re-)run as asked: bad run id, no run record, a stage without the
+    parameters it needs. The message names the run and what to do."""
+
+
+class LeaseHeld(RunError):
+    """Another live process is running this run id. ``holder``: its lease record (``host``,
+    ``pid``, ``since``, ``renewed_at``)."""
+
+    def __init__(self, run_id: str, uri: str, holder: dict):
+        self.run_id, self.uri, self.holder = run_id, uri, holder
+        super().__init__(
+            f"run {run_id!r} is already running: pid {holder.get('pid')} on host "
+            f"{holder.get('host')!r} holds its lease since {holder.get('since')} (last renewed "
+            f"{holder.get('renewed_at')}); wait for it to finish, or, if that process is gone "
+            f"for good, delete {uri}"
+        )
+
+
+class StageFailed(RuntimeError):
+    """Some items of a stage failed after every item was attempted.
+
+    ``failed``: ``[(item key, error message)]``; ``total``: items in the stage. The message
+    names each failed item (first line of its error) and how to re-run the stage."""
+
+    def __init__(self, run_id: str, stage: str, failed: list[tuple[str, str]], total: int):
+        self.run_id, self.stage, self.failed, self.total = run_id, stage, failed, total
+        lines = [f"{key}: {err.splitlines()[0] if err else '?'}" for key, err in failed]
+        super().__init__(
+            f"{stage}: {len(failed)} of {total} items failed in run {run_id!r} "
+            f"(the other {total - len(failed)} finished and are kept); failed: "
+            + "; ".join(lines)
+            + f". Re-run with `querylab rerun --run-id {run_id} --stage {stage}`."
+        )
+
+
+def now_iso() -> str:
+    """The current UTC time as ISO 8601 with seconds (``2025-01-31T12:00:00Z``)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_run_id() -> str:
+    """``YYYYmmdd-HHMMSS-xxxx`` (UTC time + 4 random hex digits), as ``querylab run`` makes."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
+
+
+def valid_run_id(run_id: str) -> str:
+    """:func:`schemas.runs.check_run_id` raising :class:`RunError`."""
+    try:
+        return check_run_id(run_id)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+
+
+def run_uri(artifacts_root: str, run_id: str) -> str:
+    """URI of ``runs/<run_id>/run.json``."""
+    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "run.json")
+
+
+def stage_uri(artifacts_root: str, run_id: str, stage: str) -> str:
+    """URI of ``runs/<run_id>/stages/<stage>.json``; RunError for an unknown stage."""
+    check_stage(stage)
+    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "stages", f"{stage}.json")
+
+
+def check_stage(stage: str) -> str:
+    """Return ``stage`` when it is one of :data:`schemas.runs.STAGES`; else RunError."""
+    if stage not in STAGES:
+        raise RunError(f"unknown stage {stage!r}; stages are {', '.join(STAGES)}")
+    return stage
+
+
+# --------------------------------------------------------------------------------------------
+# run.json
+# --------------------------------------------------------------------------------------------
+
+
+def _parse(model, data: Any, uri: str):
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "-"
+        raise RunError(f"{uri}: not a valid record: {loc}: {first['msg']}") from None
+
+
+def find_run(artifacts_root: str, run_id: str) -> RunRecord | None:
+    """The run record of ``run_id``, or None when the run has none. RunError for a record of
+    another major schema version or one that does not validate."""
+    uri = run_uri(artifacts_root, run_id)
+    if not storage.exists(uri):
+        return None
+    data = storage.read_json(uri)
+    version = str(data.get("schema_version", "")) if isinstance(data, dict) else ""
+    if version.split(".")[0] != RUN_RECORD_VERSION.split(".")[0]:
+        raise RunError(f"{uri}: run record schema_version {version!r}, expected "
+                       f"{RUN_RECORD_VERSION}")
+    return _parse(RunRecord, data, uri)
+
+
+def load_run(artifacts_root: str, run_id: str) -> RunRecord:
+    """The run record of ``run_id``; RunError naming the URI when there is none."""
+    record = find_run(artifacts_root, run_id)
+    if record is None:
+        hint = ""
+        if storage.exists(storage.join(artifacts_root, "runs", run_id, "trials", "trials.parquet")):
+            hint = (" The run has trials but no record (it predates run records): run it again "
+                    f"with `querylab run --run-id {run_id} ...` and the same options to record it.")
+        raise RunError(
+            f"no run {run_id!r} under {artifacts_root} (missing {run_uri(artifacts_root, run_id)})."
+            + hint
+        )
+    return record
+
+
+def save_run(artifacts_root: str, record: RunRecord) -> str:
+    """Write ``record`` (``updated_at`` set to now) atomically; returns its URI."""
+    record.updated_at = now_iso()
+    return storage.write_json(run_uri(artifacts_root, record.run_id), record.model_dump(mode="json"))
+
+
+def _new_record(run_id: str) -> RunRecord:
+    stamp = now_iso()
+    return RunRecord(run_id=valid_run_id(run_id), created_at=stamp, updated_at=stamp)
+
+
+def record_benchmark(
+    artifacts_root: str, run_id: str, config: BenchmarkConfig | dict
+) -> RunRecord:
+    """Create or update ``run.json`` with the benchmark configuration.
+
+    Re-using a run id with the same configuration changes nothing; with a different one the new
+    configuration replaces the old (a warning names the fields) and, when the datasets changed,
+    the recorded manifests are dropped (the datasets stage records new ones). RunError for a bad
+    configuration."""
+    try:
+        cfg = BenchmarkConfig.model_validate(
+            config.model_dump() if isinstance(config, BenchmarkConfig) else config
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "-"
+        raise RunError(f"run {run_id!r}: bad configuration: {loc}: {first['msg']}") from None
+    record = find_run(artifacts_root, run_id) or _new_record(run_id)
+    if record.benchmark == cfg and storage.exists(run_uri(artifacts_root, run_id)):
+        return record
+    if record.benchmark is not None:
+        old, new = record.benchmark.model_dump(), cfg.model_dump()
+        changed = sorted(k for k in new if old.get(k) != new[k])
+        log.warning("run %s: configuration changed (%s); the new one replaces it",
+                    run_id, ", ".join(changed))
+        if old["datasets"] != new["datasets"]:
+            record.manifests = []
+    record.benchmark = cfg
+    save_run(artifacts_root, record)
+    return record
+
+
+def record_manifests(artifacts_root: str, run_id: str, manifests: Sequence[str]) -> RunRecord:
+    """Record the dataset manifest URIs the datasets stage produced (in dataset order)."""
+    record = load_run(artifacts_root, run_id)
+    record.manifests = list(manifests)
+    save_run(artifacts_root, record)
+    return record
+
+
+def record_conditions(artifacts_root: str, run_id: str, conditions: dict[str, dict]) -> RunRecord:
+    """Record the condition each dataset's trials run under (dataset name → hints, effective
+    agent options, scoring rules; :func:`tasks.scoring.dab_rules.dataset_condition`)."""
+    record = load_run(artifacts_root, run_id)
+    record.conditions = dict(conditions)
+    save_run(artifacts_root, record)
+    return record
+
+
+def benchmark_config(artifacts_root: str, run_id: str) -> BenchmarkConfig:
+    """The run's benchmark configuration; RunError when the run has none (a stand-alone run)."""
+    record = load_run(artifacts_root, run_id)
+    if record.benchmark is None:
+        raise RunError(
+            f"run {run_id!r} has no benchmark configuration (it only ran "
+            f"{', '.join(record.stages) or 'no'} stages); start it with `querylab run --run-id "
+            f"{run_id}`"
+        )
+    return record.benchmark
+
+
+def run_manifests(artifacts_root: str, run_id: str) -> list[str]:
+    """The dataset manifests of the run; RunError when the datasets stage has not recorded any
+    or one of them is missing."""
+    record = load_run(artifacts_root, run_id)
+    if not record.manifests:
+        raise RunError(
+            f"run {run_id!r} has no dataset manifests yet: run its datasets stage first "
+            f"(`querylab rerun --run-id {run_id} --stage datasets`)"
+        )
+    missing = [u for u in record.manifests if not storage.exists(u)]
+    if missing:
+        raise RunError(
+            f"run {run_id!r}: dataset manifests missing: {missing}; re-run the datasets stage "
+            f"(`querylab rerun --run-id {run_id} --stage datasets`)"
+        )
+    return list(record.manifests)
+
+
+def resolve_stage_params(
+    artifacts_root: str, run_id: str, stage: str, given: dict[str, Any]
+) -> dict[str, Any]:
+    """Parameters of a stand-alone stage (generation, equivalence, lifecycle).
+
+    ``given`` (None values ignored) override and are recorded in ``run.json``; with nothing
+    given the recorded ones are used, so ``rerun --stage <stage>`` needs only the run id.
+    RunError naming the missing parameters when a required one is in neither."""
+    if stage not in STANDALONE_REQUIRED:
+        raise RunError(f"{stage!r} is not a stand-alone stage ({', '.join(STANDALONE_REQUIRED)})")
+    given = {k: v for k, v in given.items() if v is not None}
+    record = find_run(artifacts_root, run_id)
+    recorded = dict(record.stages.get(stage, {})) if record else {}
+    params = {**recorded, **given}
+    missing = [p for p in STANDALONE_REQUIRED[stage] if params.get(p) in (None, "", [])]
+    if missing:
+        raise RunError(
+            f"run {run_id!r}: the {stage} stage needs {', '.join(missing)} (none recorded in "
+            f"{run_uri(artifacts_root, run_id)}); pass them the first time the stage runs"
+        )
+    if record is None or params != recorded:
+        record = record or _new_record(run_id)
+        record.stages[stage] = params
+        save_run(artifacts_root, record)
+    return params
+
+
+def configured_stages(record: RunRecord) -> list[str]:
+    """The stages ``record`` has the configuration for, in DAG order."""
+    have = set(record.stages) | (set(BENCHMARK_STAGES) if record.benchmark else set())
+    return [s for s in STAGES if s in have]
+
+
+# --------------------------------------------------------------------------------------------
+# stages/<stage>.json
+# --------------------------------------------------------------------------------------------
+
+
+def stage_status(artifacts_root: str, run_id: str, stage: str) -> StageStatus | None:
+    """The latest attempt of ``stage`` in ``run_id`` (None when it never started)."""
+    uri = stage_uri(artifacts_root, run_id, stage)
+    if not storage.exists(uri):
+        return None
+    return _parse(StageStatus, storage.read_json(uri), uri)
+
+
+def stage_statuses(artifacts_root: str, run_id: str) -> dict[str, StageStatus]:
+    """Stage → latest attempt, for every stage of ``run_id`` that started (DAG order)."""
+    out = {}
+    for stage in STAGES:
+        status = stage_status(artifacts_root, run_id, stage)
+        if status is not None:
+            out[stage] = status
+    return out
+
+
+def fail_running_stages(artifacts_root: str, run_id: str, error: str) -> list[str]:
+    """Record every ``running`` stage of ``run_id`` as ``failed`` with ``error`` (a process
+    that is about to exit without unwinding, :mod:`tasks.core.interrupt`); returns their names."""
+    out = []
+    for stage, status in stage_statuses(artifacts_root, run_id).items():
+        if status.status == "running":
+            status.status, status.finished_at = "failed", now_iso()
+            status.error = error[:MAX_ERROR_CHARS]
+            storage.write_json(stage_uri(artifacts_root, run_id, stage),
+                               status.model_dump(mode="json"))
+            out.append(stage)
+    return out
+
+
+def pending_stages(artifacts_root: str, run_id: str) -> list[str]:
+    """The configured stages of the run that have not completed (failed, interrupted while
+    ``running``, or never started), in DAG order."""
+    record = load_run(artifacts_root, run_id)
+    statuses = stage_statuses(artifacts_root, run_id)
+    return [
+        s for s in configured_stages(record)
+        if s not in statuses or statuses[s].status != "completed"
+    ]
+
+
+def _flow_run_id() -> str | None:
+    import sys
+
+    if "prefect" not in sys.modules:  # not inside a flow run; do not import Prefect for nothing
+        return None
+    try:
+        from prefect.runtime import flow_run
+
+        value = flow_run.id
+        return str(value) if value else None
+    except Exception:  # noqa: BLE001 - bookkeeping must never fail a stage
+        return None
+
+
+class StageHandle:
+    """What :func:`stage_run` yields: put the stage's results in ``outputs``."""
+
+    def __init__(self, status: StageStatus):
+        self.status = status
+        self.outputs: dict[str, Any] = {}
+
+
+@contextmanager
+def stage_run(artifacts_root: str, run_id: str, stage: str) -> Iterator[StageHandle]:
+    """Record one attempt of ``stage``: ``running`` on entry, then ``completed`` with the
+    handle's ``outputs`` or ``failed`` with the exception's message (re-raised). The run's
+    lease (:func:`run_lease`) is held throughout; :class:`LeaseHeld` when another process
+    holds it.
+
+    A stage killed while running stays ``running``; the next attempt moves it to the history."""
+    with run_lease(artifacts_root, run_id):
+        with _stage_attempt(artifacts_root, run_id, stage) as handle:
+            yield handle
+
+
+@contextmanager
+def _stage_attempt(artifacts_root: str, run_id: str, stage: str) -> Iterator[StageHandle]:
+    uri = stage_uri(artifacts_root, run_id, stage)
+    previous = stage_status(artifacts_root, run_id, stage)
+    history = []
+    if previous is not None:
+        history = [*previous.history, StageAttempt(
+            attempt=previous.attempt, status=previous.status, started_at=previous.started_at,
+            finished_at=previous.finished_at, error=previous.error,
+        )]
+    status = StageStatus(
+        run_id=run_id, stage=stage, status="running",
+        attempt=(previous.attempt + 1) if previous else 1, started_at=now_iso(),
+        flow_run_id=_flow_run_id(), history=history,
+    )
+    storage.write_json(uri, status.model_dump(mode="json"))
+    handle = StageHandle(status)
+    try:
+        yield handle
+    except BaseException as exc:
+        status.status = "failed"
+        status.finished_at = now_iso()
+        status.error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]
+        try:
+            storage.write_json(uri, status.model_dump(mode="json"))
+        except Exception as write_exc:  # noqa: BLE001 - keep the stage's own error
+            log.error("could not record the failure of stage %s of run %s: %s",
+                      stage, run_id, write_exc)
+        raise
+    status.status = "completed"
+    status.finished_at = now_iso()
+    status.outputs = json.loads(json.dumps(handle.outputs, default=str))  # JSON-able, always
+    storage.write_json(uri, status.model_dump(mode="json"))
+
+
+# --------------------------------------------------------------------------------------------
+# Mapped items
+# --------------------------------------------------------------------------------------------
+
+
+def batch_key(label: str, index: int, material: Any) -> str:
+    """Key of one batch of a mapped stage: ``<label slug>-<index:04d>-<digest>``.
+
+    ``material``: everything the batch's output depends on, JSON-able — the items (their
+    content, not only their ids), the agent's fingerprint (:func:`spec_fingerprint`) and the
+    full stage configuration — so a re-run with any of them changed gets a new key and runs
+    again, while an unchanged one finds its finished batch. ``digest``: the first 10 hex digits
+    of SHA-256 over ``material`` as canonical JSON (sorted keys; other values via ``str``)."""
+    import hashlib
+    import re
+
+    text = json.dumps(material, sort_keys=True, default=str)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")[:60] or "x"
+    return f"{slug}-{index:04d}-{digest}"
+
+
+def spec_fingerprint(spec: str) -> str | None:
+    """What identifies an agent / generator spec beyond its name: for ``replay:<path>`` the
+    SHA-256 (hex) of the file's bytes, or of every file of a directory (relative path and
+    bytes, in path order); None for every other spec (``oracle``, models by name). Raises
+    OSError when the replay source cannot be read."""
+    import hashlib
+    from pathlib import Path
+
+    kind, _, arg = spec.partition(":")
+    if kind != "replay" or not arg:
+        return None
+    path, h = Path(arg), hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(str(f.relative_to(path)).encode() + b"\0")
+            h.update(hashlib.sha256(f.read_bytes()).digest())
+    else:
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def gather(futures: Sequence, keys: Sequence[str], run_id: str, stage: str) -> list:
+    """Wait for every Prefect future of a mapped stage, then return their results in order.
+
+    Unlike calling ``result()`` in a loop, no failure stops the wait: every item runs to its
+    end (so finished items are kept for the re-run), then :class:`StageFailed` names each
+    failed key with its error. ``keys``: one item key per future."""
+    from prefect.futures import wait
+
+    if len(futures) != len(keys):
+        raise ValueError(f"{len(futures)} futures but {len(keys)} keys")
+    wait(list(futures))
+    results, failed = [], []
+    for key, future in zip(keys, futures):
+        try:
+            results.append(future.result())
+        except Exception as exc:  # noqa: BLE001 - collected and reported below
+            failed.append((key, f"{type(exc).__name__}: {exc}"))
+    if failed:
+        for key, err in failed:
+            log.error("%s of run %s: item %s failed: %s", stage, run_id, key, err)
+        raise StageFailed(run_id, stage, failed, len(keys))
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# The run's lease
+# --------------------------------------------------------------------------------------------
+
+#: A lease not renewed for this long (seconds) is stale even when its holder's liveness cannot
+#: be checked (another host); holders renew every :data:`LEASE_RENEW_S`.
+LEASE_TTL_S = 300.0
+LEASE_RENEW_S = 60.0
+
+
+def lease_uri(artifacts_root: str, run_id: str) -> str:
+    """URI of ``runs/<run_id>/lease.json``."""
+    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "lease.json")
+
+
+def _process_started(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:  # noqa: BLE001 - no such process (or no psutil)
+        return None
+
+
+def _epoch(stamp: str | None) -> float:
+    try:
+        return datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def lease_is_stale(holder: dict, now: float | None = None) -> bool:
+    """True when the process named by a lease record is gone: on this host, its pid is dead
+    or belongs to a newer process (pid reuse); on another host, the lease was not renewed for
+    :data:`LEASE_TTL_S` seconds. An unreadable record is stale."""
+    now = time.time() if now is None else now
+    if not isinstance(holder, dict) or "pid" not in holder:
+        return True
+    if holder.get("host") == socket.gethostname():
+        started = _process_started(int(holder["pid"]))
+        recorded = holder.get("pid_started")
+        return started is None or (recorded is not None and abs(started - float(recorded)) > 1.0)
+    return now - _epoch(holder.get("renewed_at")) > LEASE_TTL_S
+
+
+class _Lease:
+    """A lease this process holds (re-entrant: nested :func:`run_lease` share it)."""
+
+    def __init__(self, root: str, run_id: str):
+        self.root, self.run_id, self.uri = root, run_id, lease_uri(root, run_id)
+        self.count = 0
+        self.etag: str | None = None
+        self.record = {
+            "run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(),
+            "pid_started": _process_started(os.getpid()), "since": now_iso(),
+            "renewed_at": now_iso(), "token": secrets.token_hex(16),
+        }
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- local ---------------------------------------------------------------------------
+    @contextmanager
+    def _flock(self):
+        import fcntl
+
+        from tasks.core.fsperm import private_dir
+
+        path = storage._local(self.uri)
+        private_dir(storage._local(self.root))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(".lease.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield path
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    def _read_local(self, path) -> dict | None:
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}
+
+    # -- S3 ------------------------------------------------------------------------------
+    def _s3_put(self, **cond) -> str | None:
+        """PUT the record with a condition (``IfNoneMatch='*'`` / ``IfMatch=etag``); its ETag,
+        or None when the condition failed (412/409)."""
+        from botocore.exceptions import ClientError
+
+        bucket, key = storage._split(self.uri)
+        body = json.dumps(self.record, indent=2, sort_keys=True).encode()
+        try:
+            resp = storage._s3().put_object(Bucket=bucket, Key=key, Body=body, **cond)
+        except ClientError as exc:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = exc.response.get("Error", {}).get("Code", "")
+            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return None
+            raise storage.StorageError(f"{self.uri}: lease write failed: {exc}") from exc
+        return resp.get("ETag")
+
+    def _s3_get(self) -> tuple[dict | None, str | None]:
+        from botocore.exceptions import ClientError
+
+        bucket, key = storage._split(self.uri)
+        try:
+            obj = storage._s3().get_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if storage._is_missing(exc):
+                return None, None
+            raise storage.StorageError(f"{self.uri}: lease read failed: {exc}") from exc
+        try:
+            return json.loads(obj["Body"].read()), obj.get("ETag")
+        except ValueError:
+            return {}, obj.get("ETag")
+
+    def _s3_confirm(self, etag: str | None) -> bool:
+        """Read-after-write: the stored lease is ours (a server that ignores conditional
+        writes lets the last writer win; both writers read back and one sees the other)."""
+        if etag is None:
+            return False
+        stored, _ = self._s3_get()
+        return bool(stored) and stored.get("token") == self.record["token"]
+
+    # -- acquire / renew / release -------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the lease or raise :class:`LeaseHeld` naming its live holder; a stale lease
+        (see :func:`lease_is_stale`) is taken over, with a warning."""
+        if storage.is_s3(self.uri):
+            etag = self._s3_put(IfNoneMatch="*")
+            if etag is None:
+                holder, old = self._s3_get()
+                if holder is not None and not lease_is_stale(holder):
+                    raise LeaseHeld(self.run_id, self.uri, holder)
+                log.warning("run %s: taking over the stale lease of pid %s on %s", self.run_id,
+                            (holder or {}).get("pid"), (holder or {}).get("host"))
+                etag = self._s3_put(IfMatch=old) if old else self._s3_put(IfNoneMatch="*")
+            if not self._s3_confirm(etag):
+                holder, _ = self._s3_get()
+                raise LeaseHeld(self.run_id, self.uri, holder or {})
+            self.etag = etag
+        else:
+            with self._flock() as path:
+                holder = self._read_local(path)
+                if holder is not None:
+                    if not lease_is_stale(holder):
+                        raise LeaseHeld(self.run_id, self.uri, holder)
+                    log.warning("run %s: taking over the stale lease of pid %s on %s since %s",
+                                self.run_id, holder.get("pid"), holder.get("host"),
+                                holder.get("since"))
+                storage.write_json(self.uri, self.record)
+        self._thread = threading.Thread(target=self._renew_loop, daemon=True,
+                                        name=f"lease-{self.run_id}")
+        self._thread.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(LEASE_RENEW_S):
+            try:
+                self.renew()
+            except Exception as exc:  # noqa: BLE001 - keep running; the lease may go stale
+                log.warning("run %s: could not renew its lease: %s", self.run_id, exc)
+
+    def renew(self) -> None:
+        """Record that the holder is alive (``renewed_at``), if the lease is still ours."""
+        self.record["renewed_at"] = now_iso()
+        if storage.is_s3(self.uri):
+            etag = self._s3_put(IfMatch=self.etag) if self.etag else None
+            if etag is None:
+                log.warning("run %s: its lease was taken over by another process", self.run_id)
+            self.etag = etag or self.etag
+            return
+        with self._flock() as path:
+            current = self._read_local(path)
+            if current and current.get("token") == self.record["token"]:
+                storage.write_json(self.uri, self.record)
+
+    def release(self) -> None:
+        """Stop renewing and remove the lease if it is still ours."""
+        self._stop.set()
+        if storage.is_s3(self.uri):
+            current, etag = self._s3_get()
+            if current and current.get("token") == self.record["token"]:
+                bucket, key = storage._split(self.uri)
+                storage._s3().delete_object(Bucket=bucket, Key=key)
+            return
+        with self._flock() as path:
+            current = self._read_local(path)
+            if current and current.get("token") == self.record["token"]:
+                path.unlink(missing_ok=True)
+
+
+_LEASES: dict[tuple[str, str], _Lease] = {}
+_LEASES_LOCK = threading.Lock()
+
+
+@contextmanager
+def run_lease(artifacts_root: str, run_id: str) -> Iterator[dict]:
+    """Hold the lease on ``run_id`` for the block: ``runs/<run_id>/lease.json`` names this
+    process (``host``, ``pid``, ``since``, renewed every :data:`LEASE_RENEW_S` s).
+
+    A second process asking for a live lease gets :class:`LeaseHeld` at once (the message
+    names the holder); a stale one (its process is dead, or on another host not renewed for
+    :data:`LEASE_TTL_S` s) is taken over. Re-entrant within a process (the CLI, the benchmark
+    flow and each stage take it; one lease is shared). Local roots: an ``flock``-guarded file
+    (the root is made ``0700``); S3: conditional PUT (``If-None-Match: *`` to create,
+    ``If-Match: <etag>`` to take over or renew) plus a read-back, so a server that ignores the
+    conditions still lets only one writer believe it won. Yields the lease record."""
+    key = (artifacts_root, valid_run_id(run_id))
+    with _LEASES_LOCK:
+        lease = _LEASES.get(key)
+        if lease is None:
+            lease = _Lease(artifacts_root, run_id)
+            lease.acquire()
+            _LEASES[key] = lease
+        lease.count += 1
+    try:
+        yield dict(lease.record)
+    finally:
+        with _LEASES_LOCK:
+            lease.count -= 1
+            last = lease.count == 0
+            if last:
+                _LEASES.pop(key, None)
+        if last:
+            try:
+                lease.release()
+            except Exception as exc:  # noqa: BLE001 - the lease goes stale with this process
+                log.warning("run %s: could not release its lease: %s", run_id, exc)
+
+
+# --------------------------------------------------------------------------------------------
+# Errored trials: a run with more than it allows fails, and says how to retry
+# --------------------------------------------------------------------------------------------
+
+
+class TrialsErrored(RuntimeError):
+    """Some agent's share of errored trials (``api_error`` / ``error``) is above what the run
+    allows.
+
+    ``summary``: the score step's summary (``trials``, ``errored``, ``error_share``,
+    ``errored_by_reason``, ``by_agent``); ``max_share``: the allowed share (per agent);
+    ``over``: agent → ``{"trials", "errored", "error_share"}`` of the agents above it;
+    ``result``: what the flow computed before failing (its report is written). The message
+    says how to retry."""
+
+    def __init__(self, run_id: str, summary: dict, max_share: float, result: Any = None,
+                 over: dict[str, dict] | None = None):
+        self.run_id, self.summary, self.max_share, self.result = run_id, summary, max_share, result
+        self.over = over or {}
+        reasons = ", ".join(f"{r} {n}" for r, n in summary.get("errored_by_reason", {}).items())
+        agents = "; ".join(f"{a}: {c['errored']} of {c['trials']} ({c['error_share']:.1%})"
+                           for a, c in self.over.items())
+        super().__init__(
+            f"run {run_id!r}: {summary['errored']} of {summary['trials']} trials errored "
+            f"({reasons or 'no reason recorded'}"
+            + (f"; above the allowed {max_share:.1%} per agent: {agents}" if agents else
+               f"; {summary['error_share']:.1%} > the allowed {max_share:.1%}")
+            + "); they have no verdict and are left out of the scores. Retry "
+            f"them with `querylab rerun --run-id {run_id} --retry-errors` (or allow them: "
+            "--max-error-share)" + (
+                f"; validator_error: a validator gave no verdict (its traceback is the "
+                f"score's reason): fix it, then `querylab rescore --run-id {run_id}`"
+                if "validator_error" in summary.get("errored_by_reason", {}) else "")
+        )
+
+
+def score_summary(artifacts_root: str, run_id: str) -> dict | None:
+    """The score step's ``score/summary.json`` of ``run_id`` (None when not scored)."""
+    uri = storage.join(artifacts_root, "runs", valid_run_id(run_id), "score", "summary.json")
+    return storage.read_json(uri) if storage.exists(uri) else None
+
+
+def errored_over(summary: dict, max_share: float) -> dict[str, dict]:
+    """Agent → its ``{"trials", "errored", "error_share"}`` for every agent of a score
+    ``summary`` whose share of errored trials is above ``max_share`` (the share is per agent;
+    a summary written before ``by_agent`` existed is judged as one agent, ``*``)."""
+    by_agent = summary.get("by_agent") or {"*": {k: summary[k] for k in
+                                                 ("trials", "errored", "error_share")}}
+    return {a: c for a, c in by_agent.items()
+            if c["errored"] and c["error_share"] > max_share + 1e-12}
+
+
+def check_error_share(
+    artifacts_root: str, run_id: str, max_share: float = 0.0, result: Any = None
+) -> dict:
+    """The run's score summary; :class:`TrialsErrored` when some agent's share of errored
+    trials exceeds ``max_share`` (RunError when the run has not been scored)."""
+    summary = score_summary(artifacts_root, run_id)
+    if summary is None:
+        raise RunError(f"run {run_id!r} has not been scored: `querylab rescore --run-id {run_id}`")
+    over = errored_over(summary, max_share)
+    if over:
+        raise TrialsErrored(run_id, summary, max_share, result, over)
+    return summary
+
+
+def preflight_uri(artifacts_root: str, run_id: str) -> str:
+    """URI of ``runs/<run_id>/preflight.json``: every preflight check made for the run."""
+    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "preflight.json")
+
+
+def record_preflight(artifacts_root: str, run_id: str, results: list) -> str | None:
+    """Append the preflight checks ``results`` (:class:`tasks.core.llm.PreflightResult`) made for
+    ``run_id`` to its ``preflight.json`` (one entry per check: ``at``, ``agent``,
+    ``model_id``, ``base_url``, ``ok``, ``problem``, ``requests``, ``prompt_tokens``,
+    ``completion_tokens``, ``cost_usd``, ``priced``): they are real, paid requests, counted in
+    the report's cost. Returns the URI (None when there was nothing to record)."""
+    if not results:
+        return None
+    uri = preflight_uri(artifacts_root, run_id)
+    entries = storage.read_json(uri) if storage.exists(uri) else []
+    at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for r in results:
+        entries.append({"at": at, "agent": r.agent, "model_id": r.model_id,
+                        "base_url": r.base_url, "ok": r.ok, "problem": r.problem,
+                        "requests": r.requests, "prompt_tokens": r.prompt_tokens,
+                        "completion_tokens": r.completion_tokens, "cost_usd": r.cost_usd,
+                        "priced": r.priced})
+    return storage.write_json(uri, entries)
+
+
+def preflight_checks(artifacts_root: str, run_id: str) -> list[dict]:
+    """The run's recorded preflight checks (:func:`record_preflight`; [] when none)."""
+    uri = preflight_uri(artifacts_root, run_id)
+    return storage.read_json(uri) if storage.exists(uri) else []
+
+
+# --------------------------------------------------------------------------------------------
+# The list of runs
+# --------------------------------------------------------------------------------------------
+
+
+def _run_status(record: RunRecord, statuses: dict[str, StageStatus],
+                summary: dict | None = None) -> str:
+    """``completed`` (every configured stage), ``errored`` (every stage completed but some
+    agent's share of errored trials in ``summary`` is above the run's ``max_error_share``:
+    the run exits non-zero), ``interrupted`` (a stage failed because the run was stopped by a
+    signal), ``failed`` / ``running`` (some stage is), ``partial`` (some stage never ran),
+    ``empty``."""
+    configured = configured_stages(record)
+    if not configured:
+        return "empty"
+    states = [statuses[s].status if s in statuses else "pending" for s in configured]
+    if any(was_interrupted(statuses[s]) for s in configured if s in statuses):
+        return "interrupted"
+    for state in ("failed", "running"):
+        if state in states:
+            return state
+    if not all(s == "completed" for s in states):
+        return "partial"
+    allowed = record.benchmark.max_error_share if record.benchmark else 0.0
+    return "errored" if summary and errored_over(summary, allowed) else "completed"
+
+
+def was_interrupted(status: StageStatus) -> bool:
+    """True for a stage that failed because the run was stopped (Ctrl-C / SIGTERM:
+    :class:`tasks.core.interrupt.RunInterrupted`), not because something went wrong."""
+    return status.status == "failed" and "interrupted (SIG" in (status.error or "")
+
+
+def lease_alive(artifacts_root: str, run_id: str) -> bool:
+    """True when a live process holds the run's lease (see :func:`lease_is_stale`)."""
+    uri = lease_uri(artifacts_root, run_id)
+    try:
+        return storage.exists(uri) and not lease_is_stale(storage.read_json(uri))
+    except Exception:  # noqa: BLE001 - an unreadable lease holds nothing
+        return False
+
+
+def unsafe_agents(artifacts_root: str, run_id: str) -> dict[str, list[str]]:
+    """Agent → the sandbox mechanisms it ran without, for the LLM agents of the run that ran
+    with ``--unsafe-sandbox`` on a machine missing some (from ``trials/agents.json``)."""
+    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
+    try:
+        described = storage.read_json(uri) if storage.exists(uri) else []
+    except Exception:  # noqa: BLE001 - no record, nothing to mark
+        return {}
+    return {d["agent"]: list(d["sandbox"].get("missing") or []) for d in described
+            if (d.get("sandbox") or {}).get("unsafe_sandbox") and d["sandbox"].get("missing")}
+
+
+def list_runs(artifacts_root: str) -> list[dict]:
+    """Every run under the artifact root with a run record, newest first: ``{"run_id",
+    "created_at", "updated_at", "agents", "datasets", "stages", "status", "trials",
+    "errored", "pass_at_1": {agent: value}, "unsafe_sandbox": {agent: missing}}`` (status:
+    see :func:`_run_status`, ``errored`` when more trials errored than the run allows,
+    ``interrupted`` when a stage is recorded running but no live process holds the lease;
+    trials/errored from the score summary, pass@1 —
+    mean over queries — from the report's ``pass_at_k_summary.parquet``; None when missing). A
+    record that cannot be read is listed with ``status`` ``unreadable``."""
+    out = []
+    for run_id in storage.list_dirs(storage.join(artifacts_root, "runs")):
+        try:
+            valid_run_id(run_id)
+            record = find_run(artifacts_root, run_id)
+        except RunError as exc:
+            out.append({"run_id": run_id, "created_at": "", "updated_at": "", "agents": [],
+                        "datasets": [], "stages": [], "status": "unreadable", "trials": None,
+                        "errored": None, "pass_at_1": {}, "error": str(exc)})
+            continue
+        if record is None:
+            continue
+        statuses = stage_statuses(artifacts_root, run_id)
+        summary = score_summary(artifacts_root, run_id) or {}
+        b = record.benchmark
+        out.append({
+            "run_id": run_id,
+            "created_at": record.created_at,
+            "updated_at": record.updated_at,
+            "agents": list(b.agents) if b else list(record.stages.get("lifecycle", {}).get("models", [])),
+            "datasets": list(b.datasets) if b else [],
+            "stages": configured_stages(record),
+            # a "running" stage nobody runs any more (its process was killed)
+            "status": ("interrupted" if _run_status(record, statuses, summary) == "running"
+                       and not lease_alive(artifacts_root, run_id)
+                       else _run_status(record, statuses, summary)),
+            "unsafe_sandbox": unsafe_agents(artifacts_root, run_id),
+            "trials": summary.get("trials"),
+            "errored": summary.get("errored"),
+            "pass_at_1": _pass_at_1(artifacts_root, run_id),
+        })
+    return sorted(out, key=lambda r: (r["created_at"], r["run_id"]), reverse=True)
+
+
+def _pass_at_1(artifacts_root: str, run_id: str) -> dict[str, float | None]:
+    uri = storage.join(artifacts_root, "runs", run_id, "report", "pass_at_k_summary.parquet")
+    if not storage.exists(uri):
+        return {}
+    import io
+
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(io.BytesIO(storage.read_bytes(uri))).read(
+        columns=["agent", "dataset", "k", "pass_at_k"])
+    out: dict[str, float | None] = {}
+    for row in table.to_pylist():
+        if row["k"] == 1 and row["dataset"] == "ALL (queries)":
+            out[row["agent"]] = row["pass_at_k"]
+    return out

@@ -1,0 +1,1 @@
+"""Datasets: specs (data/<name>.yaml) and their checks, the deterministic build (canonical tables, ground truth, perturbations, placement), the catalogue, and DAB-format import (folders, PostgreSQL dumps, streamed tables)."""

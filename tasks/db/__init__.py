@@ -1,0 +1,1 @@
+"""Databases agents and scorers query: the read-only guards (one guarded SQLite executor), one adapter per engine (SQLite, DuckDB, PostgreSQL, MongoDB), the embedded PostgreSQL server and its roles, scratch databases, bulk loaders, the out-of-process query worker and materialising a built dataset into its engines."""

@@ -1,0 +1,475 @@
+"""Deterministic failure-mode classifier (DAB's taxonomy FM1–FM5) over incorrect trials.
+
+DAB's authors labelled failure modes by hand; querylab labels every incorrect trial by the rules
+below, in this order (the first that fires wins). Correct trials get no label, errored trials
+(``api_error`` / ``error``: infrastructure or harness failures, verdict ``errored``) get none
+either — they are not the agent's failures and are counted beside the table — and labelling
+never changes a denominator: every incorrect trial gets exactly one mode.
+
+FM5 runtime — the trial stopped for a runtime reason: its ``terminate_reason`` is one of
+    :data:`RUNTIME_REASONS` (``max_iterations``, ``max_wall_time``,
+    ``max_tool_calls_per_turn``, ``token_budget``, ``context_window``, ...) or matches
+    :data:`RUNTIME_REASON_PATTERN` (``error``, ``timeout``, ``limit``, ``budget``, ``max_``,
+    ``exceeded``), or it has no answer and an ``error`` message. Rule ``runtime_stop`` /
+    ``runtime_error``.
+FM1 other — the answer came without any data tool call (no ``list_db`` / ``query_db`` /
+    ``execute_python`` in the trajectory; rule ``no_data_tool_call``, or
+    ``replay_no_trajectory`` for a replayed answer file that records no trajectory), the
+    answer is missing or
+    blank (``no_answer``), or the query's requirements are unknown because no dataset manifest
+    for it was found (``requirements_unknown``), so FM2–FM4 cannot be told apart.
+FM3 wrong data source — a source the query requires (``requires.sources`` in the dataset
+    spec, ``"<database>.<table or collection>"``) was never touched: no ``query_db`` call on
+    that database referenced it (rule ``source_not_touched``; ``missing_sources`` lists them).
+    A call touches a SQL table when the table name follows ``FROM`` / ``JOIN`` or a comma in a
+    ``FROM`` list (schema qualifiers and quotes ignored, case-insensitive), and a MongoDB
+    collection when it is the query's ``"collection"`` or a ``$lookup`` ``"from"``. Attempts
+    count even when the call failed: choosing the right source is what FM3 is about.
+FM4 wrong implementation — every required source was touched and every required operation
+    with a trajectory signature is evident (below), yet the answer is wrong (rule
+    ``operations_evident``).
+FM2 wrong plan — otherwise: every source was touched but a required operation left no trace
+    (rule ``operation_missing``; ``missing_operations`` lists them).
+
+Operation evidence (``requires.operations``; per-call signals from :mod:`tasks.report.tool_use`):
+
+- ``join_reformatted_key``: ``query_db`` on at least two distinct databases **and** a key
+  reformatting construct somewhere in the trajectory (Python string surgery such as
+  ``.split(`` / slicing / ``int(``, SQL string functions such as ``split_part`` /
+  ``substr`` / ``||`` / ``CAST``, MongoDB ``$substr`` / ``$toInt`` / ``$concat``).
+- ``extract_from_text``: any extraction method — a pattern match in a query (SQL ``LIKE`` /
+  regexp, MongoDB ``$regex``), a regex or a string search in Python, or a model call.
+- ``use_adjusted_close``: ``adj_close`` (or "adjusted close") in a query or Python code.
+- ``domain_knowledge`` and any operation without a rule here: no trajectory signature; they are
+  never counted as missing (so they cannot turn FM4 into FM2) and are reported as unchecked.
+
+Everything is vectorised Polars; the only Python loops run over manifests and queries.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from schemas.report import ALL, FAILURE_MODES
+from tasks.report.metrics import with_verdicts
+from tasks.report.tool_use import (
+    EXTRACTION_METHODS,
+    ascii_regex,
+    call_features,
+    trial_id_expr,
+    trial_tool_stats,
+)
+
+#: Terminate reasons that are runtime failures (FM5).
+RUNTIME_REASONS = (
+    "api_error",
+    "error",
+    "max_iterations",
+    "max_tool_calls_per_turn",
+    "context_window",
+    "timeout",
+    "wall_time",
+    "max_wall_time",
+    "time_limit",
+    "max_tool_calls",
+    "tool_call_limit",
+    "token_budget",
+    "token_limit",
+    "context_length",
+    "context_limit",
+    "max_tokens",
+    "budget_exceeded",
+)
+#: Any other terminate reason matching this (case-insensitive) is a runtime failure too.
+RUNTIME_REASON_PATTERN = r"(?i)error|timeout|timed_out|limit|budget|max_|exceeded"
+
+#: Operations whose presence can be checked in a trajectory (see the module docstring).
+CHECKED_OPERATIONS = ("join_reformatted_key", "extract_from_text", "use_adjusted_close")
+
+RULES = {
+    "runtime_stop": "FM5",
+    "runtime_error": "FM5",
+    "no_data_tool_call": "FM1",
+    "replay_no_trajectory": "FM1",
+    "no_answer": "FM1",
+    "requirements_unknown": "FM1",
+    "source_not_touched": "FM3",
+    "operations_evident": "FM4",
+    "operation_missing": "FM2",
+}
+
+_SQL_FROM = (
+    r"(?i)\b(?:from|join)\s+[^\s,()]+(?:\s+(?:as\s+)?\w+)?"
+    r"(?:\s*,\s*[^\s,()]+(?:\s+(?:as\s+)?\w+)?)*"
+)
+#: The table name of one ``FROM``/``JOIN`` item: keyword, schema qualifiers and quotes dropped.
+_SQL_NAME = r'^\s*(?:(?i:from|join)\s+)?(?:[^\s.]+\.)*["`]?([^\s."`]+)'
+_MONGO_SOURCE = r'"(?:collection|from)"\s*:\s*"[^"]+"'
+
+REQUIREMENTS_SCHEMA = {
+    "dataset": pl.String,
+    "query_id": pl.String,
+    "sources": pl.List(pl.String),
+    "operations": pl.List(pl.String),
+}
+
+
+class RequirementsError(ValueError):
+    """A manifest's ``requires`` annotation is malformed (the message names dataset and query)."""
+
+
+def requirements_from_manifests(manifests: list[dict]) -> pl.DataFrame:
+    """One row per (dataset, query_id) with its required ``sources`` (``"<db>.<table>"``) and
+    ``operations``, from dataset manifests (``queries[].requires``).
+
+    A query without ``requires`` is left out (its incorrect trials become FM1
+    ``requirements_unknown``); when a dataset's manifest is given twice, the first wins. Raises RequirementsError for a source not written
+    ``"<db>.<table>"`` or naming a database the manifest does not have.
+    """
+    rows = []
+    for m in manifests:
+        dbs = set(m.get("databases", {}))
+        for q in m.get("queries", []):
+            req = q.get("requires")
+            if not req:
+                continue
+            for s in req.get("sources", []):
+                db, _, table = str(s).partition(".")
+                if not db or not table:
+                    raise RequirementsError(
+                        f"{m['name']}/{q['id']}: requires.sources entry {s!r} is not '<db>.<table>'"
+                    )
+                if dbs and db not in dbs:
+                    raise RequirementsError(
+                        f"{m['name']}/{q['id']}: requires.sources {s!r} names database {db!r}, "
+                        f"not one of {sorted(dbs)}"
+                    )
+            rows.append(
+                {
+                    "dataset": m["name"],
+                    "query_id": q["id"],
+                    "sources": list(req.get("sources", [])),
+                    "operations": list(req.get("operations", [])),
+                }
+            )
+    return pl.DataFrame(rows, schema=REQUIREMENTS_SCHEMA).unique(
+        subset=["dataset", "query_id"], keep="first", maintain_order=True
+    )
+
+
+def touched_sources(features: pl.LazyFrame) -> pl.LazyFrame:
+    """Distinct (tid, source) pairs a trajectory touched with ``query_db``, ``source`` as
+    ``"<db>.<table>"`` (table lower-cased for SQL). Input: :func:`tasks.report.tool_use.call_features`
+    output with a ``tid`` column. One regex extraction pass per call, whatever the number of
+    tables; see the module docstring for what counts as touching."""
+    q = features.filter(pl.col("tool") == "query_db", pl.col("db").is_not_null())
+    sql = (
+        q.filter(~pl.col("is_mongo"))
+        .select("tid", "db", pl.col("sql").str.extract_all(ascii_regex(_SQL_FROM)).alias("ref"))
+        .explode("ref")
+        .drop_nulls("ref")
+        .with_columns(pl.col("ref").str.split(","))
+        .explode("ref")
+        .with_columns(pl.col("ref").str.extract(_SQL_NAME, 1).str.to_lowercase())
+    )
+    mongo = (
+        q.filter(pl.col("is_mongo"))
+        .select("tid", "db", pl.col("query").str.extract_all(_MONGO_SOURCE).alias("ref"))
+        .explode("ref")
+        .drop_nulls("ref")
+        .with_columns(pl.col("ref").str.extract(r'"([^"]+)"\s*$', 1))
+    )
+    return (
+        pl.concat([sql, mongo])
+        .drop_nulls("ref")
+        .select("tid", (pl.col("db") + "." + pl.col("ref")).alias("source"))
+        .unique()
+    )
+
+
+def _evidence(stats: pl.LazyFrame) -> pl.LazyFrame:
+    """(tid, operation) pairs with evidence, from :func:`trial_tool_stats` output."""
+    ev = stats.select(
+        "tid",
+        ((pl.col("query_dbs") >= 2) & pl.col("key_reformat")).alias("join_reformatted_key"),
+        pl.any_horizontal(*EXTRACTION_METHODS).alias("extract_from_text"),
+        pl.col("adj_close").alias("use_adjusted_close"),
+    )
+    return (
+        ev.unpivot(index="tid", variable_name="operation", value_name="evident")
+        .filter(pl.col("evident"))
+        .select("tid", "operation")
+    )
+
+
+#: Tool calls parsed per slice by the classifier: bounds its memory (about 200 bytes a call)
+#: whatever the size of the run.
+CALLS_PER_SLICE = 2_000_000
+
+_FM_FEATURES = (*EXTRACTION_METHODS, "key_reformat", "adj_close")
+
+
+def _trajectory_evidence(
+    tool_calls: pl.LazyFrame, tid: pl.Expr, bad: pl.DataFrame, codes: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The incorrect trials' per-trial stats (:func:`trial_tool_stats` with ``query_dbs``,
+    one row per ``tid`` with calls) and touched (tid, sid) pairs (``codes``: normalised
+    ``source`` → ``sid``).
+
+    ``tool_calls`` (possibly a scanned artifact, never loaded whole) is read
+    :data:`CALLS_PER_SLICE` rows at a time; each slice keeps the calls of the trials in ``bad``
+    and is parsed eagerly (:func:`call_features`, both cores); the slices' partial results are
+    merged (sums, any-ofs, distinct databases and pairs), so a trial whose calls straddle two
+    slices gets the same figures as in one pass."""
+    lf = tool_calls.select("trial_key", "turn", "tool", "arguments", "success")
+    n = lf.select(pl.len()).collect().item()
+    parts, dbs, touched = [], [], []
+    for offset in range(0, n, CALLS_PER_SLICE):
+        calls = (
+            lf.slice(offset, CALLS_PER_SLICE)
+            .with_columns(tid)
+            .join(bad.lazy(), on="tid", how="semi")
+            .drop("trial_key")
+            .collect(engine="streaming")
+        )
+        features = call_features(calls, _FM_FEATURES, with_db=True).lazy()
+        del calls
+        st, db, pairs = pl.collect_all(
+            [
+                trial_tool_stats(features, per_turn=False),
+                features.filter(pl.col("tool") == "query_db", pl.col("db").is_not_null())
+                .select("tid", "db")
+                .unique(),
+                touched_sources(features).join(codes.lazy(), on="source").select("tid", "sid"),
+            ]
+        )
+        parts.append(st)
+        dbs.append(db)
+        touched.append(pairs)
+        del features
+    empty = trial_tool_stats(
+        call_features(pl.DataFrame(schema=lf.collect_schema()).with_columns(tid).drop("trial_key"),
+                      _FM_FEATURES, with_db=True).lazy(),
+        per_turn=False,
+    ).collect()
+    stats = pl.concat([empty, *parts])
+    flags = [c for c in stats.columns if stats.schema[c] == pl.Boolean]
+    sums = [c for c in stats.columns if c != "tid" and c not in flags]
+    query_dbs = (
+        pl.concat([pl.DataFrame(schema={"tid": stats.schema["tid"], "db": pl.String}), *dbs])
+        .unique()
+        .group_by("tid")
+        .agg(pl.len().cast(pl.Int64).alias("query_dbs"))
+    )
+    stats = (
+        stats.group_by("tid")
+        .agg(*[pl.col(c).sum() for c in sums], *[pl.col(c).any() for c in flags])
+        .join(query_dbs, on="tid", how="left")
+        .with_columns(pl.col("query_dbs").fill_null(0))
+    )
+    pairs = pl.concat(
+        [pl.DataFrame(schema={"tid": stats.schema["tid"], "sid": pl.UInt32}), *touched]
+    ).unique()
+    return stats, pairs
+
+
+def classify_failures(
+    trials: pl.DataFrame,
+    tool_calls: pl.DataFrame | pl.LazyFrame,
+    requirements: pl.DataFrame | None = None,
+) -> pl.DataFrame:
+    """Label every incorrect trial with FM1–FM5 by the rules of this module.
+
+    ``trials``: scored trials — ``TRIALS`` columns (run_id, trial_key, agent, dataset,
+    query_id, trial, answer, terminate_reason, error) with ``verdict`` (or ``is_correct``);
+    only ``incorrect`` ones are labelled, errored ones never. ``tool_calls``: ``TOOL_CALLS`` rows (any
+    superset; only the incorrect trials' calls are read). ``requirements``: output of
+    :func:`requirements_from_manifests`; None or a missing query makes its trials FM1
+    ``requirements_unknown`` unless FM5/FM1 fired first. Returns the
+    ``schemas.report.FAILURE_LABELS`` columns, one row per incorrect trial, sorted by
+    trial_key; ``missing_sources`` / ``missing_operations`` are sorted lists (empty when none)
+    and are filled for every incorrect trial, whatever its mode.
+    """
+    need = [
+        "run_id",
+        "trial_key",
+        "agent",
+        "dataset",
+        "query_id",
+        "trial",
+        "answer",
+        "terminate_reason",
+        "error",
+    ]
+    missing = [c for c in need if c not in trials.columns]
+    if missing:
+        raise ValueError(f"classify_failures needs trial columns {missing}")
+    trials = with_verdicts(trials)
+    if requirements is None:
+        requirements = pl.DataFrame(schema=REQUIREMENTS_SCHEMA)
+    tid = trial_id_expr(trials)
+    bad = (
+        trials.lazy()
+        .filter(pl.col("verdict") == "incorrect")
+        .select(*need)
+        .with_columns(tid)
+        .join(
+            requirements.lazy().select("dataset", "query_id").with_row_index("qid"),
+            on=["dataset", "query_id"],
+            how="left",
+        )
+        .collect()
+    )
+
+    # required sources and operations per query, as small integer-coded tables
+    req = requirements.with_row_index("qid")
+    req_src = (
+        req.select("qid", pl.col("sources").alias("source"))
+        .explode("source")
+        .drop_nulls("source")
+        .unique()
+    )
+    parts = pl.col("source").str.split_exact(".", 1)
+    codes = (
+        req_src.select("source")
+        .unique()
+        .sort("source")
+        .with_row_index("sid")
+        .with_columns(
+            (
+                parts.struct.field("field_0")
+                + "."
+                + parts.struct.field("field_1").str.to_lowercase()
+            ).alias("norm")
+        )
+    )
+    req_src = req_src.join(codes.select("source", "sid"), on="source").select("qid", "sid")
+    op_enum = pl.Enum(CHECKED_OPERATIONS)
+    req_ops = (
+        req.select("qid", pl.col("operations").alias("operation"))
+        .explode("operation")
+        .filter(pl.col("operation").is_in(CHECKED_OPERATIONS))
+        .unique()
+        .with_columns(pl.col("operation").cast(op_enum))
+    )
+
+    stats, touched = _trajectory_evidence(
+        tool_calls.lazy(), tid, bad.select("tid"), codes.select(pl.col("norm").alias("source"), "sid")
+    )
+    need_src = bad.select("tid", "qid").join(req_src, on="qid")
+    missing_src = (
+        need_src.join(touched, on=["tid", "sid"], how="anti")
+        .join(codes.select("sid", "source"), on="sid")
+        .group_by("tid")
+        .agg(pl.col("source").sort().alias("missing_sources"))
+    )
+    need_ops = bad.select("tid", "qid").join(req_ops, on="qid")
+    missing_ops = (
+        need_ops.join(
+            _evidence(stats.lazy()).with_columns(pl.col("operation").cast(op_enum)).collect(),
+            on=["tid", "operation"],
+            how="anti",
+        )
+        .group_by("tid")
+        .agg(pl.col("operation").cast(pl.String).sort().alias("missing_operations"))
+    )
+    empty = pl.lit([], dtype=pl.List(pl.String))
+    lf = (
+        bad.lazy()
+        .join(stats.lazy().select("tid", "data_calls"), on="tid", how="left")
+        .join(missing_src.lazy(), on="tid", how="left")
+        .join(missing_ops.lazy(), on="tid", how="left")
+        .with_columns(
+            pl.col("data_calls").fill_null(0),
+            pl.col("qid").is_not_null().alias("known"),
+            pl.col("missing_sources").fill_null(empty),
+            pl.col("missing_operations").fill_null(empty),
+        )
+    )
+    reason = pl.col("terminate_reason")
+    runtime_reason = reason.is_in(RUNTIME_REASONS) | reason.str.contains(RUNTIME_REASON_PATTERN)
+    no_answer = pl.col("answer").is_null() | (pl.col("answer").str.strip_chars() == "")
+    rule = (
+        pl.when(runtime_reason)
+        .then(pl.lit("runtime_stop"))
+        .when(no_answer & pl.col("error").is_not_null())
+        .then(pl.lit("runtime_error"))
+        .when((reason == "replay") & (pl.col("data_calls") == 0))
+        .then(pl.lit("replay_no_trajectory"))
+        .when(pl.col("data_calls") == 0)
+        .then(pl.lit("no_data_tool_call"))
+        .when(no_answer)
+        .then(pl.lit("no_answer"))
+        .when(~pl.col("known"))
+        .then(pl.lit("requirements_unknown"))
+        .when(pl.col("missing_sources").list.len() > 0)
+        .then(pl.lit("source_not_touched"))
+        .when(pl.col("missing_operations").list.len() == 0)
+        .then(pl.lit("operations_evident"))
+        .otherwise(pl.lit("operation_missing"))
+    )
+    mode = rule.replace_strict(RULES, return_dtype=pl.String)
+    out = lf.with_columns(rule.alias("rule"), mode.alias("failure_mode")).select(
+        "run_id",
+        "trial_key",
+        "agent",
+        "dataset",
+        "query_id",
+        pl.col("trial").cast(pl.Int32),
+        "terminate_reason",
+        "failure_mode",
+        "rule",
+        "missing_sources",
+        "missing_operations",
+    )
+    return out.collect().sort("trial_key")
+
+
+def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+    """Failure-mode counts per (agent, dataset) and per agent (``dataset == "ALL"``).
+
+    ``trials`` (agent, dataset, trial_key, ``verdict`` or ``is_correct``) gives ``trials``
+    (scored), ``errored`` (beside them) and ``incorrect``;
+    ``labels`` (:func:`classify_failures` output) gives one count column per mode FM1–FM5
+    and ``FM<i>_share`` = count / incorrect (null without incorrect trials). Raises
+    ValueError when labels and incorrect trials disagree (a label per incorrect trial is the
+    invariant that keeps denominators unchanged). Returns ``schemas.report.FAILURE_MODE_TABLE``
+    columns.
+    """
+    trials = with_verdicts(trials)
+    verdict = pl.col("verdict")
+    n_bad = int((trials["verdict"] == "incorrect").sum())
+    if labels.height != n_bad or labels["trial_key"].n_unique() != labels.height:
+        raise ValueError(
+            f"{labels.height} failure labels for {n_bad} incorrect trials: every incorrect trial "
+            "needs exactly one label"
+        )
+    base_aggs = [
+        (verdict != "errored").sum().cast(pl.Int64).alias("trials"),
+        (verdict == "errored").sum().cast(pl.Int64).alias("errored"),
+        (verdict == "incorrect").sum().cast(pl.Int64).alias("incorrect"),
+    ]
+    mode_aggs = [(pl.col("failure_mode") == m).sum().cast(pl.Int64).alias(m) for m in FAILURE_MODES]
+    frames = []
+    for keys, label in ((["agent", "dataset"], None), (["agent"], ALL)):
+        base = trials.group_by(keys).agg(base_aggs)
+        modes = labels.group_by(keys).agg(mode_aggs)
+        t = base.join(modes, on=keys, how="left").with_columns(
+            *[pl.col(m).fill_null(0) for m in FAILURE_MODES]
+        )
+        if label is not None:
+            t = t.with_columns(pl.lit(label).alias("dataset"))
+        frames.append(t)
+    cols = ["agent", "dataset", "trials", "errored", "incorrect", *FAILURE_MODES]
+    out = pl.concat([f.select(cols) for f in frames])
+    denom = pl.when(pl.col("incorrect") > 0).then(pl.col("incorrect"))
+    return out.with_columns(*[(pl.col(m) / denom).alias(f"{m}_share") for m in FAILURE_MODES]).sort(
+        "agent", pl.col("dataset") == ALL, "dataset"
+    )
+
+
+def unchecked_operations(requirements: pl.DataFrame) -> list[str]:
+    """Required operations that have no trajectory signature (reported, never counted
+    missing), sorted."""
+    ops = requirements["operations"].explode().drop_nulls().unique().to_list()
+    return sorted(o for o in ops if o not in CHECKED_OPERATIONS)

@@ -1,0 +1,1 @@
+"""The sealed execute_python sandbox: isolation detection, the host side (views, cgroups, sessions and their pool) and the zygote that forks each cell inside namespaces with dropped privileges and seccomp."""

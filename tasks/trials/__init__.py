@@ -1,0 +1,1 @@
+"""The trials stage: plan batches of (agent, dataset, query, trial), run each trial with per-trial checkpoints and the response cache, gather every failure, combine into trials/tool_calls/llm_calls/messages Parquet."""
