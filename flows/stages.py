@@ -88,18 +88,21 @@ def stage_datasets(run_id: str, artifacts_root: str | None = None) -> list[str]:
 def trials_stage(run_id: str, root: str, retry_errors: bool = False) -> dict[str, str]:
     """Body of :func:`stage_trials` (runs inside any flow: the benchmark runs it inline)."""
     from flows.trials import run_trials
+    from tasks.core.concurrency import resolve_max_trials
     from tasks.task_runners import EnvTaskRunner
 
     config = runs.benchmark_config(root, run_id)
     manifests = runs.run_manifests(root, run_id)
-    trials_flow = run_trials.with_options(task_runner=EnvTaskRunner(config.max_concurrency))
+    trials_flow = run_trials.with_options(task_runner=EnvTaskRunner(
+        resolve_max_trials(config.max_concurrency, config.max_trials)))
     with runs.stage_run(root, run_id, "trials") as stage:
         out = trials_flow(
             run_id, manifests, config.agents, config.n_trials, config.batch_size, root,
             config.agent_options, config.hints, retry_errors=retry_errors,
             query_ids=config.query_ids, limit=config.limit,
             agent_plans={a: p.model_dump() for a, p in config.agent_plans.items()},
-            max_concurrency=config.max_concurrency, agent_defaults=config.agent_defaults,
+            max_concurrency=config.max_concurrency, max_trials=config.max_trials,
+            agent_defaults=config.agent_defaults,
         )
         stage.outputs = dict(out)
     return out

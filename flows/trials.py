@@ -28,6 +28,7 @@ def run_trials(
     limit: int | None = None,
     agent_plans: dict[str, dict] | None = None,
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    max_trials: int | None = None,
     agent_defaults: dict[str, dict] | None = None,
 ) -> dict[str, str]:
     """Check the agents (fails before any trial when one cannot run), run every trial
@@ -42,9 +43,10 @@ def run_trials(
     ``agent_plans``: per-agent datasets and trials (:class:`schemas.runs.AgentPlan` dicts).
     ``agent_defaults``: agent → its model's default options (the run record's; None: the
     models table's now; :func:`tasks.trials.plan_batches`).
-    ``max_concurrency``: trials in flight at once across every batch (each batch runs its
-    trials concurrently; the models table's ``max_concurrency`` caps a model further, see
-    :mod:`tasks.concurrency`); the batches run on the task runner ``QUERYLAB_TASK_RUNNER``
+    ``max_concurrency``: model calls in flight at once across every batch; ``max_trials``:
+    trials admitted at once across every batch (None: ``2 * max_concurrency``; each batch runs
+    its trials concurrently; the models table's ``max_concurrency`` caps a model's calls
+    further, see :mod:`tasks.core.concurrency`); the batches run on the task runner ``QUERYLAB_TASK_RUNNER``
     names (:mod:`tasks.task_runners`: Prefect's thread pool, or Dask).
     Progress (trials done, counted from checkpoints) goes to a Prefect progress artifact and
     the CLI's bar. ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits,
@@ -66,7 +68,7 @@ def run_trials(
             progress.poll(lambda: count_finished_trials(root, run_id, batches))
             futures = run_trial_batch.map(
                 unmapped(run_id), unmapped(root), batches, unmapped(retry_errors),
-                unmapped(max_concurrency),
+                unmapped(max_concurrency), unmapped(max_trials),
             )
             gather(futures, keys, run_id, "trials")
     return {**combine_trials(run_id, root, keys), "agents": agents_uri}

@@ -287,6 +287,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--trials and --batch-size must be at least 1")
     if args.max_concurrency < 1:
         raise UsageError("--max-concurrency must be at least 1")
+    if args.max_trials is not None and args.max_trials < 1:
+        raise UsageError("--max-trials must be at least 1")
     if args.limit is not None and args.limit < 1:
         raise UsageError("--limit must be at least 1")
     if not 0.0 <= args.max_error_share <= 1.0:
@@ -346,7 +348,7 @@ def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, sta
                 hints=hints, query_ids=args.query or None, limit=args.limit,
                 max_error_share=args.max_error_share, preflight=False, agent_plans=plans,
                 score_no_tool_call=args.score_no_tool_call,
-                max_concurrency=args.max_concurrency,
+                max_concurrency=args.max_concurrency, max_trials=args.max_trials,
             ), artifacts_root=root, run_id=run_id)
     except TrialsErrored as exc:
         if exc.result is None:
@@ -529,8 +531,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--batch-size", type=int, default=25,
                    help="trials per mapped task (checkpoint / Parquet granularity; default 25)")
     r.add_argument("--max-concurrency", type=int, default=32, metavar="N",
-                   help="trials in flight at once across the whole run (default 32); a models-"
-                   "table entry's max_concurrency caps its model further")
+                   help="model calls (HTTP requests) in flight at once across the whole trials "
+                   "stage (default 32; Inspect AI's max_connections); a models-table entry's "
+                   "max_concurrency caps its model's calls further")
+    r.add_argument("--max-trials", type=int, default=None, metavar="M",
+                   help="trials admitted at once (started, not finished; default 2 x "
+                   "--max-concurrency; Inspect AI's max_samples): bounds sandbox sessions "
+                   "and memory")
     r.add_argument("--run-id", help="reuse a run id to resume it (default: a new one)")
     r.add_argument("--artifacts", help="artifact root (default: $QUERYLAB_ARTIFACTS)")
     r.add_argument("--max-error-share", type=float, default=0.0, metavar="X",

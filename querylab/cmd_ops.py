@@ -21,6 +21,7 @@ import json
 import sys
 
 from schemas.runs import STAGES
+from tasks.core.concurrency import resolve_max_trials
 
 
 def register(subparsers) -> None:
@@ -338,8 +339,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if record.benchmark:
         b = record.benchmark
         print(f"benchmark: datasets {', '.join(b.datasets)}; agents {', '.join(b.agents)}; "
-              f"{b.n_trials} trials per query in batches of {b.batch_size}, at most "
-              f"{b.max_concurrency} at once")
+              f"{b.n_trials} trials per query in batches of {b.batch_size}; at most "
+              f"{b.max_concurrency} model calls in flight, "
+              f"{resolve_max_trials(b.max_concurrency, b.max_trials)} trials admitted"
+              f"{'' if b.max_trials is not None else ' (default)'}")
     for stage, params in record.stages.items():
         print(f"{stage}: {json.dumps(params, sort_keys=True)}")
     from tasks.sandbox import missing_text

@@ -132,7 +132,7 @@ class ModelConfig(_Strict):
       (see :data:`ToolProtocol`).
     - ``local``: a :class:`LocalModel` served by querylab itself (then ``base_url`` and
       ``api_key_env`` must be unset: the server's address and key are made per run).
-    - ``max_concurrency``: trials of this model in flight at once, across the whole trials
+    - ``max_concurrency``: calls (HTTP requests) to this model in flight at once, across the trials
       stage (:mod:`tasks.concurrency`; on top of the stage's ``--max-concurrency``). None: no
       cap of its own — except a ``local`` model, capped at its ``parallel`` slots.
     - ``agent_defaults``: this model's own defaults of the per-trial limits

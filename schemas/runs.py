@@ -80,9 +80,11 @@ class BenchmarkConfig(BaseModel):
     (default 0: any errored trial fails the run); ``agent_plans``: per-agent datasets and
     trial counts (:class:`AgentPlan`) for agents of ``agents``; ``score_no_tool_call``: on
     datasets imported in DAB's format, score the text of a ``no_tool_call`` ending instead
-    of DAB's rule (invalid); ``max_concurrency``: trials in flight at once across the trials
-    stage (batches run their trials concurrently; batch size only sets checkpoint and Parquet
-    granularity); ``agent_defaults``: agent → its model's own default options from the models
+    of DAB's rule (invalid); ``max_concurrency``: model calls in flight at once across the
+    trials stage (as Inspect AI's ``max_connections``); ``max_trials``: trials admitted at once
+    (started, not finished; None: ``2 * max_concurrency``, :func:`tasks.core.concurrency.default_max_trials`;
+    as Inspect AI's ``max_samples``); batches run their trials concurrently, batch size only
+    sets checkpoint and Parquet granularity; ``agent_defaults``: agent → its model's own default options from the models
     table when the run was recorded (``agent_defaults`` of the entry; the explicit
     ``agent_options`` override them), so a rerun plans the same trials."""
 
@@ -98,6 +100,7 @@ class BenchmarkConfig(BaseModel):
     agent_plans: dict[str, AgentPlan] = Field(default_factory=dict)
     score_no_tool_call: bool = False
     max_concurrency: int = Field(default=32, ge=1)
+    max_trials: int | None = Field(default=None, ge=1)
     agent_defaults: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("hints")

@@ -1,8 +1,9 @@
-"""Bounded, decoupled trial concurrency (issue 17 point 1): ``--max-concurrency`` caps the trials
-in flight across the whole trials stage, whatever the batch size; a model's ``max_concurrency``
-in the models table caps it further. Asserted from the scripted server's view of concurrent
-requests (each trial has at most one model request in flight, so requests in flight ≤ trials
-in flight), over real HTTP through ``querylab run``."""
+"""Bounded, decoupled concurrency (issue 17 point 1): ``--max-concurrency`` caps the model calls
+in flight across the whole trials stage, whatever the batch size (Inspect AI's
+``max_connections``); a model's ``max_concurrency`` in the models table caps its calls further;
+``--max-trials`` caps the trials admitted (Inspect AI's ``max_samples``). Asserted from the
+scripted server's view of concurrent requests, over real HTTP through ``querylab run`` and the
+ReAct loop, and from the stage's trial-slot limiter."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from tasks import storage
 from tasks.concurrency import Limiter, limiter, trial_slot
+from tasks.core.concurrency import call_slot, default_max_trials, stage_slot_name
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, tool_calls
 
 QUERY = "nasdaq_top_volume_2012"
@@ -40,23 +42,26 @@ def _models(tmp_path, monkeypatch, srv, extra: str = "") -> str:
     return "openai:conc-m"
 
 
-@pytest.mark.parametrize(("argv", "extra", "cap"), [
-    (["--max-concurrency", "4"], "", 4),
+@pytest.mark.parametrize(("argv", "extra", "cap", "trials_cap"), [
+    (["--max-concurrency", "4"], "", 4, 8),
     # the model's own cap wins over a larger stage cap
-    (["--max-concurrency", "16"], ", max_concurrency: 2", 2),
+    (["--max-concurrency", "16"], ", max_concurrency: 2", 2, 32),
+    # trials admitted bounded apart from calls in flight
+    (["--max-concurrency", "4", "--max-trials", "6"], "", 4, 6),
 ])
 def test_cli_run_never_has_more_trials_in_flight_than_the_cap(
-    prefect_harness, settings, stocks_manifest, tmp_path, monkeypatch, capsys, argv, extra, cap
+    prefect_harness, settings, stocks_manifest, tmp_path, monkeypatch, capsys, argv, extra, cap, trials_cap
 ):
     from querylab.cli import main
 
-    run_id = f"conc-{cap}"
+    run_id = f"conc-{cap}-{trials_cap}"
     with ScriptedOpenAIServer(_slow_turn) as srv:
         agent = _models(tmp_path, monkeypatch, srv, extra)
         # 5 queries x 4 trials = 20 trials in batches of 3 (7 batches): batch size is no bound
         status = main(["run", "--agent", agent, "--dataset", "stocks", "--trials", "4",
                        "--batch-size", "3", "--run-id", run_id, *argv])
         peak, n = srv.max_in_flight, srv.trial_request_count
+    admitted = limiter(stage_slot_name(run_id, "trials-admitted"), trials_cap)
     out = capsys.readouterr().out
     assert status in (0, 1), out  # the scripted answer is right for one query only
     assert n == 20 * 3
@@ -68,6 +73,17 @@ def test_cli_run_never_has_more_trials_in_flight_than_the_cap(
     assert trials.height == 20 and set(trials["terminate_reason"]) == {"return_answer"}
     record = storage.read_json(storage.join(settings.artifacts, "runs", run_id, "run.json"))
     assert record["benchmark"]["max_concurrency"] == int(argv[1])
+    assert record["benchmark"]["max_trials"] == (int(argv[3]) if len(argv) > 2 else None)
+    # trials admitted never beyond their bound; more trials than call slots were admitted
+    # (20 trials start at once: those past the call cap wait for a call slot, not a trial one)
+    assert admitted.in_use == 0 and cap < admitted.peak <= trials_cap, (admitted.peak, cap)
+    if extra:
+        return
+    from querylab.cli import main as cli_main
+
+    cli_main(["status", run_id])
+    shown = capsys.readouterr().out
+    assert f"at most {cap} model calls in flight, {trials_cap} trials admitted" in shown, shown
 
 
 def test_one_batch_runs_its_trials_concurrently_in_item_order(tmp_path, stocks_manifest,
@@ -129,17 +145,28 @@ def test_limiter_counts_and_bounds():
     assert limiter("x", 2) is limiter("x", 2) and limiter("x", 2) is not limiter("x", 3)
 
 
-def test_trial_slot_takes_the_model_slot_and_the_stage_slot():
-    with trial_slot("slot-run", 2, "m", "http://h/v1", 1):
+def test_call_slot_takes_the_model_slot_and_the_stage_slot():
+    with call_slot("slot-run", 2, "m", "http://h/v1", 1):
         stage = limiter("querylab-trials-slot-run", 2)
         model = limiter("querylab-model-m@http://h/v1", 1)
         assert stage.in_use == 1 and model.in_use == 1
     assert stage.in_use == 0 and model.in_use == 0
     with pytest.raises(RuntimeError):
-        with trial_slot("slot-run", 2):
+        with call_slot("slot-run", 2):
             assert stage.in_use == 1
-            raise RuntimeError("a trial failed")
+            raise RuntimeError("a call failed")
     assert stage.in_use == 0  # given back on failure
+
+
+def test_trial_slot_is_apart_from_the_call_slots():
+    admitted = limiter("querylab-trials-admitted-slot-run2", 3)
+    with trial_slot("slot-run2", 3):
+        assert admitted.in_use == 1
+        assert limiter("querylab-trials-slot-run2", 3).in_use == 0
+    assert admitted.in_use == 0
+    assert default_max_trials(32) == 64
+    with pytest.raises(ValueError):
+        default_max_trials(0)
 
 
 def test_models_table_cap_and_local_default(tmp_path):

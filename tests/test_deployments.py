@@ -67,7 +67,7 @@ def test_prefect_yaml_deploys_and_a_stage_deployment_run_completes(prefect_harne
     nightly = deployments["benchmark/benchmark"]
     assert [(s.schedule.cron, s.active) for s in nightly.schedules] == [("0 2 * * *", True)]
     assert nightly.parameters == {"agents": ["oracle"], "n_trials": 5, "batch_size": 25,
-                                  "max_concurrency": 32}
+                                  "max_concurrency": 32, "max_trials": 64}
     assert nightly.work_pool_name == POOL
     for stage in STAGE_FLOWS:
         d = deployments[f"stage-{stage}/{stage}"]

@@ -1,11 +1,18 @@
-"""Bounded concurrency of trials: one cap for a whole stage, one per model.
+"""Bounded concurrency of the trials stage: model calls in flight, and trials admitted.
 
-``querylab run --max-concurrency N`` (default :data:`DEFAULT_MAX_CONCURRENCY`) bounds the
-trials in flight across the whole trials stage; a models-table entry's ``max_concurrency`` (a
-local model: its ``parallel`` slots) bounds the trials of that model in flight, whatever the
-stage's cap. Batch size is only the checkpoint / Parquet granularity: a batch runs its trials
-concurrently (:func:`tasks.trials.stage.run_batch`), each trial holding a slot of both caps while it
-runs.
+As Inspect AI's ``max_connections`` (concurrent model requests) and ``max_samples`` (samples in
+flight), two bounds:
+
+- ``querylab run --max-concurrency N`` (default :data:`DEFAULT_MAX_CONCURRENCY`) bounds the
+  model calls (HTTP requests) in flight across the whole trials stage (:func:`call_slot`, held
+  around each request only: not while a trial runs a tool); a models-table entry's
+  ``max_concurrency`` (a local model: its ``parallel`` slots) bounds the calls to that model in
+  flight, whatever the stage's cap;
+- ``--max-trials M`` (default :func:`default_max_trials`: ``2 * N``) bounds the trials admitted
+  (started, not finished; :func:`trial_slot`), hence the sandbox sessions and memory.
+
+Batch size is only the checkpoint / Parquet granularity: a batch runs its trials concurrently
+(:func:`tasks.trials.stage.run_batch`).
 
 Where the slots live:
 
@@ -16,8 +23,8 @@ Where the slots live:
   span every worker process of the cluster (:func:`trial_slot` picks these when it runs inside
   a Dask worker).
 
-A trial takes its model slot before its stage slot, so trials waiting for a busy model never
-hold stage slots other models' trials could use. Prefect global concurrency limits per model
+A call takes its model slot before its stage slot, so calls waiting for a busy model never
+hold stage slots other models' calls could use. Prefect global concurrency limits per model
 (``QUERYLAB_MODEL_LIMITS=prefect``, :class:`tasks.core.llm.ModelLimits`) stay available on top:
 they bound HTTP requests in flight across everything that shares the Prefect server.
 """
@@ -29,8 +36,31 @@ import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-#: Trials in flight across a stage unless ``--max-concurrency`` says otherwise.
+#: Model calls in flight across a stage unless ``--max-concurrency`` says otherwise.
 DEFAULT_MAX_CONCURRENCY = 32
+
+
+def default_max_trials(max_concurrency: int) -> int:
+    """Trials admitted at once (started, not finished) when ``--max-trials`` is not given, for
+    ``max_concurrency`` model calls in flight: ``2 * max_concurrency``. A trial spends most of
+    its time in model calls but not all (tool calls, its sandbox session, its checkpoint), so
+    the trials in flight must exceed the call slots for a slot freed by a trial running a tool
+    or finishing to be taken at once; twice as many keeps every call slot busy while bounding
+    the sandbox sessions and memory (Inspect AI likewise runs more samples than
+    ``max_connections`` by default). ValueError below 1."""
+    if int(max_concurrency) < 1:
+        raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    return 2 * int(max_concurrency)
+
+
+def resolve_max_trials(max_concurrency: int, max_trials: int | None) -> int:
+    """``max_trials``, or :func:`default_max_trials` of ``max_concurrency`` when None.
+    ValueError for a bound below 1."""
+    if max_trials is None:
+        return default_max_trials(max_concurrency)
+    if int(max_trials) < 1:
+        raise ValueError(f"max_trials must be >= 1, got {max_trials}")
+    return int(max_trials)
 
 
 class Limiter:
@@ -128,12 +158,26 @@ def _slot(name: str, limit: int):
 
 
 @contextmanager
-def trial_slot(
+def trial_slot(run_id: str, max_trials: int) -> Iterator[None]:
+    """Hold one of the ``max_trials`` trial slots of the trials stage of ``run_id`` for the
+    block (a trial admitted: started, not finished). In-process :class:`Limiter`, or the
+    scheduler's semaphore inside a Dask worker. ValueError for a limit below 1."""
+    s = _slot(stage_slot_name(run_id, "trials-admitted"), max_trials)
+    s.acquire()
+    try:
+        yield
+    finally:
+        s.release()
+
+
+@contextmanager
+def call_slot(
     run_id: str, max_concurrency: int, model: str | None = None,
     model_base_url: str | None = None, model_limit: int | None = None,
 ) -> Iterator[None]:
-    """Hold one trial's slots for the block: the model's (when ``model_limit``), then the
-    stage's (``max_concurrency`` across the trials stage of ``run_id``). In-process
+    """Hold one model call's slots for the block (one HTTP request in flight): the model's
+    (when ``model_limit``: the models table's ``max_concurrency``), then the stage's
+    (``max_concurrency`` calls across the trials stage of ``run_id``). In-process
     :class:`Limiter`\\ s, or the scheduler's semaphores inside a Dask worker. ValueError for a
     limit below 1."""
     slots = []

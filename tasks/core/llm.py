@@ -46,7 +46,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -160,7 +160,7 @@ class ResolvedModel:
     named endpoint replaced, else None), ``tool_protocol`` (``native``, ``json_schema`` or
     ``auto``), ``cache_base_url`` (what the response-cache key uses instead of ``base_url``: a
     local server's port-free identity; None: ``base_url``), ``local`` (a local server's
-    description, else None) and ``max_concurrency`` (trials of this model in flight at once:
+    description, else None) and ``max_concurrency`` (calls to this model in flight at once:
     the models table's ``max_concurrency``, a local model's ``parallel`` slots by default;
     None: no cap of its own, see :mod:`tasks.core.concurrency`)."""
 
@@ -926,6 +926,9 @@ class ChatModel:
         self.rng = rng or random.Random()
         self.sampling = {**resolved.sampling, **self.options.sampling()}
         self._local = threading.local()  # per thread: trials of a batch share the model
+        #: () -> context manager held around each HTTP request (None: none): the trials
+        #: stage's :func:`tasks.core.concurrency.call_slot` (calls in flight across the stage)
+        self.call_slot: Callable[[], Any] | None = None
         self.client = openai.OpenAI(
             base_url=resolved.base_url,
             api_key=resolved.api_key,
@@ -1063,13 +1066,16 @@ class ChatModel:
                 # mapping and ChatCompletion parsing) minus its per-call parameter transform,
                 # a no-op for the plain JSON querylab builds that costs ms on long histories
                 # in a thread of its own: abandoned at once on Ctrl-C / SIGTERM
-                if self.limits is None:
-                    resp = interrupt.call(
-                        self.client.post, "/chat/completions", body=kwargs,
-                        cast_to=ChatCompletion, options={"timeout": timeout},
-                    )
-                else:
-                    resp = interrupt.call(self._limited_post, kwargs, timeout, deadline)
+                with self.call_slot() if self.call_slot is not None else nullcontext():
+                    if deadline is not None:  # the wait for a call slot counts
+                        timeout = min(timeout, max(0.001, deadline - time.monotonic()))
+                    if self.limits is None:
+                        resp = interrupt.call(
+                            self.client.post, "/chat/completions", body=kwargs,
+                            cast_to=ChatCompletion, options={"timeout": timeout},
+                        )
+                    else:
+                        resp = interrupt.call(self._limited_post, kwargs, timeout, deadline)
                 if not resp.choices:
                     raise _EmptyResponse("the response has no choices")
                 break

@@ -9,7 +9,7 @@ CLI commands run either way):
 - ``dask``: ``prefect-dask``'s ``DaskTaskRunner`` on a temporary ``distributed.LocalCluster``
   of worker *processes* (``QUERYLAB_DASK_WORKERS``, default the number of CPUs;
   ``QUERYLAB_DASK_THREADS_PER_WORKER`` batches at once per worker, default enough for the
-  trials stage's ``max_concurrency``: a batch runs its trials on threads of its own), started
+  trials stage's ``max_trials``: a batch runs its trials on threads of its own), started
   and stopped with the flow run;
 - ``dask://host:8786`` (or ``tcp://...``): the scheduler of an existing cluster (its workers
   must run querylab's code and environment: see ``docs/operations.md``).
@@ -84,7 +84,7 @@ def make_task_runner(
     when asked for; TaskRunnerConfigError when ``prefect-dask`` is missing).
 
     ``concurrency``: tasks the flow wants running at once (the trials stage's
-    ``max_concurrency``): the thread pool's size, and a local cluster's threads per worker
+    ``max_trials``): the thread pool's size, and a local cluster's threads per worker
     (``ceil(concurrency / workers)``) unless ``QUERYLAB_DASK_THREADS_PER_WORKER`` is set.
     None: Prefect's default pool size, one thread per local Dask worker."""
     env = os.environ if env is None else env

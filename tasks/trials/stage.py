@@ -50,7 +50,9 @@ from tasks.agents.react import (
     system_prompt,
     user_prompt,
 )
-from tasks.core.concurrency import DEFAULT_MAX_CONCURRENCY, trial_slot
+from tasks.core.concurrency import (
+    DEFAULT_MAX_CONCURRENCY, call_slot, resolve_max_trials, trial_slot,
+)
 from tasks.db.engines import open_databases
 from tasks.core.llm import (
     AgentConfigError,
@@ -556,7 +558,8 @@ class _Agent:
 
     def concurrency_cap(self) -> tuple[int | None, str | None, str | None]:
         """``(max_concurrency, model name, base URL)`` of this agent's model (the models
-        table's cap; None: none), for :func:`tasks.core.concurrency.trial_slot`."""
+        table's cap on its calls in flight; None: none), for
+        :func:`tasks.core.concurrency.call_slot`."""
         if self.chat is None:
             return None, None, None
         r = self.chat.resolved
@@ -743,6 +746,7 @@ def run_batch(
     toolbox_factory: Callable[..., ToolBox] = ToolBox,
     retry_errors: bool = False,
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    max_trials: int | None = None,
 ) -> str:
     """Run every unfinished trial of one batch and write its four Parquet artifacts.
 
@@ -753,15 +757,18 @@ def run_batch(
     errored trials is left untouched). An exception from one trial (a harness failure) makes
     that trial errored; the batch goes on.
 
-    The batch's trials run concurrently, each holding a slot of the stage's cap
-    (``max_concurrency`` trials in flight across every batch of the run's trials stage) and of
-    its model's (``max_concurrency`` of the models table) while it runs
-    (:func:`tasks.core.concurrency.trial_slot`); each is checkpointed as it finishes, and the
-    batch's rows are written in item order whatever order they finished in. ValueError for
-    ``max_concurrency`` < 1.
+    The batch's trials run concurrently, each holding one of the stage's ``max_trials`` trial
+    slots while it runs (None: :func:`tasks.core.concurrency.default_max_trials` of
+    ``max_concurrency``; :func:`tasks.core.concurrency.trial_slot`), and each model call holds a
+    slot of the stage's ``max_concurrency`` calls in flight across every batch of the run's
+    trials stage and of its model's (``max_concurrency`` of the models table) while its
+    request is in flight (:func:`tasks.core.concurrency.call_slot`); each trial is checkpointed
+    as it finishes, and the batch's rows are written in item order whatever order they finished
+    in. ValueError for ``max_concurrency`` or ``max_trials`` < 1.
     """
     if int(max_concurrency) < 1:
         raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+    max_trials = resolve_max_trials(max_concurrency, max_trials)
     out_uri = batch_uri(artifacts_root, run_id, batch["key"], "trials")
     finished: dict[str, dict] = {}
     if storage.exists(out_uri):
@@ -778,7 +785,7 @@ def run_batch(
         check_sandbox([batch["agent"]], options)
     if parse_agent(batch["agent"])[0] in ("openai", "local"):
         # sessions for the batch's concurrent trials, set up while their first calls wait
-        shared_sandbox().reserve(min(int(max_concurrency), len(batch["items"])))
+        shared_sandbox().reserve(min(max_trials, len(batch["items"])))
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
     hints = batch.get("hints")
@@ -856,7 +863,7 @@ def run_batch(
     ran: dict[int, dict] = {}
     try:
         ran = _run_concurrently(run_id, todo(), len(batch["items"]), run_one, max_concurrency,
-                                runner)
+                                max_trials, runner)
     finally:
         runner.close()
         shutil.rmtree(batch_dir, ignore_errors=True)
@@ -889,12 +896,14 @@ def run_batch(
 
 def _run_concurrently(
     run_id: str, todo: Iterator[tuple], most: int, run_one: Callable[..., dict],
-    max_concurrency: int, runner: _Agent,
+    max_concurrency: int, max_trials: int, runner: _Agent,
 ) -> dict[int, dict]:
     """Run ``run_one(query_id, trial, part_uri, key)`` for every item of ``todo`` (``(index,
     query_id, trial, part_uri, key)``, at most ``most`` of them), each inside its
-    :func:`tasks.core.concurrency.trial_slot`, at most ``max_concurrency`` (and the model's cap) at
-    once; returns index → rows. The batch's thread takes the slots and hands the trial to a
+    :func:`tasks.core.concurrency.trial_slot` (at most ``max_trials`` trials of the stage at
+    once), each of their model calls inside a :func:`tasks.core.concurrency.call_slot` (at most
+    ``max_concurrency`` calls of the stage, and the model's cap, in flight); returns index →
+    rows. The batch's thread takes the slots and hands the trial to a
     pool thread (which gives them back), so a batch never holds more threads than trials in
     flight. Each trial runs in a copy of the batch's context (Prefect's settings and run
     context). An exception (from ``todo`` or a checkpoint that cannot be written) is raised
@@ -903,10 +912,13 @@ def _run_concurrently(
     from concurrent.futures import ThreadPoolExecutor
 
     model_cap, model, base_url = runner.concurrency_cap()
-    width = min(most, int(max_concurrency), model_cap or most)
+    if runner.chat is not None:
+        runner.chat.call_slot = lambda: call_slot(run_id, max_concurrency, model, base_url,
+                                                  model_cap)
+    width = min(most, int(max_trials))
 
     def slot():
-        return trial_slot(run_id, max_concurrency, model, base_url, model_cap)
+        return trial_slot(run_id, max_trials)
 
     out: dict[int, dict] = {}
     if width <= 1:  # no thread: the batch's own
@@ -944,19 +956,20 @@ def _batch_run_name(parameters: dict) -> str:
 @task(name="run-trial-batch", persist_result=False, retries=0, task_run_name=_batch_run_name)
 def run_trial_batch(
     run_id: str, artifacts_root: str, batch: dict, retry_errors: bool = False,
-    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY, max_trials: int | None = None,
 ) -> str:
     """Run every trial of one batch and write its trials, tool-call, model-call and message
     rows.
 
     Returns the batch's trials URI. Skips all work when that artifact already exists (unless
     ``retry_errors``: then only its errored trials run again), and trials already checkpointed
-    by an interrupted attempt. Its trials run concurrently within the stage's
-    ``max_concurrency`` and their model's cap (:func:`run_batch`). Other settings (database
+    by an interrupted attempt. Its trials run concurrently within the stage's ``max_trials``
+    trials admitted, their model calls within the stage's ``max_concurrency`` calls in flight
+    and their model's cap (:func:`run_batch`). Other settings (database
     servers, API keys) come from the environment, never from parameters.
     """
     return run_batch(run_id, artifacts_root, batch, retry_errors=retry_errors,
-                     max_concurrency=max_concurrency)
+                     max_concurrency=max_concurrency, max_trials=max_trials)
 
 
 @task(name="check-agents", persist_result=False)
