@@ -118,15 +118,15 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
 
     from flows.trials import run_trials
     from schemas.settings import Settings
-    from tasks.sandbox import _close_all, shared_sandbox
+    from tasks.sandbox.session import _close_all, shared_sandbox
     from tasks.core.concurrency import resolve_max_trials
-    from tasks.task_runners import EnvTaskRunner
+    from tasks.core.task_runners import EnvTaskRunner
 
     uri, manifest = build_stocks(Settings.from_env())
     per_query = -(-trials // len(manifest["queries"]))
     n_calls = 5 * per_query * len(manifest["queries"])
     if not shared_sandbox().isolation().ok:
-        sys.exit("this machine cannot seal execute_python (python -m tasks.sandbox says what "
+        sys.exit("this machine cannot seal execute_python (python -m tasks.sandbox.session says what "
                  "is missing)")
     server, base_url = start_server(latency)
     results = {}
@@ -149,7 +149,8 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
                     trials_df["error"].unique()
                 assert llm.height == n_calls and calls["success"].all()
                 results[name] = {
-                    "concurrency": conc, "max_trials": admitted, "wall": wall, "trials": trials_df.height,
+                    "concurrency": conc, "max_trials": admitted, "wall": wall,
+                    "trials": trials_df.height,
                     "pss_mb": mem.peak_kb / 1024, "procs": mem.peak_procs,
                     "call_s": llm["latency_s"].mean(),
                     "tool_ms": 1000 * calls["duration_s"].mean(),
@@ -174,7 +175,7 @@ def main() -> None:
     p.add_argument("--no-defaults", action="store_true", help="skip the default-settings run")
     args = p.parse_args()
 
-    from tasks.concurrency import DEFAULT_MAX_CONCURRENCY
+    from tasks.core.concurrency import DEFAULT_MAX_CONCURRENCY
 
     runs = [("concurrency", args.concurrency)]
     if not args.no_defaults:
@@ -191,7 +192,8 @@ def main() -> None:
         c = r["concurrency"]
         limit = n_calls * args.latency / c
         floor = math.ceil(r["trials"] / c) * 5 * args.latency
-        print(f"{name:<12} max-concurrency {c:3d} max-trials {r['max_trials']:3d}: {r['wall']:6.2f} s for {r['trials']} trials "
+        print(f"{name:<12} max-concurrency {c:3d} max-trials {r['max_trials']:3d}: "
+              f"{r['wall']:6.2f} s for {r['trials']} trials "
               f"({n_calls} calls, model call {r['call_s']:.3f} s, tool call {r['tool_ms']:.1f} ms "
               f"mean); limit {limit:.2f} s, whole-trial wave floor {floor:.2f} s; ratio "
               f"{r['wall'] / limit:.2f}; peak PSS {r['pss_mb']:.0f} MB over {r['procs']} "

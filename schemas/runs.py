@@ -82,8 +82,8 @@ class BenchmarkConfig(BaseModel):
     datasets imported in DAB's format, score the text of a ``no_tool_call`` ending instead
     of DAB's rule (invalid); ``max_concurrency``: model calls in flight at once across the
     trials stage (as Inspect AI's ``max_connections``); ``max_trials``: trials admitted at once
-    (started, not finished; None: ``2 * max_concurrency``, :func:`tasks.core.concurrency.default_max_trials`;
-    as Inspect AI's ``max_samples``); batches run their trials concurrently, batch size only
+    (started, not finished; None: ``2 * max_concurrency``,
+    :func:`tasks.core.concurrency.default_max_trials`; as Inspect AI's ``max_samples``); batches run their trials concurrently, batch size only
     sets checkpoint and Parquet granularity; ``agent_defaults``: agent → its model's own default options from the models
     table when the run was recorded (``agent_defaults`` of the entry; the explicit
     ``agent_options`` override them), so a rerun plans the same trials."""
@@ -130,7 +130,7 @@ class RunRecord(BaseModel):
     benchmark: BenchmarkConfig | None = None
     manifests: list[str] = Field(default_factory=list)
     #: dataset name → the condition its trials ran under (hints, effective agent options,
-    #: scoring rules; :func:`tasks.dab_rules.dataset_condition`), recorded by the datasets stage
+    #: scoring rules; :func:`tasks.scoring.dab_rules.dataset_condition`), recorded by the datasets stage
     conditions: dict[str, dict[str, Any]] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
 

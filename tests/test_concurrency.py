@@ -13,9 +13,10 @@ import time
 import polars as pl
 import pytest
 
-from tasks import storage
-from tasks.concurrency import Limiter, limiter, trial_slot
-from tasks.core.concurrency import call_slot, default_max_trials, stage_slot_name
+from tasks.core import storage
+from tasks.core.concurrency import (
+    Limiter, call_slot, default_max_trials, limiter, stage_slot_name, trial_slot,
+)
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, tool_calls
 
 QUERY = "nasdaq_top_volume_2012"
@@ -50,7 +51,8 @@ def _models(tmp_path, monkeypatch, srv, extra: str = "") -> str:
     (["--max-concurrency", "4", "--max-trials", "6"], "", 4, 6),
 ])
 def test_cli_run_never_has_more_trials_in_flight_than_the_cap(
-    prefect_harness, settings, stocks_manifest, tmp_path, monkeypatch, capsys, argv, extra, cap, trials_cap
+    prefect_harness, settings, stocks_manifest, tmp_path, monkeypatch, capsys, argv, extra, cap,
+    trials_cap,
 ):
     from querylab.cli import main
 
@@ -81,14 +83,14 @@ def test_cli_run_never_has_more_trials_in_flight_than_the_cap(
         return
     from querylab.cli import main as cli_main
 
-    cli_main(["status", run_id])
+    cli_main(["status", "--run-id", run_id])
     shown = capsys.readouterr().out
     assert f"at most {cap} model calls in flight, {trials_cap} trials admitted" in shown, shown
 
 
 def test_one_batch_runs_its_trials_concurrently_in_item_order(tmp_path, stocks_manifest,
                                                               settings, monkeypatch):
-    from tasks.trials import batch_uri, run_trial_batch
+    from tasks.trials.stage import batch_uri, run_trial_batch
 
     uri = storage.join(settings.artifacts, "datasets", "stocks", stocks_manifest["version"],
                        "manifest.json")
@@ -164,7 +166,7 @@ def test_trial_slot_is_apart_from_the_call_slots():
         assert admitted.in_use == 1
         assert limiter("querylab-trials-slot-run2", 3).in_use == 0
     assert admitted.in_use == 0
-    assert default_max_trials(32) == 64
+    assert default_max_trials(32) == 64 and default_max_trials(1) == 1  # 1: a serial run
     with pytest.raises(ValueError):
         default_max_trials(0)
 
@@ -181,7 +183,7 @@ def test_models_table_cap_and_local_default(tmp_path):
 
 
 def test_task_runner_spec():
-    from tasks.task_runners import TaskRunnerConfigError, make_task_runner, task_runner_spec
+    from tasks.core.task_runners import TaskRunnerConfigError, make_task_runner, task_runner_spec
 
     assert task_runner_spec({}) == {"kind": "threads"}
     assert task_runner_spec({"QUERYLAB_TASK_RUNNER": "dask", "QUERYLAB_DASK_WORKERS": "2"}) == {

@@ -47,10 +47,11 @@ def default_max_trials(max_concurrency: int) -> int:
     the trials in flight must exceed the call slots for a slot freed by a trial running a tool
     or finishing to be taken at once; twice as many keeps every call slot busy while bounding
     the sandbox sessions and memory (Inspect AI likewise runs more samples than
-    ``max_connections`` by default). ValueError below 1."""
+    ``max_connections`` by default). Except ``max_concurrency`` 1: 1, a serial run (one trial
+    after another, its calls in a deterministic order). ValueError below 1."""
     if int(max_concurrency) < 1:
         raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-    return 2 * int(max_concurrency)
+    return 1 if int(max_concurrency) == 1 else 2 * int(max_concurrency)
 
 
 def resolve_max_trials(max_concurrency: int, max_trials: int | None) -> int:
