@@ -84,10 +84,10 @@ def bench_env(prefix: str) -> Path:
 def build_stocks(settings) -> tuple[str, dict]:
     """Build the ``stocks`` dataset under ``settings.artifacts`` and load its databases;
     returns (manifest URI, manifest)."""
-    from tasks import storage
-    from tasks.build import build_dataset_artifacts
-    from tasks.engines import ensure_loaded
-    from tasks.spec import spec_path
+    from tasks.core import storage
+    from tasks.datasets.build import build_dataset_artifacts
+    from tasks.db.engines import ensure_loaded
+    from tasks.datasets.spec import spec_path
 
     uri = build_dataset_artifacts.fn(str(spec_path("stocks")), settings.artifacts)
     manifest = storage.read_json(uri)

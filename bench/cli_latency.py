@@ -31,13 +31,14 @@ def _prepare(root: str, home: str) -> str:
     """A scored and reported oracle run of ``stocks`` under ``root``; returns its run id."""
     os.environ["QUERYLAB_HOME"] = home
     from schemas.settings import Settings
-    from tasks import runs, storage
-    from tasks.build import build_dataset_artifacts
-    from tasks.engines import ensure_loaded
-    from tasks.report import report_run
-    from tasks.scoring import score_run
-    from tasks.spec import spec_path
-    from tasks.trials import combine_trials, plan_batches, run_batch
+    from tasks.core import runs
+    from tasks.core import storage
+    from tasks.datasets.build import build_dataset_artifacts
+    from tasks.db.engines import ensure_loaded
+    from tasks.report.stage import report_run
+    from tasks.scoring.stage import score_run
+    from tasks.datasets.spec import spec_path
+    from tasks.trials.stage import combine_trials, plan_batches, run_batch
 
     uri = build_dataset_artifacts.fn(str(spec_path("stocks")), root)
     manifest = storage.read_json(uri)

@@ -55,9 +55,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from schemas.equivalence import FinderBudget, QueryPair
-from tasks.counterexample import find_counterexample
-from tasks.equivalence import pair_schema
-from tasks.instances import SchemaError
+from tasks.equivalence.counterexample import find_counterexample
+from tasks.equivalence.stage import pair_schema
+from tasks.equivalence.instances import SchemaError
 
 DATA = ROOT / "data" / "equivalence"
 DEFAULT = [DATA / "finder_corpus.jsonl", DATA / "finder_corpus_qa.jsonl",

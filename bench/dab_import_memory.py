@@ -7,8 +7,8 @@ Generates a DAB dataset folder whose one database is a SQLite (or DuckDB) file o
 ``--mb`` MB (one table of ~250-byte rows of varied text, :func:`tests.fakes.dab.make_big_sqlite`)
 and, each in a fresh child process (so each peak is its own):
 
-1. **streamed import**: :func:`tasks.dab_import.import_dab_dataset` (the table streamed in
-   chunks into placed Parquet) followed by :func:`tasks.engines.ensure_loaded` (the Parquet
+1. **streamed import**: :func:`tasks.datasets.dab_import.import_dab_dataset` (the table streamed in
+   chunks into placed Parquet) followed by :func:`tasks.db.engines.ensure_loaded` (the Parquet
    streamed batch by batch into the SQLite engine file agents query): peak RSS and time;
 2. **whole-table read** (unless ``--no-baseline``): what the importer did before — the table
    read with ``fetchall`` into one Arrow table — peak RSS only, for the ratio.
@@ -54,8 +54,8 @@ import json, sys, time
 from pathlib import Path
 from schemas.settings import Settings
 from tasks import storage
-from tasks.dab_import import import_dab_dataset
-from tasks.engines import ensure_loaded
+from tasks.datasets.dab_import import import_dab_dataset
+from tasks.db.engines import ensure_loaded
 t0 = time.perf_counter()
 uri = import_dab_dataset.fn(sys.argv[1], Settings.from_env().artifacts)
 t1 = time.perf_counter()
@@ -73,8 +73,8 @@ CHILD_IDLE = HWM + """
 import json
 from schemas.settings import Settings
 from tasks import storage
-from tasks.dab_import import import_dab_dataset
-from tasks.engines import ensure_loaded
+from tasks.datasets.dab_import import import_dab_dataset
+from tasks.db.engines import ensure_loaded
 print(json.dumps({"rss_kib": _hwm_kib()}))
 """
 

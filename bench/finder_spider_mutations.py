@@ -35,9 +35,9 @@ import sqlglot
 from sqlglot import exp
 
 from schemas.equivalence import FinderBudget, QueryPair
-from tasks.counterexample import find_counterexample
-from tasks.equivalence import pair_schema
-from tasks.instances import RelSchema
+from tasks.equivalence.counterexample import find_counterexample
+from tasks.equivalence.stage import pair_schema
+from tasks.equivalence.instances import RelSchema
 
 SPIDER = Path(os.environ.get("QUERYLAB_SHARED_DATA", ROOT.parent / "shared" / "data")) / "spider"
 

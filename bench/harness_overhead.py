@@ -7,7 +7,7 @@ process answers instantly with a fixed 5-step trajectory — ``list_db``, ``quer
 ``query_db`` on DuckDB, ``execute_python`` over both results, ``return_answer`` — so each trial
 is 5 model calls over real HTTP (real ``openai`` client) and 5 tool calls on the built
 ``stocks`` dataset. The trials go through the production batch path
-(:func:`tasks.trials.run_batch`, 100 trials per batch, response cache on and written,
+(:func:`tasks.trials.stage.run_batch`, 100 trials per batch, response cache on and written,
 per-trial checkpoints, Parquet artifacts), one batch after another, each batch running its
 trials concurrently (up to the default ``max_concurrency``). Since the model costs
 nothing, all wall time per trial is harness overhead: HTTP round trips, tool execution
@@ -42,8 +42,8 @@ _TMP = bench_env("querylab-bench-")
 
 CHILD = r"""
 import contextlib, glob, io, json, os, sys
-from tasks.databases import DuckDBDatabase, SQLiteDatabase
-from tasks.tools import ToolBox
+from tasks.db.databases import DuckDBDatabase, SQLiteDatabase
+from tasks.agents.tools import ToolBox
 
 req = json.loads(sys.stdin.read())
 
@@ -78,7 +78,7 @@ print(json.dumps({k: getattr(o, k) for k in ("call_id", "tool", "arguments", "su
 def make_subprocess_toolbox(databases: dict[str, tuple[str, str]]):
     """A ToolBox whose every call runs in a fresh Python subprocess (the baseline) that imports
     only the database layer and the tools and opens ``databases`` (name → (engine, file))."""
-    from tasks.tools import ToolBox, ToolOutcome
+    from tasks.agents.tools import ToolBox, ToolOutcome
 
     class SubprocessToolBox(ToolBox):
         def call(self, name, arguments, call_id):
@@ -106,8 +106,8 @@ def main() -> None:
     import polars as pl
 
     from schemas.settings import Settings
-    from tasks.engines import build_dir
-    from tasks.trials import combine_trials, plan_batches, run_batch
+    from tasks.db.engines import build_dir
+    from tasks.trials.stage import combine_trials, plan_batches, run_batch
 
     settings = Settings.from_env()
     uri, manifest = build_stocks(settings)
@@ -150,7 +150,7 @@ def main() -> None:
                        make_subprocess_toolbox(files))
     finally:
         stop_server(server)
-        from tasks.sandbox import _close_all
+        from tasks.sandbox.session import _close_all
 
         _close_all()
         shutil.rmtree(_TMP, ignore_errors=True)

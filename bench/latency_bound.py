@@ -113,14 +113,14 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
 
     from flows.trials import run_trials
     from schemas.settings import Settings
-    from tasks.sandbox import _close_all, shared_sandbox
-    from tasks.task_runners import EnvTaskRunner
+    from tasks.sandbox.session import _close_all, shared_sandbox
+    from tasks.core.task_runners import EnvTaskRunner
 
     uri, manifest = build_stocks(Settings.from_env())
     per_query = -(-trials // len(manifest["queries"]))
     n_calls = 5 * per_query * len(manifest["queries"])
     if not shared_sandbox().isolation().ok:
-        sys.exit("this machine cannot seal execute_python (python -m tasks.sandbox says what "
+        sys.exit("this machine cannot seal execute_python (python -m tasks.sandbox.session says what "
                  "is missing)")
     server, base_url = start_server(latency)
     results = {}
@@ -165,7 +165,7 @@ def main() -> None:
     p.add_argument("--no-defaults", action="store_true", help="skip the default-settings run")
     args = p.parse_args()
 
-    from tasks.concurrency import DEFAULT_MAX_CONCURRENCY
+    from tasks.core.concurrency import DEFAULT_MAX_CONCURRENCY
 
     runs = [("concurrency", args.concurrency)]
     if not args.no_defaults:

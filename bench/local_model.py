@@ -3,8 +3,8 @@ the share of replies that were valid tool calls.
 
     .venv/bin/python bench/local_model.py [--model smollm2-135m] [--iterations 4] [--trials 1]
 
-What runs: querylab's own llama.cpp server for ``local:<model>`` (:mod:`tasks.local_model`,
-the models table's threads/context/slots) and real ReAct trials (:func:`tasks.agent.run_react`,
+What runs: querylab's own llama.cpp server for ``local:<model>`` (:mod:`tasks.agents.local_model`,
+the models table's threads/context/slots) and real ReAct trials (:func:`tasks.agents.react.run_react`,
 the model's tool protocol, response cache off) on every query of the built ``stocks`` dataset,
 at most ``--iterations`` model calls per trial, one trial at a time.
 
@@ -60,13 +60,15 @@ def main() -> None:
 
     from schemas.models import AgentOptions
     from schemas.settings import Settings
-    from tasks import local_model, storage, tool_protocol
-    from tasks.agent import run_react, system_prompt, user_prompt
-    from tasks.build import build_dataset_artifacts
-    from tasks.engines import ensure_loaded, open_databases
-    from tasks.llm import ChatModel, resolve_model
-    from tasks.spec import spec_path
-    from tasks.tools import TOOL_SCHEMAS, ToolBox
+    from tasks.agents import local_model
+    from tasks.core import storage
+    from tasks.agents import tool_protocol
+    from tasks.agents.react import run_react, system_prompt, user_prompt
+    from tasks.datasets.build import build_dataset_artifacts
+    from tasks.db.engines import ensure_loaded, open_databases
+    from tasks.core.llm import ChatModel, resolve_model
+    from tasks.datasets.spec import spec_path
+    from tasks.agents.tools import TOOL_SCHEMAS, ToolBox
 
     print(f"before: {_load()}")
     settings = Settings.from_env()

@@ -8,7 +8,7 @@ finds with and without filters and $regex, Python with regexes / string surgery 
 tests, list_db, return_answer), 2 model calls per trial in ``llm_calls``, verdicts in
 ``scores.parquet``. A child process writes them chunk by chunk (``--chunk`` trials) as the
 run's ``trials/*.parquet`` and ``score/scores.parquet``; this process then computes each table
-the way :func:`tasks.report.compute_report_tables` does: trials and scores loaded by a
+the way :func:`tasks.report.stage.compute_report_tables` does: trials and scores loaded by a
 streaming scan, ``llm_calls`` scanned for the cost table, ``tool_calls`` never loaded (each
 table streams a lazy scan of it). Times include the reads; the peak RSS is this process's
 (generation excluded).
@@ -33,19 +33,19 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.failure_modes import (
+from tasks.report.failure_modes import (
     classify_failures,
     failure_mode_table,
     requirements_from_manifests,
 )
-from tasks.metrics import (
+from tasks.report.metrics import (
     cost_table,
     pass_at_1_ci,
     pass_at_k_per_query,
     pass_at_k_summary,
     pass_at_k_wide,
 )
-from tasks.tool_use import tool_use_table
+from tasks.report.tool_use import tool_use_table
 
 N_AGENTS, N_DATASETS, N_QUERIES = 10, 20, 50
 
@@ -363,9 +363,9 @@ def write_run(root: str, n_trials: int, calls_per_trial: int, chunk: int) -> Non
     import pyarrow.parquet as pq
 
     from schemas import artifacts
-    from tasks import storage
-    from tasks.report import _trials_uri
-    from tasks.scoring import scores_uri
+    from tasks.core import storage
+    from tasks.report.stage import _trials_uri
+    from tasks.scoring.stage import scores_uri
 
     outs = {
         "trials": (_trials_uri(root, "bench", "trials"), artifacts.TRIALS),
@@ -416,8 +416,8 @@ def main() -> None:
     import subprocess
     import tempfile
 
-    from tasks import storage
-    from tasks.report import load_scored_trials, scan_llm_calls, scan_tool_calls
+    from tasks.core import storage
+    from tasks.report.stage import load_scored_trials, scan_llm_calls, scan_tool_calls
 
     root = tempfile.mkdtemp(prefix="querylab-bench-report-")
     try:

@@ -7,7 +7,7 @@ What runs (one process; the three kinds of cell interleaved, so they see the sam
 - **plain fork**: the pre-isolation design's core: this process imports pandas and pyarrow,
   then per cell ``fork()``\\ s a child that redirects stdout to a file, sets rlimits and runs
   ``exec(code)``; the parent waits. No namespaces, cgroups, uid change or file-system view.
-- **sealed cell**: :meth:`tasks.sandbox.Session.run` of the same code in one open sealed
+- **sealed cell**: :meth:`tasks.sandbox.session.Session.run` of the same code in one open sealed
   session (new PID namespace, cgroup join and limits, own mount namespace and ``/proc``,
   capabilities and uid dropped, seccomp, a fresh output tmpfs, the harness round trip).
 - **legacy cell**: the same in a legacy session (host directory, no file-system view).
@@ -77,7 +77,7 @@ def main() -> None:
     import pandas  # noqa: F401  (preloaded for the plain fork, as in the zygote)
     import pyarrow  # noqa: F401
 
-    from tasks.sandbox import Sandbox
+    from tasks.sandbox.session import Sandbox
 
     sb = Sandbox()
     cold = Sandbox(spares=0)

@@ -5,8 +5,8 @@
 What runs: a scripted OpenAI-compatible server (tests/fakes/openai_server.py, in this
 process, real HTTP on 127.0.0.1) plays a hostile model. Each payload of the corpus
 (tests/fakes/hostile.py) opens one trial of a batch that goes through the production path
-(tasks.trials.run_batch: the real ReAct loop, the real ToolBox, databases opened by
-tasks.engines as agents get them) on the built ``stocks`` (SQLite + DuckDB) and ``movies``
+(tasks.trials.stage.run_batch: the real ReAct loop, the real ToolBox, databases opened by
+tasks.db.engines as agents get them) on the built ``stocks`` (SQLite + DuckDB) and ``movies``
 (PostgreSQL + MongoDB) datasets:
 
 - query_db on all four engines: writes in disguise (CTE-wrapped, comment-hidden, chained,
@@ -18,7 +18,7 @@ tasks.engines as agents get them) on the built ``stocks`` (SQLite + DuckDB) and 
 - execute_python: a walk of / for answers, reading the repository / QUERYLAB_HOME / the
   artifact root / /etc/shadow, a .pth in site-packages, writing outside the work dir,
   umount /proc, host processes, environment secrets, network, a bounded fork bomb, memory
-  over a process tree, a daemon outliving its cell (these test the sandbox, tasks/sandbox.py);
+  over a process tree, a daemon outliving its cell (these test the sandbox, tasks/sandbox/session.py);
 - tool-call shapes: ids of 300 characters to 1 MB or of other types, arguments 100,000 deep,
   of 2 MB, of other types, lone surrogates, undecodable bodies, unknown tools, too many calls;
 - DAB inputs (run directly, not as trials): psql meta-commands in dumps, server-side attacks
@@ -93,7 +93,7 @@ def _checksum(db) -> str:
 def dab_verdicts(settings, hostile) -> list:
     """The DAB inputs: each is run directly and must raise a DabImportError naming the file
     (and line), with no marker file appearing."""
-    from tasks.dab_import import (
+    from tasks.datasets.dab_import import (
         DabImportError,
         import_dab_dataset,
         read_postgres_dump,
@@ -196,10 +196,10 @@ def main() -> None:
     import logging
 
     from schemas.settings import Settings
-    from tasks import storage
-    from tasks.build import build_dataset_artifacts
-    from tasks.engines import ensure_loaded, open_databases
-    from tasks.spec import spec_path
+    from tasks.core import storage
+    from tasks.datasets.build import build_dataset_artifacts
+    from tasks.db.engines import ensure_loaded, open_databases
+    from tasks.datasets.spec import spec_path
     from tests.fakes import hostile
     from tests.fakes.openai_server import ScriptedOpenAIServer
 

@@ -1,7 +1,7 @@
 """Benchmark: SQL feature extraction over every gold query of TPC-DS (99), Spider dev (1,034)
 and BIRD dev (1,534).
 
-Loads the corpora first (not timed), then times :func:`tasks.sql_features.extract_features`
+Loads the corpora first (not timed), then times :func:`tasks.text2sql.sql_features.extract_features`
 (parse + scope analysis + all features) over all queries, best of ``--repeat`` passes (default 3;
 the machine is shared and noisy). Prints per-corpus throughput, then the figure:
 
@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tasks.corpora import load_corpus, load_tpcds_corpus
-from tasks.sql_features import SQLFeatureError, extract_features, prepare_schema
+from tasks.text2sql.corpora import load_corpus, load_tpcds_corpus
+from tasks.text2sql.sql_features import SQLFeatureError, extract_features, prepare_schema
 
 TARGET_QPS = 200.0
 

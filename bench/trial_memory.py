@@ -10,7 +10,7 @@ its sandbox session: ``execute_python`` runs in the sealed sandbox). Same machin
 ``bench/latency_bound.py`` (:func:`bench.latency_bound.measure`).
 
 Sandboxes come from one zygote per process and its bounded warm pool of sessions
-(:mod:`tasks.sandbox`), not one interpreter per thread. Measured: the peak proportional set
+(:mod:`tasks.sandbox.session`), not one interpreter per thread. Measured: the peak proportional set
 size (PSS, shared pages split between the processes sharing them) of querylab's whole process
 tree (harness, query workers, zygote, sessions; the scripted server excluded), sampled every
 0.2 s, and the harness process's own peak RSS. The last line is the figure (target: ≤ 1.5 GB

@@ -8,12 +8,13 @@ from prefect import flow, get_run_logger, tags
 from flows.datasets import dataset_flows, default_datasets
 from flows.stages import datasets_stage, report_stage, score_stage, trials_stage
 from schemas.settings import Settings
-from tasks import local_model, runs
-from tasks.concurrency import DEFAULT_MAX_CONCURRENCY
-from tasks.dab_import import imported_datasets, imported_name
-from tasks.prefect_task import label_flow_run, run_tags
-from tasks.trials import agent_options as check_agent_options
-from tasks.trials import hint_conditions, model_agent_defaults, parse_agent, preflight_agents
+from tasks.agents import local_model
+from tasks.core import runs
+from tasks.core.concurrency import DEFAULT_MAX_CONCURRENCY
+from tasks.datasets.dab_import import imported_datasets, imported_name
+from tasks.core.prefect_task import label_flow_run, run_tags
+from tasks.trials.stage import agent_options as check_agent_options
+from tasks.trials.stage import hint_conditions, model_agent_defaults, parse_agent, preflight_agents
 
 
 def _benchmark_run_name() -> str:
@@ -46,27 +47,27 @@ def benchmark(
     query, score the answers and report pass@k. ``agent_options``:
     :class:`schemas.models.AgentOptions` fields (limits, retries, sampling, cache); ``hints``:
     hint conditions, ``["off"]`` (default, as DAB), ``["on"]`` or both
-    (:func:`tasks.trials.plan_batches`); ``query_ids`` / ``limit`` run a subset of each
+    (:func:`tasks.trials.stage.plan_batches`); ``query_ids`` / ``limit`` run a subset of each
     dataset's queries; ``agent_plans``: per-agent ``datasets`` / ``n_trials``
     (:class:`schemas.runs.AgentPlan`, e.g. a slow model on one dataset only);
     ``score_no_tool_call``: score ``no_tool_call`` texts on DAB datasets (DAB: invalid);
     ``max_concurrency``: trials in flight at once across the trials stage (batch size only
-    sets checkpoint granularity; :mod:`tasks.concurrency`);
+    sets checkpoint granularity; :mod:`tasks.core.concurrency`);
     ``run_id`` default: a new one (scheduled deployments). A dataset name may also be a DAB
     dataset imported into the artifact root (``querylab import-dab``), by DAB's name. A
     ``local:<model>`` server started for the run
     (by the preflight or the trials) is stopped when the run ends, also on failure.
 
     ``preflight``: before any dataset is built, each LLM agent is checked with one minimal
-    real request (:func:`tasks.llm.preflight`); a failure raises AgentConfigError naming agent,
+    real request (:func:`tasks.core.llm.preflight`); a failure raises AgentConfigError naming agent,
     endpoint and problem (the CLI runs the check itself, before Prefect starts, and passes
     False). The configuration is recorded in ``runs/<run_id>/run.json`` first, so any stage can
     be re-run later from the run id alone (:mod:`flows.stages`). When more than
     ``max_error_share`` of the trials errored (``api_error`` / ``error``), the flow fails with
-    :class:`tasks.runs.TrialsErrored` after the report is written (its ``result`` holds what
+    :class:`tasks.core.runs.TrialsErrored` after the report is written (its ``result`` holds what
     this returns). Returns ``run_id``, the ``manifests``, the ``trials`` URIs, the ``score``
     summary and the ``report`` dict."""
-    from tasks.llm import AgentConfigError
+    from tasks.core.llm import AgentConfigError
 
     root = artifacts_root or Settings.from_env().artifacts
     run_id = runs.valid_run_id(run_id or runs.new_run_id())

@@ -6,15 +6,15 @@ from prefect import flow, unmapped
 
 from schemas.equivalence import EquivalenceOptions
 from schemas.settings import Settings
-from tasks.equivalence import (
+from tasks.equivalence.stage import (
     combine_equivalence,
     equivalence_tables,
     plan_equivalence_batches,
     prepare_pairs,
     run_equivalence_batch,
 )
-from tasks.runs import gather
-from tasks.task_runners import EnvTaskRunner
+from tasks.core.runs import gather
+from tasks.core.task_runners import EnvTaskRunner
 
 DEFAULT_METHODS = ["exec_match", "finder"]
 
@@ -34,7 +34,7 @@ def equivalence(
     ``options``: an :class:`EquivalenceOptions` as a dict (match semantics, finder budget,
     judge settings, ``db_root``). Finished batches of the same run are skipped on re-run (a
     changed pair, method or option runs again); every batch runs to its end even when another
-    fails, then :class:`tasks.runs.StageFailed` names each failed one.
+    fails, then :class:`tasks.core.runs.StageFailed` names each failed one.
     Returns ``{"pairs", "equivalence", "tables"}`` (URIs; ``tables`` also holds the Markdown).
     """
     root = artifacts_root or Settings.from_env().artifacts

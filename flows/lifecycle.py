@@ -21,8 +21,8 @@ from tasks.lifecycle.pipeline import (
     run_lifecycle_batch,
 )
 from tasks.lifecycle.rewrite import check_rewrite_spec
-from tasks.runs import gather
-from tasks.task_runners import EnvTaskRunner
+from tasks.core.runs import gather
+from tasks.core.task_runners import EnvTaskRunner
 
 
 @flow(name="lifecycle", task_runner=EnvTaskRunner())
@@ -49,7 +49,7 @@ def lifecycle(
     (one mapped task per phase), then every (model × phase × batch of items) is a mapped task; a
     re-run with the same ``run_id``, items, models and config skips finished batches (a changed
     config or replay file runs them again); every batch runs to its end even when another
-    fails, then :class:`tasks.runs.StageFailed` names each failed one. Returns the URIs of
+    fails, then :class:`tasks.core.runs.StageFailed` names each failed one. Returns the URIs of
     :func:`tasks.lifecycle.pipeline.lifecycle_report` plus ``"items"`` (manifests per phase),
     ``"results"`` (per phase) and ``"databases"``."""
     root = artifacts_root or Settings.from_env().artifacts

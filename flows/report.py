@@ -7,7 +7,7 @@ from __future__ import annotations
 from prefect import flow
 
 from schemas.settings import Settings
-from tasks.report import compute_report_tables, judge_failure_modes, render_report, report_result
+from tasks.report.stage import compute_report_tables, judge_failure_modes, render_report, report_result
 
 
 @flow(name="report", flow_run_name="report-tables-{run_id}")

@@ -1,6 +1,6 @@
 """Stage flows keyed by ``run_id``: each re-runs one stage of a run from its run record alone.
 
-``runs/<run_id>/run.json`` (:mod:`tasks.runs`) holds what the run was configured with, so
+``runs/<run_id>/run.json`` (:mod:`tasks.core.runs`) holds what the run was configured with, so
 ``stage_trials("my-run")`` — or ``querylab rerun --run-id my-run --stage trials``, or
 ``prefect deployment run stage-trials/trials --param run_id=my-run`` — needs nothing else.
 Each stage records its attempt in ``runs/<run_id>/stages/<stage>.json`` and is idempotent on
@@ -10,7 +10,7 @@ Each stage records its attempt in ``runs/<run_id>/stages/<stage>.json`` and is i
   records the manifests.
 - ``trials``: the agent trials (finished batches and checkpointed trials skipped;
   ``retry_errors=True`` re-runs exactly the errored ones).
-- ``score``: the verdicts and the trace audit (:mod:`tasks.scoring`), from the stored answers;
+- ``score``: the verdicts and the trace audit (:mod:`tasks.scoring.stage`), from the stored answers;
   re-running it is ``querylab rescore`` and makes no model call.
 - ``report``: the report, from the artifacts alone.
 - ``generation``, ``equivalence``, ``lifecycle``: the stand-alone suites
@@ -23,9 +23,9 @@ from __future__ import annotations
 from prefect import flow, tags
 
 from schemas.settings import Settings
-from tasks import runs
-from tasks.prefect_task import label_flow_run, run_tags
-from tasks.progress import StageProgress
+from tasks.core import runs
+from tasks.core.prefect_task import label_flow_run, run_tags
+from tasks.core.progress import StageProgress
 
 
 def _root(artifacts_root: str | None) -> str:
@@ -44,9 +44,9 @@ def datasets_stage(run_id: str, root: str) -> list[str]:
     from flows.datasets import dataset_flows
 
     from flows.datasets.dab_import import load_imported
-    from tasks import storage
-    from tasks.dab_import import imported_name
-    from tasks.dab_rules import dataset_condition
+    from tasks.core import storage
+    from tasks.datasets.dab_import import imported_name
+    from tasks.scoring.dab_rules import dataset_condition
 
     config = runs.benchmark_config(root, run_id)
     flows = dataset_flows()
@@ -88,7 +88,7 @@ def stage_datasets(run_id: str, artifacts_root: str | None = None) -> list[str]:
 def trials_stage(run_id: str, root: str, retry_errors: bool = False) -> dict[str, str]:
     """Body of :func:`stage_trials` (runs inside any flow: the benchmark runs it inline)."""
     from flows.trials import run_trials
-    from tasks.task_runners import EnvTaskRunner
+    from tasks.core.task_runners import EnvTaskRunner
 
     config = runs.benchmark_config(root, run_id)
     manifests = runs.run_manifests(root, run_id)
@@ -123,7 +123,7 @@ def stage_trials(
 
 def score_stage(run_id: str, root: str) -> dict:
     """Body of :func:`stage_score` (runs inside any flow: the benchmark runs it inline)."""
-    from tasks.scoring import score_run
+    from tasks.scoring.stage import score_run
 
     runs.valid_run_id(run_id)
     with runs.stage_run(root, run_id, "score") as stage:
@@ -135,7 +135,7 @@ def score_stage(run_id: str, root: str) -> dict:
 @flow(name="stage-score", flow_run_name="score-{run_id}")
 def stage_score(run_id: str, artifacts_root: str | None = None) -> dict:
     """Score the run's stored answers with the datasets' validators as they are now and audit
-    every transcript (:func:`tasks.scoring.score_run`): ``score/scores.parquet``,
+    every transcript (:func:`tasks.scoring.stage.score_run`): ``score/scores.parquet``,
     ``score/audit.parquet``, ``score/summary.json``. No model call. Returns the URIs and the
     summary (trials, correct, incorrect, errored, error_share, flagged, scorer_version)."""
     root = _root(artifacts_root)
@@ -170,7 +170,7 @@ def rerun_errored(
 ) -> dict:
     """Re-run exactly the run's errored trials (finished trials and cached model responses
     untouched), then score and report it again. Fails with
-    :class:`tasks.runs.TrialsErrored` when errored trials remain above ``max_error_share``
+    :class:`tasks.core.runs.TrialsErrored` when errored trials remain above ``max_error_share``
     (default: the run's recorded one). Returns ``{"trials", "score", "report"}``."""
     root = _root(artifacts_root)
     label_flow_run(_run_tags(root, run_id))

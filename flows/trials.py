@@ -5,12 +5,12 @@ from __future__ import annotations
 from prefect import flow, unmapped
 
 from schemas.settings import Settings
-from tasks import local_model
-from tasks.concurrency import DEFAULT_MAX_CONCURRENCY
-from tasks.progress import StageProgress, count_finished_trials
-from tasks.runs import gather
-from tasks.task_runners import EnvTaskRunner
-from tasks.trials import combine_trials, describe_agents, plan_batches, run_trial_batch
+from tasks.agents import local_model
+from tasks.core.concurrency import DEFAULT_MAX_CONCURRENCY
+from tasks.core.progress import StageProgress, count_finished_trials
+from tasks.core.runs import gather
+from tasks.core.task_runners import EnvTaskRunner
+from tasks.trials.stage import combine_trials, describe_agents, plan_batches, run_trial_batch
 
 
 @flow(name="trials", flow_run_name="trials-batches-{run_id}", task_runner=EnvTaskRunner())
@@ -34,24 +34,24 @@ def run_trials(
     (finished batches and checkpointed trials are skipped) and combine the batches.
 
     Every batch runs to its end even when another fails; then the flow fails with
-    :class:`tasks.runs.StageFailed` naming the failed batches (re-running skips the finished
+    :class:`tasks.core.runs.StageFailed` naming the failed batches (re-running skips the finished
     ones). ``hints``: hint conditions (default ``["off"]``, see
-    :func:`tasks.trials.plan_batches`). ``retry_errors``: finished batches re-run their errored
+    :func:`tasks.trials.stage.plan_batches`). ``retry_errors``: finished batches re-run their errored
     trials (``api_error`` / ``error``) and keep every other row. ``query_ids`` / ``limit``
-    select a subset of each dataset's queries (:func:`tasks.trials.select_queries`);
+    select a subset of each dataset's queries (:func:`tasks.trials.stage.select_queries`);
     ``agent_plans``: per-agent datasets and trials (:class:`schemas.runs.AgentPlan` dicts).
     ``agent_defaults``: agent → its model's default options (the run record's; None: the
-    models table's now; :func:`tasks.trials.plan_batches`).
+    models table's now; :func:`tasks.trials.stage.plan_batches`).
     ``max_concurrency``: trials in flight at once across every batch (each batch runs its
     trials concurrently; the models table's ``max_concurrency`` caps a model further, see
-    :mod:`tasks.concurrency`); the batches run on the task runner ``QUERYLAB_TASK_RUNNER``
-    names (:mod:`tasks.task_runners`: Prefect's thread pool, or Dask).
+    :mod:`tasks.core.concurrency`); the batches run on the task runner ``QUERYLAB_TASK_RUNNER``
+    names (:mod:`tasks.core.task_runners`: Prefect's thread pool, or Dask).
     Progress (trials done, counted from checkpoints) goes to a Prefect progress artifact and
     the CLI's bar. ``agent_options``: :class:`schemas.models.AgentOptions` fields (limits,
     retries, sampling, cache, sandbox limits). A ``local:<model>`` server is shared by the
-    batches and stopped at the end (:func:`tasks.local_model.serving`). Returns the URIs of
+    batches and stopped at the end (:func:`tasks.agents.local_model.serving`). Returns the URIs of
     ``trials``, ``tool_calls``, ``llm_calls``, ``messages`` and ``agents`` (agents.json). Trial
-    rows carry no verdict: the score stage (:mod:`tasks.scoring`) judges them.
+    rows carry no verdict: the score stage (:mod:`tasks.scoring.stage`) judges them.
     """
     root = artifacts_root or Settings.from_env().artifacts
     with local_model.serving():

@@ -103,12 +103,12 @@ def check_datasets(names: list[str] | None, root: str | None = None) -> list[str
     in case is resolved to it). UsageError for an unknown name. Needs no Prefect."""
     import difflib
 
-    from tasks.catalogue import dataset_names
+    from tasks.datasets.catalogue import dataset_names
 
     known = dataset_names()
     imported = {}
     if root is not None and any(n not in known for n in names or []):
-        from tasks.dab_import import imported_datasets
+        from tasks.datasets.dab_import import imported_datasets
 
         imported = imported_datasets(root)
     out, unknown = [], []
@@ -134,15 +134,15 @@ def check_specs(names: list[str], query_ids: list[str] | None = None,
     """Load the spec of each dataset (SpecError, one line, before anything starts) — or, for
     an imported DAB dataset, its manifest — and check that every ``--query`` id names a query
     of one of them (UsageError)."""
-    from tasks.catalogue import SHARED_DATASETS, dataset_names, shared_data_dir
-    from tasks.spec import check_sources, load_spec, spec_path
+    from tasks.datasets.catalogue import SHARED_DATASETS, dataset_names, shared_data_dir
+    from tasks.datasets.spec import check_sources, load_spec, spec_path
 
     ids: set[str] = set()
     built = set(dataset_names())
     for name in names:
         if name not in built:  # imported (check_datasets resolved it)
-            from tasks import storage
-            from tasks.dab_import import resolve_imported
+            from tasks.core import storage
+            from tasks.datasets.dab_import import resolve_imported
 
             entry = resolve_imported(root, name) if root else None
             if entry is not None:
@@ -160,9 +160,9 @@ def check_specs(names: list[str], query_ids: list[str] | None = None,
 
 
 def check_agents_now(agents: list[str], options: dict | None, command: str) -> list[dict]:
-    """:func:`tasks.trials.check_agents` before anything starts, printing its warnings (an
+    """:func:`tasks.trials.stage.check_agents` before anything starts, printing its warnings (an
     endpoint overriding the models table's, a model without prices) as one line each."""
-    from tasks.trials import check_agents
+    from tasks.trials.stage import check_agents
 
     described = check_agents(agents, options=options)
     for d in described:
@@ -173,13 +173,13 @@ def check_agents_now(agents: list[str], options: dict | None, command: str) -> l
 
 def run_preflight(agents: list[str], options: dict | None, command: str,
                   record: tuple[str, str] | None = None) -> list:
-    """Check every LLM agent with one minimal real request (:func:`tasks.trials.preflight_agents`)
+    """Check every LLM agent with one minimal real request (:func:`tasks.trials.stage.preflight_agents`)
     before anything is built; UsageError with one line per failing agent (agent, endpoint,
     problem). Warnings (a rate limit at the check) are printed. ``record``: ``(artifacts root,
-    run id)`` to record the checks with (:func:`tasks.runs.record_preflight`: they are paid
+    run id)`` to record the checks with (:func:`tasks.core.runs.record_preflight`: they are paid
     requests; a failed check of a run that never started is not recorded). Returns the
     results."""
-    from tasks.trials import preflight_agents
+    from tasks.trials.stage import preflight_agents
 
     results = preflight_agents(agents, options)
     for r in results:
@@ -189,7 +189,7 @@ def run_preflight(agents: list[str], options: dict | None, command: str,
     if failed:
         raise UsageError("preflight failed: " + "; ".join(r.line() for r in failed))
     if record is not None:
-        from tasks.runs import record_preflight
+        from tasks.core.runs import record_preflight
 
         record_preflight(record[0], record[1], results)
     return results
@@ -237,9 +237,9 @@ def _print_timings(root: str, run_id: str, trials: dict, total_s: float) -> None
     import polars as pl
 
     from schemas import artifacts
-    from tasks import storage
+    from tasks.core import storage
     from schemas.runs import BENCHMARK_STAGES
-    from tasks.runs import stage_status
+    from tasks.core.runs import stage_status
 
     stages, summed = [], 0.0
     for stage in BENCHMARK_STAGES:
@@ -267,10 +267,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     stage failed or more trials errored than ``--max-error-share`` allows; 2 for bad input."""
     from querylab import cmd_agents
     from schemas.settings import Settings
-    from tasks.catalogue import default_datasets
-    from tasks.llm import local_entry
-    from tasks.runs import run_lease, valid_run_id
-    from tasks.trials import parse_agent
+    from tasks.datasets.catalogue import default_datasets
+    from tasks.core.llm import local_entry
+    from tasks.core.runs import run_lease, valid_run_id
+    from tasks.trials.stage import parse_agent
 
     started = time.monotonic()
     settings = Settings.from_env()
@@ -331,9 +331,9 @@ def _run_benchmark(args, run_id, root, names, agents, options, hints, plans, sta
     _prefect_defaults()
     from flows.benchmark import benchmark
     from querylab.cmd_report import print_report, with_run_details
-    from tasks import interrupt
-    from tasks.progress import console_progress
-    from tasks.runs import StageFailed, TrialsErrored
+    from tasks.core import interrupt
+    from tasks.core.progress import console_progress
+    from tasks.core.runs import StageFailed, TrialsErrored
 
     if not getattr(args, "debug", False):
         quiet_tracebacks()
@@ -384,13 +384,13 @@ def replay_datasets(agents: list[str], root: str) -> list[str]:
     """The datasets a run of replay agents only is about when none is named: those their
     answer files answer (querylab's own, or imported DAB datasets, matched ignoring case);
     UsageError naming the ones that are neither. [] when some agent is not a replay agent."""
-    from tasks.replay import load_answers
-    from tasks.trials import parse_agent
+    from tasks.agents.replay import load_answers
+    from tasks.trials.stage import parse_agent
 
     if not agents or any(parse_agent(a)[0] != "replay" for a in agents):
         return []
-    from tasks.catalogue import dataset_names
-    from tasks.dab_import import imported_datasets
+    from tasks.datasets.catalogue import dataset_names
+    from tasks.datasets.dab_import import imported_datasets
 
     known = {n.casefold(): n for n in (*imported_datasets(root), *dataset_names())}
     names: list[str] = []
@@ -423,11 +423,11 @@ def check_scored(score: dict, command: str) -> int:
 
 def print_dab_figures(root: str, run_id: str, manifests: list[str]) -> None:
     """For a run on DAB datasets: DAB's leaderboard pass@1 per dataset and overall, computed
-    as DAB's scripts compute it (:func:`tasks.dab_rules.leaderboard_pass_at_1`); the last line
+    as DAB's scripts compute it (:func:`tasks.scoring.dab_rules.leaderboard_pass_at_1`); the last line
     is ``DAB pass@1: 0.xxxx`` (one per agent when several)."""
-    from tasks import storage
-    from tasks.dab_rules import is_dab, leaderboard_pass_at_1
-    from tasks.scoring import load_scores
+    from tasks.core import storage
+    from tasks.scoring.dab_rules import is_dab, leaderboard_pass_at_1
+    from tasks.scoring.stage import load_scores
 
     dab = {m["name"] for m in (storage.read_json(u) for u in manifests) if is_dab(m)}
     if not dab:
@@ -477,11 +477,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that are the user's input (one line, exit 2)."""
     from schemas.artifacts import ArtifactSchemaError
-    from tasks.llm import AgentConfigError
-    from tasks.runs import RunError
-    from tasks.scoring import ScoringError
-    from tasks.spec import SpecError
-    from tasks.storage import StorageError
+    from tasks.core.llm import AgentConfigError
+    from tasks.core.runs import RunError
+    from tasks.scoring.stage import ScoringError
+    from tasks.datasets.spec import SpecError
+    from tasks.core.storage import StorageError
 
     return (UsageError, AgentConfigError, SpecError, StorageError, ArtifactSchemaError, RunError,
             ScoringError)

@@ -69,11 +69,11 @@ def agent_options_from_args(args: argparse.Namespace) -> dict:
 def cmd_models(args: argparse.Namespace) -> int:
     """Print the models table, or check agents as a run does — resolution plus the preflight
     request of each LLM agent (exit 2 with one line per agent that cannot run)."""
-    from tasks.llm import AgentConfigError, load_models_config, local_entry
+    from tasks.core.llm import AgentConfigError, load_models_config, local_entry
 
     try:
         if args.check:
-            from tasks.trials import check_agents, preflight_agents
+            from tasks.trials.stage import check_agents, preflight_agents
 
             described = check_agents(args.check)
             checks = iter(preflight_agents(args.check))  # one per LLM agent, in order

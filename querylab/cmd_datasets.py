@@ -167,12 +167,12 @@ import yaml
 
 from schemas.settings import Settings
 from tasks import storage
-from tasks.agent import run_oracle
-from tasks.build import build_dataset_artifacts
-from tasks.engines import ensure_loaded, open_databases
-from tasks.scoring import full_manifest
-from tasks.tools import ToolBox
-from tasks.validate import is_correct
+from tasks.agents.react import run_oracle
+from tasks.datasets.build import build_dataset_artifacts
+from tasks.db.engines import ensure_loaded, open_databases
+from tasks.scoring.stage import full_manifest
+from tasks.agents.tools import ToolBox
+from tasks.scoring.validate import is_correct
 
 SPEC = Path(__file__).resolve().parents[1] / "data" / "{name}.yaml"
 
@@ -259,8 +259,8 @@ def scaffold_dataset(name: str, root: str | Path = REPO_ROOT, force: bool = Fals
 
 
 def _dataset_rows() -> list[dict]:
-    from tasks.catalogue import SHARED_DATASETS, dataset_names, shared_data_dir
-    from tasks.spec import SpecError, check_sources, load_spec, spec_path
+    from tasks.datasets.catalogue import SHARED_DATASETS, dataset_names, shared_data_dir
+    from tasks.datasets.spec import SpecError, check_sources, load_spec, spec_path
 
     rows = []
     for name in dataset_names():
@@ -320,7 +320,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         print(f"querylab datasets build: {exc}", file=sys.stderr)
         return 2
     from flows.datasets import dataset_flows
-    from tasks.spec import SpecError
+    from tasks.datasets.spec import SpecError
 
     flows = dataset_flows()
     for name in args.names:
@@ -351,7 +351,7 @@ def cmd_import_dab(args: argparse.Namespace) -> int:
     from querylab.cmd_agents import agent_options_from_args
     from querylab.cmd_report import print_report, with_run_details
     from schemas.settings import Settings
-    from tasks.dab_import import DabImportError, find_dab_datasets
+    from tasks.datasets.dab_import import DabImportError, find_dab_datasets
 
     run_id = None if args.no_run else run_id_or_new(args.run_id)
     agents = args.agent or ["oracle"]
@@ -407,11 +407,11 @@ def _check_replay_files(agents: list[str], args: argparse.Namespace) -> None:
     a dataset of this checkout (by DAB's name, ignoring case) and one of its query folders —
     UsageError / ReplayError naming those that are not (a typo would score nothing)."""
     from querylab import UsageError
-    from tasks.dab_import import DabImportError, dataset_name, find_dab_datasets
-    from tasks.replay import load_answers
-    from tasks.trials import parse_agent
+    from tasks.datasets.dab_import import DabImportError, dataset_name, find_dab_datasets
+    from tasks.agents.replay import load_answers
+    from tasks.trials.stage import parse_agent
 
-    from tasks.replay import answers_for, unmatched_datasets
+    from tasks.agents.replay import answers_for, unmatched_datasets
 
     found = []
     for folder in find_dab_datasets(args.path):

@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.equivalence import DEFAULT_METHODS, equivalence
     from querylab import run_id_or_new
     from schemas.settings import Settings
-    from tasks.equivalence import PairsError, load_pairs, parse_method
+    from tasks.equivalence.stage import PairsError, load_pairs, parse_method
 
     methods = args.method or DEFAULT_METHODS
     try:
@@ -81,8 +81,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from schemas.settings import Settings
-    from tasks.equivalence import equivalence_tables
-    from tasks.storage import StorageError
+    from tasks.equivalence.stage import equivalence_tables
+    from tasks.core.storage import StorageError
 
     root = args.artifacts or Settings.from_env().artifacts
     try:
@@ -119,9 +119,9 @@ def cmd_find(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from schemas.equivalence import EquivalenceOptions, QueryPair
-    from tasks.counterexample import find_counterexample
-    from tasks.equivalence import PairsError, load_pairs, pair_schema
-    from tasks.instances import SchemaError
+    from tasks.equivalence.counterexample import find_counterexample
+    from tasks.equivalence.stage import PairsError, load_pairs, pair_schema
+    from tasks.equivalence.instances import SchemaError
 
     options = EquivalenceOptions.model_validate(_options(args))
     try:

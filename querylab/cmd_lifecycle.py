@@ -208,7 +208,7 @@ def cmd_items(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from schemas.settings import Settings
-    from tasks import storage
+    from tasks.core import storage
     from tasks.lifecycle.pipeline import lifecycle_report
 
     root = args.artifacts or Settings.from_env().artifacts

@@ -84,7 +84,7 @@ def _root(args: argparse.Namespace) -> str:
 def _plan(root: str, run_id: str, wanted: list[str] | None, retry_errors: bool = False) -> list[str]:
     """The stages to run, in DAG order; RunError when one cannot run. ``retry_errors``: the
     trials stage and everything after it (score, report)."""
-    from tasks import runs
+    from tasks.core import runs
 
     record = runs.load_run(root, run_id)
     configured = runs.configured_stages(record)
@@ -128,7 +128,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     2 for a bad run id or a run without the needed record."""
     from querylab.cli import first_line, quiet_tracebacks, run_preflight
     from querylab.cmd_report import print_report, with_run_details
-    from tasks import runs
+    from tasks.core import runs
 
     root = _root(args)
     retry = getattr(args, "retry_errors", False)
@@ -158,8 +158,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
         _prefect_defaults()  # no telemetry attempts (and their ERROR lines) offline, as `run`
         from flows.stages import run_stage
-        from tasks import interrupt
-        from tasks.progress import console_progress
+        from tasks.core import interrupt
+        from tasks.core.progress import console_progress
 
         if not getattr(args, "debug", False):
             quiet_tracebacks()
@@ -200,7 +200,7 @@ def _errored_status(root: str, run_id: str, max_share: float | None, command: st
     of errored trials is above ``max_share`` (None: the run's recorded ``max_error_share``),
     else 0 — the rule ``querylab run`` exits by, so ``rerun`` of a finished run, ``rerun
     --stage report`` and ``rescore`` say the same. A run without a score summary is 0."""
-    from tasks import runs
+    from tasks.core import runs
 
     if runs.score_summary(root, run_id) is None:
         return 0
@@ -226,11 +226,12 @@ def cmd_rescore(args: argparse.Namespace) -> int:
     import polars as pl
 
     from querylab.cmd_report import print_report, with_run_details
-    from tasks import runs, storage
-    from tasks.report import report_run
-    from tasks.scoring import SCORER_VERSION, score_run, scores_uri
+    from tasks.core import runs
+    from tasks.core import storage
+    from tasks.report.stage import report_run
+    from tasks.scoring.stage import SCORER_VERSION, score_run, scores_uri
 
-    from tasks.rescore import RescoreRefused, apply_rescore, plan_rescore
+    from tasks.scoring.rescore import RescoreRefused, apply_rescore, plan_rescore
 
     root = _root(args)
     runs.valid_run_id(args.run_id)
@@ -290,7 +291,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
 def cmd_runs(args: argparse.Namespace) -> int:
     """``querylab runs``: every run under the artifact root, newest first (date, agents,
     datasets, status, errored trials, pass@1 per agent)."""
-    from tasks import runs
+    from tasks.core import runs
 
     listed = runs.list_runs(_root(args))
     if args.json:
@@ -318,7 +319,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """``querylab status``: print the run record and each stage's latest attempt (exit 2 when
     the run has no record)."""
-    from tasks import runs
+    from tasks.core import runs
 
     root = _root(args)
     try:
@@ -342,7 +343,7 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{b.max_concurrency} at once")
     for stage, params in record.stages.items():
         print(f"{stage}: {json.dumps(params, sort_keys=True)}")
-    from tasks.sandbox import missing_text
+    from tasks.sandbox.session import missing_text
 
     for agent, missing in runs.unsafe_agents(root, args.run_id).items():
         print(f"sandbox: UNSAFE: {agent} ran with --unsafe-sandbox; {missing_text(missing)}")

@@ -10,12 +10,12 @@ import sys
 
 
 def print_report(rep: dict) -> int:
-    """Print a report result (see :func:`tasks.report.report_run`, optionally extended by
+    """Print a report result (see :func:`tasks.report.stage.report_run`, optionally extended by
     :func:`with_run_details`): the pass@k table, per-query pass@1, queries with incorrect
     trials, errored trials with the retry command, notes, and where the report and viewer
     are. Returns 1 when an ``oracle`` agent failed a query (a dataset bug: its reference
     solution does not reproduce the ground truth), else 0 (errored trials are the caller's
-    business: :func:`tasks.runs.check_error_share`)."""
+    business: :func:`tasks.core.runs.check_error_share`)."""
     print("\npass@k over scored trials (n = scored, n_errored = errored, left out; mean over "
           "queries per dataset; ALL rows: over all queries / over datasets)")
     print(rep["table"])
@@ -42,7 +42,7 @@ def print_report(rep: dict) -> int:
         reasons = ", ".join(f"{r} {n}" for r, n in (rep.get("errored") or {}).get("by_reason", {}).items())
         print(f"\nErrored trials: {counts['errored']} of {counts['trials']} ({reasons}); no "
               "verdict, left out of every score.")
-        from tasks.safe_text import terminal_text
+        from tasks.core.safe_text import terminal_text
 
         for agent, error in (rep.get("errors") or {}).items():  # endpoint text: no escapes
             print(f"  {agent}: e.g. {terminal_text(error, 300)}")
@@ -67,7 +67,7 @@ def with_run_details(rep: dict, root: str, run_id: str) -> dict:
     error of an errored trial to a report."""
     import polars as pl
 
-    from tasks.report import load_scored_trials
+    from tasks.report.stage import load_scored_trials
 
     trials = load_scored_trials(root, run_id)
     scored = pl.col("verdict") != "errored"
@@ -100,8 +100,8 @@ def _root(args: argparse.Namespace) -> str:
 
 def _check_run(root: str, run_id: str) -> None:
     from querylab import UsageError
-    from tasks import storage
-    from tasks.runs import valid_run_id
+    from tasks.core import storage
+    from tasks.core.runs import valid_run_id
 
     valid_run_id(run_id)
     trials = storage.join(root, "runs", run_id, "trials", "trials.parquet")
@@ -113,7 +113,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Recompute the report of ``args.run_id`` as plain function calls (no Prefect) and print
     it; a run id without artifacts is a :class:`querylab.UsageError`, a run not scored a
     ScoringError (``querylab rescore``)."""
-    from tasks.report import report_run
+    from tasks.report.stage import report_run
 
     root = _root(args)
     _check_run(root, args.run_id)
@@ -125,8 +125,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_view(args: argparse.Namespace) -> int:
     """Write the run's transcript viewer (``report/viewer.html``) and print where it is; with
     ``--serve`` also serve it on 127.0.0.1 until interrupted."""
-    from tasks import storage
-    from tasks.viewer import serve_html, write_viewer
+    from tasks.core import storage
+    from tasks.report.viewer import serve_html, write_viewer
 
     root = _root(args)
     _check_run(root, args.run_id)

@@ -31,7 +31,7 @@ def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
 
 
 def cmd_features(args: argparse.Namespace) -> int:
-    from tasks.sql_features import SQLFeatureError, extract_features
+    from tasks.text2sql.sql_features import SQLFeatureError, extract_features
 
     try:
         feats = extract_features(args.sql, args.dialect)

@@ -157,7 +157,7 @@ MESSAGES = artifact_schema(
 #: validator's one-line reason (or why the trial errored); ``validator`` the validator kind and
 #: ``validator_digest`` 12 hex digits of its spec, ground truth and script; ``answer`` and
 #: ``terminate_reason`` as scored (a later re-run of the trial makes the score stale);
-#: ``scorer_version`` :data:`tasks.scoring.SCORER_VERSION`; ``audit_flags`` the number of trace
+#: ``scorer_version`` :data:`tasks.scoring.stage.SCORER_VERSION`; ``audit_flags`` the number of trace
 #: audit findings of the trial (rows of :data:`AUDIT`).
 SCORES = artifact_schema(
     "scores",
@@ -181,7 +181,7 @@ SCORES = artifact_schema(
 )
 
 #: Trace-audit findings (``runs/<run_id>/score/audit.parquet``), one row per finding:
-#: ``check`` is one of :data:`tasks.audit.CHECKS` (``path_outside_workdir``,
+#: ``check`` is one of :data:`tasks.scoring.audit.CHECKS` (``path_outside_workdir``,
 #: ``network_attempt``, ``answer_key_access``, ``ground_truth_before_tool_output``,
 #: ``answer_not_in_tool_output``); ``message_index`` the transcript message that shows it
 #: (null when the finding is about the trial as a whole); ``evidence`` a short excerpt.

@@ -158,7 +158,7 @@ class QueryPair(_Strict):
     def _known_dialect(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from tasks.sql_dialects import SQLReadError, sqlglot_dialect
+        from tasks.equivalence.sql_dialects import SQLReadError, sqlglot_dialect
 
         try:
             sqlglot_dialect(v)
@@ -194,7 +194,7 @@ class QueryPair(_Strict):
 
 
 class MatchOptions(_Strict):
-    """How two results are compared (test-suite semantics, see :mod:`tasks.result_match`):
+    """How two results are compared (test-suite semantics, see :mod:`tasks.scoring.result_match`):
     ``bag`` (duplicates count) or set; ``order``: ``auto`` = row order matters only when both
     queries have a top-level ORDER BY (for a given database: when either has one), ``always``,
     ``never``; ``permute_columns``: a column order that makes the results equal is searched."""
@@ -248,7 +248,7 @@ class JudgeOptions(_Strict):
         return data
 
     def agent_options(self) -> AgentOptions:
-        """These options as the shared model-call options of :class:`tasks.llm.ChatModel`."""
+        """These options as the shared model-call options of :class:`tasks.core.llm.ChatModel`."""
         return AgentOptions(
             max_retries=self.api_retries, request_timeout_s=self.timeout_s,
             temperature=self.temperature, max_completion_tokens=self.max_tokens,

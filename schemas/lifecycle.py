@@ -301,7 +301,7 @@ class LifecycleConfig(_Strict):
     ``max_completion_tokens``), ``request_timeout_s`` (per HTTP attempt), ``api_retries`` (extra
     attempts of a model call after HTTP 408/429/5xx, timeouts or connection errors, backoff
     honouring ``Retry-After``) and ``cache`` (the shared response cache: ``on``, ``refresh``,
-    ``off``) — the model-call options of :class:`tasks.llm.ChatModel`. Prices come from the
+    ``off``) — the model-call options of :class:`tasks.core.llm.ChatModel`. Prices come from the
     models table (``data/models.yaml`` / ``QUERYLAB_MODELS``); a model in no file gets a null
     cost.
     """
@@ -340,7 +340,7 @@ class LifecycleConfig(_Strict):
         return data
 
     def agent_options(self) -> AgentOptions:
-        """The model-call options of :class:`tasks.llm.ChatModel` for ``openai:`` agents."""
+        """The model-call options of :class:`tasks.core.llm.ChatModel` for ``openai:`` agents."""
         return AgentOptions(
             max_retries=self.api_retries,
             request_timeout_s=self.request_timeout_s,

@@ -62,7 +62,7 @@ def check_base_url(url: str) -> str:
 
 #: How a model is asked for tool calls: ``native`` (the OpenAI ``tools`` parameter),
 #: ``json_schema`` (JSON-schema constrained output translated to and from tool calls by
-#: :mod:`tasks.tool_protocol`) or ``auto`` (native when the first probe request comes back with
+#: :mod:`tasks.agents.tool_protocol`) or ``auto`` (native when the first probe request comes back with
 #: a tool call, else json_schema).
 ToolProtocol = Literal["native", "json_schema", "auto"]
 #: A top-level Python package name (found without importing it).
@@ -133,7 +133,7 @@ class ModelConfig(_Strict):
     - ``local``: a :class:`LocalModel` served by querylab itself (then ``base_url`` and
       ``api_key_env`` must be unset: the server's address and key are made per run).
     - ``max_concurrency``: trials of this model in flight at once, across the whole trials
-      stage (:mod:`tasks.concurrency`; on top of the stage's ``--max-concurrency``). None: no
+      stage (:mod:`tasks.core.concurrency`; on top of the stage's ``--max-concurrency``). None: no
       cap of its own — except a ``local`` model, capped at its ``parallel`` slots.
     - ``agent_defaults``: this model's own defaults of the per-trial limits
       (:data:`MODEL_DEFAULT_OPTIONS` fields of :class:`AgentOptions`, e.g. a small local
@@ -254,7 +254,7 @@ class AgentOptions(_Strict):
 
     ``cache``: ``on`` (read and write the response cache), ``refresh`` (write only), ``off``.
 
-    Sandbox of ``execute_python`` (:mod:`tasks.sandbox`), per cell: ``python_timeout_s`` wall
+    Sandbox of ``execute_python`` (:mod:`tasks.sandbox.session`), per cell: ``python_timeout_s`` wall
     seconds, ``python_memory_mb`` MiB for the cell's process tree and work-directory files
     (cgroup; also each process's address space), ``python_cpu_s`` CPU seconds of the tree,
     ``python_max_procs`` processes + threads; per trial: a ``python_disk_mb`` MiB work
@@ -264,7 +264,7 @@ class AgentOptions(_Strict):
     What a tool result shows the model: at most ``preview_chars`` characters per tool message
     (longer results are previewed; the variable holds them whole), ``preview_rows`` rows of a
     query result, each value cut at ``preview_value_chars``. On datasets imported in DAB's
-    format the defaults are DAB's (:data:`tasks.dab_rules.DAB_AGENT_DEFAULTS`: 100 model
+    format the defaults are DAB's (:data:`tasks.scoring.dab_rules.DAB_AGENT_DEFAULTS`: 100 model
     calls, 600 s per ``execute_python`` call, 10,000-character previews) unless set.
     """
 

@@ -131,7 +131,7 @@ COST = _schema(
 )
 
 #: One row per incorrect trial: the deterministic failure mode (FM1–FM5), the ``rule`` that
-#: fired (see :mod:`tasks.failure_modes`), the required sources never touched and the required
+#: fired (see :mod:`tasks.report.failure_modes`), the required sources never touched and the required
 #: operations without evidence in the trajectory.
 FAILURE_LABELS = _schema(
     "failure_labels",
@@ -183,7 +183,7 @@ FAILURE_JUDGE = _schema(
 )
 
 #: Tool use per (agent, dataset) and per agent (``"ALL"``). Shares in [0, 1]; see
-#: :mod:`tasks.tool_use` for the detection rules. ``db_python_ratio`` is null without Python
+#: :mod:`tasks.report.tool_use` for the detection rules. ``db_python_ratio`` is null without Python
 #: calls; ``extract_*`` are shares of trials whose trajectory used that extraction method.
 TOOL_USE = _schema(
     "tool_use",

@@ -127,7 +127,7 @@ class RunRecord(BaseModel):
     benchmark: BenchmarkConfig | None = None
     manifests: list[str] = Field(default_factory=list)
     #: dataset name → the condition its trials ran under (hints, effective agent options,
-    #: scoring rules; :func:`tasks.dab_rules.dataset_condition`), recorded by the datasets stage
+    #: scoring rules; :func:`tasks.scoring.dab_rules.dataset_condition`), recorded by the datasets stage
     conditions: dict[str, dict[str, Any]] = Field(default_factory=dict)
     stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
 

@@ -14,7 +14,7 @@ Artifacts (run-scoped, under ``<root>/runs/<run_id>/``):
 - ``text2sql/jaccard.parquet`` — :data:`TEXT2SQL_JACCARD`, per model × bag feature;
 - ``spider/execution_accuracy.parquet`` — :data:`SPIDER_EX`, one row per Spider query.
 
-Feature definitions: :mod:`tasks.sql_features`.
+Feature definitions: :mod:`tasks.text2sql.sql_features`.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ COMPLEXITY = _schema(
 #: ``replay:<name>``, ``oracle``); ``attempt`` 0 is the first try, attempt k > 0 the k-th retry
 #: (after PostgreSQL's error was sent back); ``valid``: the SQL passed ``EXPLAIN`` on the TPC-DS
 #: schema; ``error``: PostgreSQL's message (or why no SQL was produced; ``api_error: ...`` for an
-#: API failure after the shared retries of :mod:`tasks.llm`); ``final``: the last attempt of its
+#: API failure after the shared retries of :mod:`tasks.core.llm`); ``final``: the last attempt of its
 #: (model, query); tokens as reported by the API (0 offline; on a response-cache hit as first
 #: reported); ``cost_usd`` what the call cost, from the models-table prices (0 on a cache hit or
 #: a failed call; null when the model is not in the models table, i.e. unpriced; 0 for offline
@@ -170,7 +170,7 @@ TEXT2SQL_JACCARD = _schema(
     ],
 )
 
-#: Spider execution accuracy per query (see :func:`tasks.spider.score_execution_accuracy`).
+#: Spider execution accuracy per query (see :func:`tasks.text2sql.spider.score_execution_accuracy`).
 SPIDER_EX = _schema(
     "spider_execution_accuracy",
     [
@@ -243,13 +243,13 @@ class GenerationConfig(_Strict):
       (``max_tokens`` is sent as ``max_completion_tokens``);
     - ``request_timeout_s``: per HTTP attempt; ``api_retries``: extra attempts of one model call
       after an infrastructure error (HTTP 408/429/5xx, timeouts, connection errors) with
-      exponential backoff honouring ``Retry-After`` (the shared loop of :mod:`tasks.llm`);
+      exponential backoff honouring ``Retry-After`` (the shared loop of :mod:`tasks.core.llm`);
     - ``cache``: the shared response cache under ``<artifacts>/cache/llm`` — ``on`` (read and
       write), ``refresh`` (write only), ``off``; each attempt's conversation differs (it carries
       the previous errors), so a retry never gets a cached answer of an earlier attempt;
     - ``statement_timeout_ms``: limit of one ``EXPLAIN`` on PostgreSQL.
 
-    Prices come from the models table (:func:`tasks.llm.resolve_model`), not from here.
+    Prices come from the models table (:func:`tasks.core.llm.resolve_model`), not from here.
     """
 
     max_retries: int = Field(default=3, ge=0, le=10)
@@ -268,7 +268,7 @@ class GenerationConfig(_Strict):
         return data
 
     def agent_options(self) -> AgentOptions:
-        """These options as the shared model-call options of :class:`tasks.llm.ChatModel`."""
+        """These options as the shared model-call options of :class:`tasks.core.llm.ChatModel`."""
         return AgentOptions(
             max_retries=self.api_retries,
             request_timeout_s=self.request_timeout_s,

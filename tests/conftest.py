@@ -53,13 +53,13 @@ def pg_server_url() -> str:
       data under the session's ``QUERYLAB_HOME`` (the same server querylab's own code uses in
       this session); it is stopped at interpreter exit by the library's atexit hook.
 
-    Tests should create their own database on it (``tasks.databases.postgres_database_dsn(...,
+    Tests should create their own database on it (``tasks.db.databases.postgres_database_dsn(...,
     create=True)``) rather than use the ``postgres`` database directly.
     """
     url = os.environ.get("QUERYLAB_POSTGRES_URL")
     if url:
         return url
-    from tasks.databases import embedded_postgres_url
+    from tasks.db.databases import embedded_postgres_url
 
     return embedded_postgres_url(Path(os.environ["QUERYLAB_HOME"]))
 
@@ -84,11 +84,11 @@ def settings():
 def _build(name: str, settings) -> dict:
     """Build and load ``name``; returns its manifest as the scorer sees it (public manifest +
     private scoring file: ground truth, validators, references, canonical tables)."""
-    from tasks import storage
-    from tasks.build import build_dataset_artifacts
-    from tasks.engines import ensure_loaded
-    from tasks.scoring import full_manifest
-    from tasks.spec import spec_path
+    from tasks.core import storage
+    from tasks.datasets.build import build_dataset_artifacts
+    from tasks.db.engines import ensure_loaded
+    from tasks.scoring.stage import full_manifest
+    from tasks.datasets.spec import spec_path
 
     uri = build_dataset_artifacts.fn(str(spec_path(name)), settings.artifacts)
     manifest = storage.read_json(uri)

@@ -9,9 +9,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tasks import storage
-from tasks.scoring import score_frame
-from tasks.trials import batch_uri, plan_batches, run_trial_batch
+from tasks.core import storage
+from tasks.scoring.stage import score_frame
+from tasks.trials.stage import batch_uri, plan_batches, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, message, tool_calls
 
 API_KEY = "sk-test-SECRET-do-not-store"
@@ -106,7 +106,7 @@ def test_openai_agent_without_key_or_base_url_is_an_error_trial(stocks_manifest,
 
 
 def test_unknown_agent_is_rejected_when_planning(stocks_manifest, settings):
-    from tasks.trials import AgentConfigError
+    from tasks.trials.stage import AgentConfigError
 
     with pytest.raises(AgentConfigError):
         plan_batches([_manifest_uri(stocks_manifest, settings)], ["claude"], 1)

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from tasks.engines import open_databases
-from tasks.tools import ToolBox
+from tasks.db.engines import open_databases
+from tasks.agents.tools import ToolBox
 
 SQL_COMMON = [
     "INSERT INTO {t} SELECT * FROM {t}",

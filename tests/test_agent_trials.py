@@ -9,9 +9,9 @@ import json
 import polars as pl
 import pytest
 
-from tasks import storage
-from tasks.scoring import score_frame
-from tasks.trials import batch_uri, check_agents, combine_trials, run_trial_batch
+from tasks.core import storage
+from tasks.scoring.stage import score_frame
+from tasks.trials.stage import batch_uri, check_agents, combine_trials, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, error, message, tool_calls
 
 QUERY = "nasdaq_top_volume_2012"  # ground truth: Facebook
@@ -212,7 +212,7 @@ def test_no_tool_call_answer_and_combine(tmp_path, manifest_uri, priced_model):
 
 
 def test_check_agents_fails_before_any_trial(manifest_uri, monkeypatch, tmp_path):
-    from tasks.trials import AgentConfigError
+    from tasks.trials.stage import AgentConfigError
 
     with pytest.raises(AgentConfigError, match="TOGETHER_API_KEY"):
         check_agents(["oracle", "openai:together/llama-3.3-70b"], [manifest_uri], env={})

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from querylab.cli import _print_timings, main
-from tasks import runs, storage
-from tasks.llm import AgentConfigError, load_models_config
+from tasks.core import runs
+from tasks.core import storage
+from tasks.core.llm import AgentConfigError, load_models_config
 
 
 def test_rescore_of_an_unknown_run_says_no_such_run(tmp_path, capsys):

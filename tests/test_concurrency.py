@@ -12,8 +12,8 @@ import time
 import polars as pl
 import pytest
 
-from tasks import storage
-from tasks.concurrency import Limiter, limiter, trial_slot
+from tasks.core import storage
+from tasks.core.concurrency import Limiter, limiter, trial_slot
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, tool_calls
 
 QUERY = "nasdaq_top_volume_2012"
@@ -72,7 +72,7 @@ def test_cli_run_never_has_more_trials_in_flight_than_the_cap(
 
 def test_one_batch_runs_its_trials_concurrently_in_item_order(tmp_path, stocks_manifest,
                                                               settings, monkeypatch):
-    from tasks.trials import batch_uri, run_trial_batch
+    from tasks.trials.stage import batch_uri, run_trial_batch
 
     uri = storage.join(settings.artifacts, "datasets", "stocks", stocks_manifest["version"],
                        "manifest.json")
@@ -154,7 +154,7 @@ def test_models_table_cap_and_local_default(tmp_path):
 
 
 def test_task_runner_spec():
-    from tasks.task_runners import TaskRunnerConfigError, make_task_runner, task_runner_spec
+    from tasks.core.task_runners import TaskRunnerConfigError, make_task_runner, task_runner_spec
 
     assert task_runner_spec({}) == {"kind": "threads"}
     assert task_runner_spec({"QUERYLAB_TASK_RUNNER": "dask", "QUERYLAB_DASK_WORKERS": "2"}) == {

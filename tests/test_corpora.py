@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import sqlglot
 
-from tasks.corpora import (
+from tasks.text2sql.corpora import (
     CorpusError,
     load_business_questions,
     load_corpus,
@@ -16,7 +16,7 @@ from tasks.corpora import (
     tpcds_extension_path,
     tpcds_schema,
 )
-from tasks.sql_features import extract_features
+from tasks.text2sql.sql_features import extract_features
 from tests.conftest import SHARED_DATA
 
 SPIDER_GOLD = SHARED_DATA / "sql_corpora" / "spider_dev_gold.sql"
@@ -106,7 +106,7 @@ def test_business_questions_errors(tmp_path):
 
 
 def test_all_99_gold_queries_pass_explain_on_postgres_and_yield_features(pg_server_url, settings):
-    from tasks.text2sql import PostgresValidator, tpcds_postgres_dsn
+    from tasks.text2sql.stage import PostgresValidator, tpcds_postgres_dsn
 
     corpus = load_tpcds_corpus(QUESTIONS)
     schema = corpus.schema_for("tpcds")

@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from schemas.equivalence import FinderBudget, MatchOptions, QueryPair
-from tasks.counterexample import (
+from tasks.equivalence.counterexample import (
     InstanceGenerator,
     _Analysis,
     build_domains,
@@ -18,7 +18,7 @@ from tasks.counterexample import (
     ddmin,
     find_counterexample,
 )
-from tasks.instances import (
+from tasks.equivalence.instances import (
     RelSchema,
     Sandbox,
     SchemaError,
@@ -36,7 +36,7 @@ BUDGET = FinderBudget(max_instances=300, time_limit_s=120)
 
 def _schema(pair: dict) -> RelSchema:
     p = QueryPair.model_validate(pair)
-    from tasks.equivalence import pair_schema
+    from tasks.equivalence.stage import pair_schema
 
     return pair_schema(p)
 
@@ -464,7 +464,7 @@ def test_the_corpus_covers_every_defect_class():
 
 
 def test_sql_reading_helpers():
-    from tasks.sql_dialects import engine_sql, read_query, split_statements
+    from tasks.equivalence.sql_dialects import engine_sql, read_query, split_statements
 
     script = "CREATE TABLE `a;b` (c TEXT DEFAULT ';'); -- x; y\nINSERT INTO t VALUES ('1;2');"
     assert split_statements(script, "mysql") == ["CREATE TABLE `a;b` (c TEXT DEFAULT ';')",

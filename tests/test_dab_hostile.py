@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tasks.dab_import import (
+from tasks.datasets.dab_import import (
     DabImportError,
     import_dab_dataset,
     read_postgres_dump,
@@ -126,7 +126,7 @@ LOOK_AROUND = textwrap.dedent("""
 
 def test_validate_runs_in_its_own_sandbox_with_only_its_folder(shop, tmp_path, settings):
     (shop / "query2" / "validate.py").write_text(LOOK_AROUND)
-    from tasks.scoring import load_scoring
+    from tasks.scoring.stage import load_scoring
 
     scoring = load_scoring(import_dab_dataset.fn(str(shop), str(tmp_path / "art")))
     v = scoring["queries"]["query2"]["validator"]
@@ -193,7 +193,7 @@ MISBEHAVING = {
 def test_a_misbehaving_validator_is_errored_not_incorrect(shop, tmp_path, name):
     """Whatever validate.py does short of returning a pair, the trial is errored (no verdict,
     the reason says why) — never a wrong answer — and the other queries still score."""
-    from tasks.scoring import load_scoring, score_rows
+    from tasks.scoring.stage import load_scoring, score_rows
 
     (shop / "query2" / "validate.py").write_text(MISBEHAVING[name])
     uri = import_dab_dataset.fn(str(shop), str(tmp_path / "art"), scoring_only=True)
@@ -216,7 +216,7 @@ def test_a_misbehaving_validator_is_errored_not_incorrect(shop, tmp_path, name):
 def test_a_validator_cannot_change_its_ground_truth_for_the_next_trial(shop, tmp_path):
     """Each call sees the imported folder as it was: a validator that rewrites
     ground_truth.csv (or deletes it) does not change the next verdict."""
-    from tasks.scoring import load_scoring
+    from tasks.scoring.stage import load_scoring
 
     (shop / "query2" / "ground_truth.csv").write_text("answer\nHopper\n")
     (shop / "query2" / "validate.py").write_text(textwrap.dedent("""
@@ -247,7 +247,7 @@ def test_a_dump_cannot_lift_the_statement_time_limit(tmp_path, settings, monkeyp
     past querylab's limit: the watchdog cancels it and the import fails naming the line."""
     import time
 
-    from tasks import dab_pgdump
+    from tasks.datasets import dab_pgdump
 
     monkeypatch.setattr(dab_pgdump, "DUMP_STATEMENT_TIMEOUT_S", 1)
     f = tmp_path / "slow.sql"

@@ -16,8 +16,9 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import dab_stream, storage
-from tasks.dab_import import (
+from tasks.datasets import dab_stream
+from tasks.core import storage
+from tasks.datasets.dab_import import (
     DabImportError,
     dataset_name,
     find_dab_datasets,
@@ -27,8 +28,8 @@ from tasks.dab_import import (
     resolve_imported,
     run_validate_script,
 )
-from tasks.engines import open_databases
-from tasks.scoring import load_scoring, score_rows, summarise, scores_frame
+from tasks.db.engines import open_databases
+from tasks.scoring.stage import load_scoring, score_rows, summarise, scores_frame
 from tests.fakes.dab import make_dab_checkout, make_dab_suite
 
 
@@ -203,7 +204,7 @@ def test_imported_tables_load_from_parquet_streams(suite, tmp_path, settings):
 
 
 def test_the_file_loaders_take_a_parquet_stream_whole(tmp_path):
-    """A :class:`tasks.storage.ParquetStream` of several batches loads into SQLite (batch by
+    """A :class:`tasks.core.storage.ParquetStream` of several batches loads into SQLite (batch by
     batch) and DuckDB (scanned from its file within a memory limit) with every row, its nulls
     and its types: dates stay dates, lists stay lists in DuckDB."""
     import datetime as dt
@@ -211,7 +212,7 @@ def test_the_file_loaders_take_a_parquet_stream_whole(tmp_path):
     import duckdb
     import pyarrow as pa
 
-    from tasks.databases import load_duckdb, load_sqlite
+    from tasks.db.databases import load_duckdb, load_sqlite
 
     n = 25_000  # three batches of ParquetStream's 10,000 rows
     table = pa.table({

@@ -14,10 +14,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tasks import runs, storage
-from tasks.agent import SYSTEM_PROMPT, user_prompt
-from tasks.dab_import import import_dab_dataset
-from tasks.dab_rules import (
+from tasks.core import runs
+from tasks.core import storage
+from tasks.agents.react import SYSTEM_PROMPT, user_prompt
+from tasks.datasets.dab_import import import_dab_dataset
+from tasks.scoring.dab_rules import (
     DAB_AGENT_DEFAULTS,
     EMPTY_ANSWER_REASON,
     NO_TOOL_CALL_REASON,
@@ -25,9 +26,9 @@ from tasks.dab_rules import (
     leaderboard_pass_at_1,
     pass_at_k,
 )
-from tasks.replay import ReplayError, answers_for, load_answers
-from tasks.scoring import load_scoring, score_rows
-from tasks.trials import AgentConfigError, agent_options, check_agents, plan_batches
+from tasks.agents.replay import ReplayError, answers_for, load_answers
+from tasks.scoring.stage import load_scoring, score_rows
+from tasks.trials.stage import AgentConfigError, agent_options, check_agents, plan_batches
 from tests.fakes.dab import make_dab_suite, scoring_only_copy, write_answer_file
 from tests.fakes.hostile import register_model
 from tests.fakes.openai_server import ScriptedOpenAIServer, is_preflight, message, tool_calls

@@ -12,7 +12,7 @@ import json
 import polars as pl
 import pytest
 
-from tasks import storage
+from tasks.core import storage
 from tests.fakes.openai_server import ScriptedOpenAIServer, raw_tool_calls
 
 #: Columns that hold wall-clock timings or the run id (everything else must be equal).
@@ -55,8 +55,8 @@ def test_trials_on_a_local_dask_cluster_equal_the_thread_pool_run(
     prefect_harness, settings, stocks_manifest, tmp_path, monkeypatch
 ):
     from flows.trials import run_trials
-    from tasks.scoring import score_run
-    from tasks.task_runners import EnvTaskRunner
+    from tasks.scoring.stage import score_run
+    from tasks.core.task_runners import EnvTaskRunner
 
     manifest = storage.join(settings.artifacts, "datasets", "stocks", stocks_manifest["version"],
                             "manifest.json")
@@ -107,7 +107,7 @@ def test_dask_runs_batches_in_worker_processes(prefect_harness, monkeypatch):
 
     from prefect import flow, task
 
-    from tasks.task_runners import EnvTaskRunner
+    from tasks.core.task_runners import EnvTaskRunner
 
     @task
     def where(i: int) -> tuple[int, str | None]:
@@ -129,7 +129,7 @@ def test_dask_runs_batches_in_worker_processes(prefect_harness, monkeypatch):
 
 @pytest.mark.parametrize("value", ["ray", "dask:", "dask://"])
 def test_a_bad_task_runner_is_one_clear_error(value, monkeypatch):
-    from tasks.task_runners import EnvTaskRunner, TaskRunnerConfigError
+    from tasks.core.task_runners import EnvTaskRunner, TaskRunnerConfigError
 
     monkeypatch.setenv("QUERYLAB_TASK_RUNNER", value)
     with pytest.raises(TaskRunnerConfigError, match="QUERYLAB_TASK_RUNNER"):

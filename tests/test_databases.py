@@ -1,4 +1,4 @@
-"""Tests of tasks/databases.py: the read-only query interface over SQLite, DuckDB, PostgreSQL
+"""Tests of tasks/db/databases.py: the read-only query interface over SQLite, DuckDB, PostgreSQL
 (embedded server, or QUERYLAB_POSTGRES_URL) and MongoDB (mongomock)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from tasks.databases import (
+from tasks.db.databases import (
     ColumnInfo,
     DuckDBDatabase,
     MongoDatabase,
@@ -444,7 +444,7 @@ def test_postgres_bulk_copy_equals_the_row_by_row_copy(pg_server_url, monkeypatc
 
     import psycopg
 
-    import tasks.databases as databases
+    import tasks.db.databases as databases
 
     t = pa.table({
         "i": pa.array([1, None, -3, 2**62], pa.int64()),

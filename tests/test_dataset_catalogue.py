@@ -14,14 +14,14 @@ import duckdb
 import polars as pl
 import pytest
 
-from tasks import storage
-from tasks.agent import run_oracle
-from tasks.build import build_dataset_artifacts, dataset_prefix
-from tasks.engines import ensure_loaded, open_databases
-from tasks.spec import load_spec, spec_path
-from tasks.tools import ToolBox
-from tasks.scoring import full_manifest
-from tasks.validate import check_answer, is_correct, normalise
+from tasks.core import storage
+from tasks.agents.react import run_oracle
+from tasks.datasets.build import build_dataset_artifacts, dataset_prefix
+from tasks.db.engines import ensure_loaded, open_databases
+from tasks.datasets.spec import load_spec, spec_path
+from tasks.agents.tools import ToolBox
+from tasks.scoring.stage import full_manifest
+from tasks.scoring.validate import check_answer, is_correct, normalise
 from tests.conftest import SHARED_DATA
 
 CATALOGUE = ("movies", "stocks", "flights", "superstore", "aircraft", "military", "news",

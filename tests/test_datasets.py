@@ -11,10 +11,10 @@ import polars as pl
 import pytest
 import yaml
 
-from tasks import storage
-from tasks.build import build_dataset_artifacts
-from tasks.engines import open_databases
-from tasks.spec import SpecError, load_spec, spec_path
+from tasks.core import storage
+from tasks.datasets.build import build_dataset_artifacts
+from tasks.db.engines import open_databases
+from tasks.datasets.spec import SpecError, load_spec, spec_path
 
 
 def canonical(manifest: dict, table: str) -> pl.DataFrame:
@@ -237,7 +237,7 @@ def _fuzz(**kw):
 def test_fuzz_value_kinds_are_deterministic_and_bite():
     import random
 
-    from tasks.build import fuzz_value
+    from tasks.datasets.build import fuzz_value
 
     op = _fuzz(kinds=["abbreviate", "case", "whitespace"],
                abbreviations={"Fort": "Ft.", "Saint": "St."})

@@ -20,7 +20,7 @@ import uuid
 import pyarrow as pa
 import pytest
 
-from tasks.databases import (
+from tasks.db.databases import (
     DuckDBDatabase,
     MongoDatabase,
     PostgresDatabase,
@@ -36,7 +36,7 @@ from tasks.databases import (
     mongo_client,
     postgres_database_dsn,
 )
-from tasks.tools import ToolBox
+from tasks.agents.tools import ToolBox
 
 MiB = 1 << 20
 FIVE = "(SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5)"
@@ -231,7 +231,7 @@ def test_marker_and_system_collections_are_hidden(engines):
 
 
 def test_sql_worker_has_no_secrets(engines, monkeypatch):
-    from tasks.db_worker import sql_worker
+    from tasks.db.db_worker import sql_worker
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
     worker = sql_worker()

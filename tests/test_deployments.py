@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from tasks import runs, storage
+from tasks.core import runs
+from tasks.core import storage
 from tests.fakes.s3 import moto_s3
 
 REPO = Path(__file__).resolve().parents[1]

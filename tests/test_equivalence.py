@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from schemas.equivalence import EquivalenceOptions, MatchOptions, QueryPair
-from tasks.equivalence import (
+from tasks.equivalence.stage import (
     PairsError,
     accuracy_table,
     agreement_table,
@@ -372,7 +372,7 @@ def test_spider_database_built_by_the_text_to_sql_task(tmp_path):
     data, the finder shows why they are not (a singer whose age is NULL)."""
     from tests.conftest import SHARED_DATA
 
-    spider = pytest.importorskip("tasks.spider")
+    spider = pytest.importorskip("tasks.text2sql.spider")
     source = SHARED_DATA / "spider" / "databases" / "concert_singer"
     if not source.exists():
         pytest.skip("shared Spider data not present")
@@ -441,7 +441,7 @@ def test_execution_match_warns_when_every_result_is_empty(tmp_path, caplog):
     assert details["all_empty"] is True and "every compared result is empty" in details["warnings"][0]
     assert "WARNING" in row["explanation"] and "every compared result is empty" in caplog.text
     df = pl.DataFrame([{**row, "run_id": "r"}])
-    from tasks.equivalence import empty_result_pairs
+    from tasks.equivalence.stage import empty_result_pairs
 
     assert empty_result_pairs(df) == ["p"]
 

@@ -17,9 +17,9 @@ import polars as pl
 import pytest
 
 from schemas.equivalence import FinderBudget, MatchOptions, QueryPair
-from tasks.counterexample import find_counterexample
-from tasks.instances import RelSchema, SchemaError, render_instance, verify_counterexample
-from tasks.result_match import compare_results, results_match
+from tasks.equivalence.counterexample import find_counterexample
+from tasks.equivalence.instances import RelSchema, SchemaError, render_instance, verify_counterexample
+from tasks.scoring.result_match import compare_results, results_match
 
 ROOT = Path(__file__).resolve().parents[1]
 T = "CREATE TABLE t (id INTEGER PRIMARY KEY, a INTEGER, b INTEGER, s TEXT, x DOUBLE, d DATE, ts TIMESTAMP)"
@@ -124,7 +124,7 @@ def test_every_spelling_of_now_is_the_same_instant(tmp_path):
     con = duckdb.connect(str(db))
     con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1), (2)")
     con.close()
-    from tasks.equivalence import execution_match
+    from tasks.equivalence.stage import execution_match
 
     row = execution_match(QueryPair(id="now", sql1="SELECT id, current_timestamp FROM t",
                                     sql2="SELECT id, get_current_timestamp() FROM t", dialect="duckdb", db=str(db)))
@@ -510,8 +510,8 @@ def _row(pair_id, method, verdict, label=None, error=None, notion="semantic", **
 
 def test_tables_name_errors_skips_and_count_exec_match_databases(tmp_path):
     from schemas import equivalence as eqs
-    from tasks import storage
-    from tasks.equivalence import (
+    from tasks.core import storage
+    from tasks.equivalence.stage import (
         SKIPPED_NO_DB,
         counterexample_table,
         equivalence_tables,
@@ -545,7 +545,7 @@ def test_tables_name_errors_skips_and_count_exec_match_databases(tmp_path):
 def test_execution_match_shows_the_differing_rows(tmp_path):
     import sqlite3
 
-    from tasks.equivalence import execution_match
+    from tasks.equivalence.stage import execution_match
 
     db = tmp_path / "hr.sqlite"
     con = sqlite3.connect(db)
@@ -587,7 +587,7 @@ def test_render_instance_emits_enum_types_for_postgres():
 def test_execution_match_does_not_call_a_tie_a_counterexample(tmp_path):
     import sqlite3
 
-    from tasks.equivalence import execution_match
+    from tasks.equivalence.stage import execution_match
 
     db = tmp_path / "ties.sqlite"
     con = sqlite3.connect(db)

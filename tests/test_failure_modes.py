@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from schemas.report import ALL
-from tasks.failure_modes import (
+from tasks.report.failure_modes import (
     RequirementsError,
     classify_failures,
     failure_mode_table,
@@ -161,7 +161,7 @@ def test_runtime_terminate_reasons_are_fm5(reason):
 
 def test_every_runtime_terminate_reason_of_the_harness_is_fm5():
     """The harness's own list of runtime failures (DAB FM5) is covered by the classifier."""
-    from tasks.agent import RUNTIME_FAILURES, TERMINATE_REASONS
+    from tasks.agents.react import RUNTIME_FAILURES, TERMINATE_REASONS
 
     trials = [trial(f"a|movies|oscars|{i}", reason=r) for i, r in enumerate(TERMINATE_REASONS)]
     got = classify(trials, [])
@@ -352,7 +352,7 @@ def test_requirements_validation():
 
 def test_shipped_dataset_annotations_are_valid():
     """Every query of the shipped specs carries requires, with sources the spec places."""
-    from tasks.spec import load_spec, spec_path
+    from tasks.datasets.spec import load_spec, spec_path
 
     for name in ("movies", "stocks"):
         spec = load_spec(spec_path(name))

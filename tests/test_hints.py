@@ -15,9 +15,10 @@ import threading
 import polars as pl
 import pytest
 
-from tasks import runs, storage
-from tasks.agent import SYSTEM_PROMPT, hint_text, user_prompt
-from tasks.trials import AgentConfigError, agent_label, hint_conditions, plan_batches
+from tasks.core import runs
+from tasks.core import storage
+from tasks.agents.react import SYSTEM_PROMPT, hint_text, user_prompt
+from tasks.trials.stage import AgentConfigError, agent_label, hint_conditions, plan_batches
 from tests.fakes.openai_server import ScriptedOpenAIServer, is_preflight, tool_calls
 
 

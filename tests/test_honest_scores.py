@@ -17,17 +17,17 @@ import polars as pl
 import pytest
 
 from schemas import artifacts
-from tasks import storage
-from tasks.llm import preflight, resolve_model
-from tasks.report import report_run
-from tasks.scoring import (
+from tasks.core import storage
+from tasks.core.llm import preflight, resolve_model
+from tasks.report.stage import report_run
+from tasks.scoring.stage import (
     PRIVATE_QUERY_KEYS,
     full_manifest,
     load_scoring,
     score_run,
     scoring_uri,
 )
-from tasks.trials import combine_trials, run_trial_batch
+from tasks.trials.stage import combine_trials, run_trial_batch
 from tests.test_operations import scripted_model  # noqa: F401 - a fixture
 from tests.fakes.openai_server import (
     ScriptedOpenAIServer,
@@ -90,7 +90,7 @@ def test_public_manifest_has_no_answers_and_scoring_file_has_them(manifest_uri, 
 def test_the_trial_side_never_reads_the_scoring_file(tmp_path, manifest_uri, model, monkeypatch):
     """An LLM agent's batch reads the public manifest only; the trusted oracle alone reads the
     scoring file (its reference solutions)."""
-    import tasks.trials
+    import tasks.trials.stage
 
     opened: list[str] = []
     real = storage.read_json
@@ -100,7 +100,7 @@ def test_the_trial_side_never_reads_the_scoring_file(tmp_path, manifest_uri, mod
         return real(uri)
 
     monkeypatch.setattr(storage, "read_json", spy)
-    monkeypatch.setattr(tasks.trials.storage, "read_json", spy)
+    monkeypatch.setattr(tasks.trials.stage.storage, "read_json", spy)
     with ScriptedOpenAIServer([tool_calls(("return_answer", {"answer": "Facebook"}))]) as srv:
         _run(str(tmp_path / "a"), "side", manifest_uri, model(srv), [[QUERY, 0]])
     assert manifest_uri in opened and not any(u.endswith("scoring.json") for u in opened)
@@ -145,7 +145,7 @@ def test_messages_audit_and_viewer_in_chromium(tmp_path, manifest_uri, model, st
     assert m0["index"].to_list() == list(range(9))
     assert m0["turn"].to_list() == [0, 0, 0, 0, 1, 1, 2, 2, 3]
     question = next(q["question"] for q in stocks_manifest["queries"] if q["id"] == QUERY)
-    from tasks.agent import user_prompt
+    from tasks.agents.react import user_prompt
 
     # the exact first user message the model got (DAB's shape: QUERY + DATABASE DESCRIPTION)
     assert m0["content"][1] == user_prompt(storage.read_json(manifest_uri), question)
@@ -277,9 +277,9 @@ def fixed_ground_truth(spec_text: str, query_id: str, sql: str) -> str:
 
 def test_validator_change_and_rescore_without_model_calls(tmp_path, model, capsys):
     from querylab.cli import main
-    from tasks.build import build_dataset_artifacts
-    from tasks.engines import ensure_loaded
-    from tasks.spec import spec_path
+    from tasks.datasets.build import build_dataset_artifacts
+    from tasks.db.engines import ensure_loaded
+    from tasks.datasets.spec import spec_path
 
     root = str(tmp_path / "own")
     uri = build_dataset_artifacts.fn(str(spec_path("stocks")), root)
@@ -296,7 +296,7 @@ def test_validator_change_and_rescore_without_model_calls(tmp_path, model, capsy
         before = pl.read_parquet(first["scores"]).sort("trial")["verdict"].to_list()
         assert before == ["correct", "incorrect"]
         # the viewer labels the incorrect trial even before any report ran
-        from tasks.viewer import viewer_data
+        from tasks.report.viewer import viewer_data
 
         shown = {t["trial"]: t for t in viewer_data("rescore-run", root)["trials"]}
         assert shown[1]["mode"] == "FM1" and shown[1]["rule"] == "no_data_tool_call"
@@ -308,16 +308,16 @@ def test_validator_change_and_rescore_without_model_calls(tmp_path, model, capsy
         shutil.copy(spec_path("stocks").parent / "stocks_companies.csv", fixed.parent)
         fixed.write_text(fixed_ground_truth(spec_path("stocks").read_text(), QUERY,
                                             "SELECT 'Apple'"))
-        import tasks.spec
+        import tasks.datasets.spec
 
-        real = tasks.spec.spec_path
-        tasks.spec.spec_path = lambda name: fixed if name == "stocks" else real(name)
+        real = tasks.datasets.spec.spec_path
+        tasks.datasets.spec.spec_path = lambda name: fixed if name == "stocks" else real(name)
         try:
             n = srv.request_count
             assert main(["rescore", "--run-id", "rescore-run", "--artifacts", root]) == 0
             assert srv.request_count == n  # no model call
         finally:
-            tasks.spec.spec_path = real
+            tasks.datasets.spec.spec_path = real
     out = capsys.readouterr().out
     assert "2 verdict(s) changed" in out and "correct -> incorrect" in out
     after = pl.read_parquet(storage.join(root, "runs", "rescore-run", "score", "scores.parquet"))
@@ -493,8 +493,8 @@ def test_unreachable_endpoint_run_fails_fast_before_building(tmp_path):
 
 
 def test_named_endpoint_overrides_the_models_table(tmp_path, manifest_uri, monkeypatch, caplog):
-    from tasks.llm import endpoint_warning
-    from tasks.trials import check_agents
+    from tasks.core.llm import endpoint_warning
+    from tasks.trials.stage import check_agents
 
     table = tmp_path / "models.yaml"
     table.write_text("models:\n  - {name: tbl-m, base_url: 'https://api.example.invalid/v1', "
@@ -513,7 +513,7 @@ def test_named_endpoint_overrides_the_models_table(tmp_path, manifest_uri, monke
         assert desc[0]["overridden_base_url"] == "https://api.example.invalid/v1"
         assert "models table's https://api.example.invalid/v1" in desc[0]["warnings"][0]
         # the trials stage logs it; the CLI prints it before anything starts
-        from tasks.trials import describe_agents
+        from tasks.trials.stage import describe_agents
 
         with caplog.at_level("WARNING"):
             describe_agents.fn("warn-run", root, ["openai:tbl-m"], [manifest_uri])
@@ -542,13 +542,13 @@ def test_named_endpoint_overrides_the_models_table(tmp_path, manifest_uri, monke
 
 
 def test_spec_typo_is_one_line_and_debug_shows_the_traceback(tmp_path, monkeypatch, capsys):
-    import tasks.spec
+    import tasks.datasets.spec
     from querylab.cli import main
 
     broken = tmp_path / "stocks.yaml"
-    text = (Path(tasks.spec.spec_path("stocks"))).read_text()
+    text = (Path(tasks.datasets.spec.spec_path("stocks"))).read_text()
     broken.write_text(text.replace("queries:", "querys:", 1))
-    monkeypatch.setattr(tasks.spec, "spec_path", lambda name: broken)
+    monkeypatch.setattr(tasks.datasets.spec, "spec_path", lambda name: broken)
     assert main(["run", "--dataset", "stocks", "--artifacts", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "stocks.yaml" in err
@@ -564,7 +564,7 @@ def test_spec_typo_is_one_line_and_debug_shows_the_traceback(tmp_path, monkeypat
 
 
 def test_query_selection_and_limit(manifest_uri, stocks_manifest):
-    from tasks.trials import plan_batches, select_queries
+    from tasks.trials.stage import plan_batches, select_queries
 
     ids = [q["id"] for q in stocks_manifest["queries"]]
     assert [q["id"] for q in select_queries(stocks_manifest, limit=2)] == ids[:2]
@@ -583,7 +583,7 @@ def test_read_only_commands_do_not_import_prefect(tmp_path, manifest_uri):
     import subprocess
     import sys
 
-    from tasks import runs
+    from tasks.core import runs
 
     root = str(tmp_path / "art")
     runs.record_benchmark(root, "ro-run", {"datasets": ["stocks"], "agents": ["oracle"],
@@ -608,7 +608,7 @@ def test_read_only_commands_do_not_import_prefect(tmp_path, manifest_uri):
 
 def test_runs_lists_runs_with_pass_at_1(tmp_path, manifest_uri, capsys):
     from querylab.cli import main
-    from tasks import runs
+    from tasks.core import runs
 
     root = str(tmp_path / "art")
     for run_id in ("list-a", "list-b"):
@@ -628,8 +628,8 @@ def test_runs_lists_runs_with_pass_at_1(tmp_path, manifest_uri, capsys):
 
 
 def test_progress_counts_with_any_local_root_spelling(tmp_path, monkeypatch, manifest_uri):
-    from tasks.progress import count_finished_trials
-    from tasks.trials import plan_batches
+    from tasks.core.progress import count_finished_trials
+    from tasks.trials.stage import plan_batches
 
     monkeypatch.chdir(tmp_path)
     batches = plan_batches([manifest_uri], ["oracle"], 1, batch_size=2)
@@ -653,7 +653,7 @@ def test_viewer_is_served_on_loopback_only():
     import urllib.error
     import urllib.request
 
-    from tasks.viewer import serve_html
+    from tasks.report.viewer import serve_html
 
     server = serve_html(b"<!DOCTYPE html><p>viewer</p>")
     try:

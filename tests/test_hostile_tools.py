@@ -20,8 +20,8 @@ import time
 import polars as pl
 import pytest
 
-from tasks import storage
-from tasks.trials import batch_uri
+from tasks.core import storage
+from tasks.trials.stage import batch_uri
 from tests.fakes import hostile
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, tool_calls
 
@@ -124,7 +124,7 @@ def test_mongo_lookup_bomb_ends_at_the_limit_while_another_trial_answers(
         out: dict = {}
 
         def go(key, qid):
-            from tasks.trials import run_batch
+            from tasks.trials.stage import run_batch
 
             run_batch("hostile", root, {"key": key, "agent": agent, "manifest_uri": movies_uri,
                                         "items": [[qid, 0]], "options": {"max_iterations": 3}})

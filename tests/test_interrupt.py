@@ -15,7 +15,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tasks import interrupt, runs
+from tasks.core import interrupt
+from tasks.core import runs
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay
 from tests.test_operations import _cli, scripted_model  # noqa: F401 - fixture
 from tests.test_operations_crash import _checkpointed
@@ -163,7 +164,7 @@ def test_a_stop_request_kills_the_sandbox_sessions_at_once():
     runs no atexit: the hard stop runs the same hook)."""
     import threading
 
-    from tasks.sandbox import shared_sandbox
+    from tasks.sandbox.session import shared_sandbox
 
     interrupt.reset()
     session = shared_sandbox().open_session(require_isolation=True)

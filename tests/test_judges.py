@@ -9,8 +9,8 @@ import pytest
 
 from schemas.equivalence import EquivalenceOptions, JudgeOptions, QueryPair
 from schemas.settings import Settings
-from tasks.equivalence import evaluate, parse_method
-from tasks.judges import (
+from tasks.equivalence.stage import evaluate, parse_method
+from tasks.equivalence.judges import (
     build_messages,
     explanation_of,
     extract_counterexample,

@@ -1,4 +1,4 @@
-"""One run per run id: the lease on ``runs/<run_id>/lease.json`` (tasks/runs.py).
+"""One run per run id: the lease on ``runs/<run_id>/lease.json`` (tasks/core/runs.py).
 
 A second ``querylab run`` / ``rerun`` of a run id that a live process holds refuses at once
 with one line naming the holder; a stale lease (dead pid, reused pid, another host's lease
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import runs, storage
+from tasks.core import runs
+from tasks.core import storage
 from tests.fakes.s3 import moto_s3
 
 ROOT = Path(__file__).resolve().parents[1]

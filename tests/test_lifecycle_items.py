@@ -40,8 +40,8 @@ from tasks.lifecycle.maintenance import (
 from tasks.lifecycle.naming import split_words
 from tasks.lifecycle.runner import db_path
 from tasks.lifecycle.schema import execute_ddl, read_sqlite_schema, sqlite_ddl
-from tasks.result_match import results_match
-from tasks.spider import run_sqlite
+from tasks.scoring.result_match import results_match
+from tasks.text2sql.spider import run_sqlite
 from tests.conftest import SHARED_DATA
 
 SPIDER_DIR = SHARED_DATA / "spider" / "databases"

@@ -12,7 +12,7 @@ import pytest
 
 from schemas.lifecycle import ITEMS, LifecycleConfig
 from schemas.settings import Settings
-from tasks import storage
+from tasks.core import storage
 from tasks.lifecycle.agents import AgentConfigError, OpenAIAgent
 from tasks.lifecycle.items import generate_phase_items
 from tasks.lifecycle.pipeline import (

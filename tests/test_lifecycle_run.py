@@ -285,7 +285,7 @@ def test_api_error_scores_zero_and_is_recorded(setup):
 
 
 def test_response_cache_serves_a_rerun_of_an_item_but_not_a_twin(setup, tmp_path):
-    from tasks.llm import ResponseCache
+    from tasks.core.llm import ResponseCache
 
     cfg, dbs, items = setup
     ctx = RunContext(dbs, cfg)

@@ -1,4 +1,4 @@
-"""tasks/llm.py: the models table, model resolution, cost, retries and the response cache —
+"""tasks/core/llm.py: the models table, model resolution, cost, retries and the response cache —
 model calls go over real HTTP to the scripted OpenAI-compatible server."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from schemas.models import AgentOptions, Prices
-from tasks.llm import (
+from tasks.core.llm import (
     MODELS_FILE,
     AgentConfigError,
     ChatModel,

@@ -14,8 +14,8 @@ from pydantic import ValidationError
 from querylab.cli import main
 from schemas.models import LocalModel, ModelConfig
 from schemas.runs import BenchmarkConfig
-from tasks import local_model
-from tasks.llm import (
+from tasks.agents import local_model
+from tasks.core.llm import (
     AgentConfigError,
     load_models_config,
     local_entry,
@@ -23,7 +23,7 @@ from tasks.llm import (
     model_spec_name,
     resolve_model,
 )
-from tasks.trials import parse_agent, plan_batches
+from tasks.trials.stage import parse_agent, plan_batches
 
 PRICES = {"input": 0, "output": 0}
 
@@ -181,7 +181,7 @@ def test_models_command_lists_local_models(capsys):
 
 def test_local_specs_in_every_suite():
     from tasks.lifecycle.agents import check_agent_spec
-    from tasks.text2sql import check_generator_spec
+    from tasks.text2sql.stage import check_generator_spec
 
     assert parse_agent("local:smollm2-135m") == ("local", "smollm2-135m")
     with pytest.raises(AgentConfigError, match="'local:<model>'"):
@@ -252,7 +252,7 @@ def test_cli_agent_plan_flags_reject_bad_values(argv, message, capsys):
 def test_model_defaults_limit_trials_unless_given(tmp_path):
     """H4: the shipped small model has its own iteration / wall-time defaults (a trial ran
     100 calls / 900 s before); explicit options override them, other agents keep querylab's."""
-    from tasks.trials import model_agent_defaults
+    from tasks.trials.stage import model_agent_defaults
 
     uris = _manifests(tmp_path)[:1]
     own = model_agent_defaults(["oracle", "local:smollm2-135m", "openai:gpt-4o-mini"])
@@ -290,7 +290,7 @@ def test_progress_without_a_terminal_logs_each_finished_trial(monkeypatch, caplo
     """H4: with output redirected (no bar) a line per finished trial, not only per quarter."""
     import logging
 
-    from tasks import progress
+    from tasks.core import progress
 
     monkeypatch.setattr(progress, "LINE_MIN_INTERVAL_S", 0.0)
     with caplog.at_level(logging.INFO, logger="querylab.progress"):

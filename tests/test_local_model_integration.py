@@ -28,9 +28,10 @@ from schemas.equivalence import EquivalenceOptions, JudgeOptions
 from schemas.lifecycle import LifecycleConfig
 from schemas.models import LocalModel
 from schemas.settings import Settings
-from tasks import local_model, storage
-from tasks.llm import load_models_config
-from tasks.tools import TOOL_NAMES
+from tasks.agents import local_model
+from tasks.core import storage
+from tasks.core.llm import load_models_config
+from tasks.agents.tools import TOOL_NAMES
 from tests.conftest import SHARED_DATA
 
 pytestmark = pytest.mark.integration
@@ -143,7 +144,7 @@ def test_cli_run_describes_the_server_and_stops_it(cli_run):
 def test_rerun_answers_from_the_response_cache_across_ports(cli_run, settings):
     """A second run of the same trials gets a new server port but the same cache identity:
     every model call is a cache hit."""
-    from tasks.trials import plan_batches, run_batch
+    from tasks.trials.stage import plan_batches, run_batch
 
     batches = plan_batches([cli_run["manifest_uri"]], [AGENT], 1, 2, {"max_iterations": 2})
     batch = {**batches[0], "key": "rerun-cache", "items": batches[0]["items"][:2]}
@@ -159,7 +160,7 @@ def test_rerun_answers_from_the_response_cache_across_ports(cli_run, settings):
 
 
 def test_failure_mode_judge_with_the_local_model(cli_run, settings):
-    from tasks.report import compute_report_tables, judge_failure_modes
+    from tasks.report.stage import compute_report_tables, judge_failure_modes
 
     compute_report_tables.fn("local-int", settings.artifacts, [cli_run["manifest_uri"]])
     with local_model.serving():
@@ -177,7 +178,7 @@ def test_failure_mode_judge_with_the_local_model(cli_run, settings):
 
 
 def test_text2sql_generation_with_the_local_model(serving, pg_server_url, settings):
-    from tasks.text2sql import plan_generation_batches, run_generation_batch
+    from tasks.text2sql.stage import plan_generation_batches, run_generation_batch
 
     questions = str(SHARED_DATA / "tpcds" / "business_questions.json")
     (batch,) = plan_generation_batches([AGENT], ["3", "7"], batch_size=2)
@@ -195,8 +196,8 @@ def test_text2sql_generation_with_the_local_model(serving, pg_server_url, settin
 
 
 def test_equivalence_judge_with_the_local_model(serving):
-    from tasks.equivalence import evaluate, load_pairs, parse_method
-    from tasks.judges import judge_model
+    from tasks.equivalence.stage import evaluate, load_pairs, parse_method
+    from tasks.equivalence.judges import judge_model
 
     data = Path(__file__).resolve().parents[1] / "data" / "equivalence"
     pairs = (load_pairs(data / "classic_not_equivalent.jsonl")[:1]
@@ -282,7 +283,7 @@ def test_server_exits_when_its_parent_is_killed(tmp_path):
         import sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
         from tasks import local_model
-        from tasks.llm import load_models_config
+        from tasks.core.llm import load_models_config
         entry = load_models_config().get({NAME!r})
         s = local_model.ensure_server({NAME!r}, entry.local, 2048)
         print(s.pid, flush=True)

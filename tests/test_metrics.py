@@ -5,7 +5,7 @@ from itertools import combinations
 import polars as pl
 import pytest
 
-from tasks.metrics import pass_at_k, pass_at_k_per_query, pass_at_k_summary, pass_at_k_wide
+from tasks.report.metrics import pass_at_k, pass_at_k_per_query, pass_at_k_summary, pass_at_k_wide
 
 
 def brute_force(n: int, c: int, k: int) -> float:
@@ -65,7 +65,7 @@ def test_tables_by_hand():
 import math
 
 from schemas.report import ALL, ALL_DATASETS, ALL_QUERIES
-from tasks.metrics import (
+from tasks.report.metrics import (
     cost_table,
     pass_at_1_ci,
     pass_hat_k,

@@ -14,10 +14,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-import tasks.trials
+import tasks.trials.stage
 from schemas.runs import StageStatus
-from tasks import runs, storage
-from tasks.progress import StageProgress, artifact_key, console_progress, count_finished_trials
+from tasks.core import runs
+from tasks.core import storage
+from tasks.core.progress import StageProgress, artifact_key, console_progress, count_finished_trials
 from tests.fakes.openai_server import ScriptedOpenAIServer
 from tests.test_resume import _turn  # a deterministic 3-call trajectory
 
@@ -212,24 +213,24 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
         # inject a failure of the batch machinery at the 3rd trial of the 2nd batch (before any
         # model call of that trial): that batch stops, the other two finish. (An exception
         # inside a trial only makes that trial errored; see tests/test_honest_scores.py.)
-        batches = tasks.trials.plan_batches(clean["manifests"], [agent], 2, 4)
+        batches = tasks.trials.stage.plan_batches(clean["manifests"], [agent], 2, 4)
         assert [len(b["items"]) for b in batches] == [4, 4, 2]
         target = tuple(batches[1]["items"][2])
-        original = tasks.trials.trial_key
+        original = tasks.trials.stage.trial_key
 
         def flaky(agent_, dataset, query_id, trial):
             if (query_id, trial) == target:
                 raise ConnectionError("injected: lost the artifact store")
             return original(agent_, dataset, query_id, trial)
 
-        monkeypatch.setattr(tasks.trials, "trial_key", flaky)
+        monkeypatch.setattr(tasks.trials.stage, "trial_key", flaky)
         with pytest.raises(Exception, match=batches[1]["key"]) as failure:
             benchmark(run_id="ops-flaky", artifacts_root=root, **kw)
         assert "1 of 3 items failed" in str(failure.value)
         assert "injected: lost the artifact store" in str(failure.value)
         n_first = srv.trial_request_count - n_clean
         assert n_first == n_clean - 2 * 3  # the failed batch's last two trials never ran
-        monkeypatch.setattr(tasks.trials, "trial_key", original)
+        monkeypatch.setattr(tasks.trials.stage, "trial_key", original)
 
         bdir = Path(root, "runs", "ops-flaky", "trials", "batches")
         done = {b["key"]: bdir / f"{b['key']}.trials.parquet" for b in batches}

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import polars as pl
 
-from tasks import runs, storage
-from tasks.progress import count_finished_trials
-from tasks.trials import plan_batches
+from tasks.core import runs
+from tasks.core import storage
+from tasks.core.progress import count_finished_trials
+from tasks.trials.stage import plan_batches
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, sigkill_after_requests
 from tests.test_operations import _cli, scripted_model  # noqa: F401 - fixture
 from tests.test_resume import _turn

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from schemas.models import AgentOptions, Prices
-from tasks import llm
-from tasks.llm import AgentConfigError, ChatModel, ResolvedModel, model_limit_names
+from tasks.core import llm
+from tasks.core.llm import AgentConfigError, ChatModel, ResolvedModel, model_limit_names
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, message
 
 
@@ -76,7 +76,7 @@ def test_concurrency_limit_serialises_requests_to_one_model(limits_on, caplog):
     assert min(gaps) >= 0.7, gaps  # one request in flight at a time
     # another model has no limit: its requests overlap (all three arrive before the first
     # answer), and a warning says the limits are missing
-    with caplog.at_level("WARNING", logger="tasks.llm"):
+    with caplog.at_level("WARNING", logger="tasks.core.llm"):
         free = _arrivals("lim-free", 3, 0.8)
     assert free[-1] - free[0] < 0.8, free
     assert "neither model:lim-free nor model-rate:lim-free exists" in caplog.text

@@ -1,6 +1,6 @@
 """PostgreSQL least privilege and closed state directories.
 
-Agents reach PostgreSQL as a SELECT-only login role per dataset database (tasks/pg_roles.py):
+Agents reach PostgreSQL as a SELECT-only login role per dataset database (tasks/db/pg_roles.py):
 the engine refuses everything else even when the parser check is bypassed. The same roles are
 made on an "external" server (``QUERYLAB_POSTGRES_URL``; here the embedded server addressed by
 URL). querylab's home and artifact root are closed to other OS users, so the database server's
@@ -19,11 +19,11 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from tasks import storage
-from tasks.databases import PostgresDatabase, QueryError, load_postgres, postgres_database_dsn
-from tasks.engines import _physical_name, open_databases
-from tasks.fsperm import secure_state
-from tasks.pg_roles import agent_dsn, ensure_agent_role, role_name, role_password
+from tasks.core import storage
+from tasks.db.databases import PostgresDatabase, QueryError, load_postgres, postgres_database_dsn
+from tasks.db.engines import _physical_name, open_databases
+from tasks.core.fsperm import secure_state
+from tasks.db.pg_roles import agent_dsn, ensure_agent_role, role_name, role_password
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ import os
 import polars as pl
 import pytest
 
-from tasks import storage
-from tasks.report import report_run
-from tasks.scoring import score_run
-from tasks.trials import combine_trials, run_trial_batch
+from tasks.core import storage
+from tasks.report.stage import report_run
+from tasks.scoring.stage import score_run
+from tasks.trials.stage import combine_trials, run_trial_batch
 from tests.fakes.openai_server import (
     ScriptedOpenAIServer,
     delay,
@@ -234,7 +234,7 @@ def test_database_server_failure_mid_trial_is_errored(tmp_path, movies_uri, mode
     import psycopg
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-    from tasks.engines import _physical_name
+    from tasks.db.engines import _physical_name
 
     dbname = _physical_name(movies_manifest, "boxoffice")
     admin = make_conninfo(**{**conninfo_to_dict(pg_server_url), "dbname": "postgres"})
@@ -286,7 +286,7 @@ def test_sandbox_failure_is_errored_but_a_full_work_directory_is_the_agents(
     """M1: the sandbox itself failing (its session process killed under the trial) used to
     come back to the model as "execute_python could not run" and the trial was scored. It is
     infrastructure: errored. A cell that fills its own work directory stays a tool error."""
-    from tasks.tools import ToolBox
+    from tasks.agents.tools import ToolBox
 
     sessions = []
     real = ToolBox.python_session
@@ -367,10 +367,10 @@ def test_postgres_read_of_the_answer_key_is_refused_and_flagged(tmp_path, movies
     assert {"path_outside_workdir", "answer_key_access"} <= _flags(root, "pg-steal")[0]
     # the engine alone refuses it too (the parser check is the second layer)
     from schemas.settings import Settings
-    from tasks.engines import open_database
+    from tasks.db.engines import open_database
 
     db = open_database(storage.read_json(movies_uri), "boxoffice", Settings.from_env())
-    from tasks.databases import QueryError
+    from tasks.db.databases import QueryError
 
     with pytest.raises(QueryError, match="permission denied"):
         db._execute(steal, 10)
@@ -486,7 +486,7 @@ def test_shotgun_answers_are_wrong_and_flagged(tmp_path, stocks_uri, model):
 def test_thousands_separators_need_groups_of_three():
     """C5: "1,24" was read as 124 (correct for a truth of 124); separators now need groups
     of three, so it reads as 1 and 24."""
-    from tasks.validate import check_answer, numbers_in
+    from tasks.scoring.validate import check_answer, numbers_in
 
     v = {"kind": "number", "decimals": 0}
     assert numbers_in("1,24") == [1, 24] and numbers_in("9,090,303,780") == [9090303780]
@@ -508,9 +508,9 @@ def test_thousands_separators_need_groups_of_three():
 @pytest.fixture
 def own_stocks(tmp_path, settings):
     """stocks built into an artifact root of the test's own (its scoring may be changed)."""
-    from tasks.build import build_dataset_artifacts
-    from tasks.engines import ensure_loaded
-    from tasks.spec import spec_path
+    from tasks.datasets.build import build_dataset_artifacts
+    from tasks.db.engines import ensure_loaded
+    from tasks.datasets.spec import spec_path
 
     root = str(tmp_path / "own")
     uri = build_dataset_artifacts.fn(str(spec_path("stocks")), root)
@@ -524,7 +524,7 @@ def _spec_copy(tmp_path, edit) -> str:
     """A copy of data/stocks.yaml (with its CSV) changed by ``edit(text) -> text``."""
     import shutil
 
-    from tasks.spec import DATA_DIR
+    from tasks.datasets.spec import DATA_DIR
 
     d = tmp_path / f"spec{len(list(tmp_path.glob('spec*')))}"
     d.mkdir()
@@ -542,11 +542,11 @@ def test_scoring_is_tamper_evident_and_rescore_follows_the_spec(tmp_path, own_st
     canonical tables, says what it used and what changed, and records the new digest; an
     earlier run keeps showing the scoring it was decided on. A changed data version is a
     one-line refusal that writes nothing (the run is not marked failed)."""
-    import tasks.spec
+    import tasks.datasets.spec
     from querylab.cli import main
-    from tasks import runs
-    from tasks.scoring import load_scoring, pinned_scoring_uri, scoring_uri
-    from tasks.viewer import viewer_data
+    from tasks.core import runs
+    from tasks.scoring.stage import load_scoring, pinned_scoring_uri, scoring_uri
+    from tasks.report.viewer import viewer_data
     from tests.test_honest_scores import fixed_ground_truth
 
     root, uri = own_stocks
@@ -581,8 +581,8 @@ def test_scoring_is_tamper_evident_and_rescore_follows_the_spec(tmp_path, own_st
 
     # a spec fix with the same data version: re-derived, reported, recorded
     fixed = _spec_copy(tmp_path, lambda t: fixed_ground_truth(t, STOCKS_Q, "SELECT 'Apple'"))
-    real = tasks.spec.spec_path
-    monkeypatch.setattr(tasks.spec, "spec_path", lambda n: fixed if n == "stocks" else real(n))
+    real = tasks.datasets.spec.spec_path
+    monkeypatch.setattr(tasks.datasets.spec, "spec_path", lambda n: fixed if n == "stocks" else real(n))
     assert main(["rescore", "--run-id", "spec-fix", "--artifacts", root]) == 0
     out = capsys.readouterr().out
     assert "2 verdict(s) changed" in out
@@ -600,7 +600,7 @@ def test_scoring_is_tamper_evident_and_rescore_follows_the_spec(tmp_path, own_st
     # a changed data version (a question edited): refused before anything is written
     moved = _spec_copy(tmp_path, lambda t: t.replace("which had the highest average daily",
                                                      "which had the largest average daily"))
-    monkeypatch.setattr(tasks.spec, "spec_path", lambda n: moved if n == "stocks" else real(n))
+    monkeypatch.setattr(tasks.datasets.spec, "spec_path", lambda n: moved if n == "stocks" else real(n))
     before = runs.stage_status(root, "spec-fix", "score")
     assert main(["rescore", "--run-id", "spec-fix", "--artifacts", root]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -12,7 +12,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tasks import storage
+from tasks.core import storage
 from tests.fakes.openai_server import (
     ScriptedOpenAIServer,
     error,
@@ -141,7 +141,7 @@ def test_a_harness_failure_after_a_paid_response_keeps_the_call(tmp_path, monkey
                                                                 stocks_uri):
     """The response cache cannot be written (a full disk) after the second response arrived:
     the trial is errored (querylab's side), and keeps both paid calls and its transcript."""
-    from tasks.llm import ResponseCache
+    from tasks.core.llm import ResponseCache
     from tests.test_qa13 import run_batch
 
     real_put = ResponseCache.put
@@ -172,7 +172,7 @@ def test_a_trial_interrupted_mid_way_keeps_its_paid_calls_on_resume(tmp_path, mo
                                                                     model, stocks_uri):
     """The process is interrupted (as by a kill) after the first model call of a trial; on
     resume the call is a $0 cache hit, but the cost paid before the interruption is kept."""
-    from tasks.tools import ToolBox
+    from tasks.agents.tools import ToolBox
     from tests.test_qa13 import run_batch
 
     real_call = ToolBox.call
@@ -246,7 +246,7 @@ def test_pass_at_k_counts_the_queries_left_out(tmp_path, model, stocks_uri, caps
     md = (tmp_path / "art" / "runs" / "few" / "report" / "report.md").read_text()
     assert "### Queries behind each pass@k" in md
     assert "| queries | all errored | pass@1 over | pass@2 over |" in md
-    from tasks.report import report_run
+    from tasks.report.stage import report_run
 
     rep = report_run("few", root)
     print_report(with_run_details(rep, root, "few"))
@@ -267,8 +267,8 @@ def test_endpoint_escapes_are_stripped_and_model_markup_is_escaped(tmp_path, mod
     reaches the terminal as plain text; a wrong answer made of HTML and a javascript: link is
     text in report.md, not markup."""
     from querylab.cmd_report import print_report, with_run_details
-    from tasks.llm import ResolvedModel  # noqa: F401 - the preflight below uses the table model
-    from tasks.llm import preflight, resolve_model
+    from tasks.core.llm import ResolvedModel  # noqa: F401 - the preflight below uses the table model
+    from tasks.core.llm import preflight, resolve_model
     from tests.test_qa13 import run_batch
 
     def responder(body, index):
@@ -290,7 +290,7 @@ def test_endpoint_escapes_are_stripped_and_model_markup_is_escaped(tmp_path, mod
     errored = [t for t in trial.values() if t["terminate_reason"] == "api_error"]
     assert errored and "\x1b" not in errored[0]["error"] and "upstream" in errored[0]["error"]
     assert not check.ok and "\x1b" not in check.problem and "\x07" not in check.problem
-    from tasks.report import report_run
+    from tasks.report.stage import report_run
 
     print_report(with_run_details(report_run("esc", root), root, "esc"))
     printed = capsys.readouterr().out
@@ -336,7 +336,7 @@ def test_a_new_run_answered_from_the_cache_is_warned_about(tmp_path, model, stoc
     the report and the terminal warn that the samples repeat the earlier run's; a retry inside
     one run (first paid, then a cache hit) is not warned about."""
     from querylab.cmd_report import print_report, with_run_details
-    from tasks.report import report_run
+    from tasks.report.stage import report_run
     from tests.test_qa13 import run_batch
 
     root = str(tmp_path / "art")
@@ -455,7 +455,7 @@ def test_text2sql_validation_runs_as_the_read_only_role(pg_server_url, monkeypat
     the cast error would show the file) is refused before PostgreSQL sees it, a plain call of
     pg_read_file is denied, and a real query still validates."""
     from schemas.settings import Settings
-    from tasks.text2sql import PostgresValidator, generate_with_validation, tpcds_validator_dsn
+    from tasks.text2sql.stage import PostgresValidator, generate_with_validation, tpcds_validator_dsn
     from tests.test_text2sql import VALID, _generator, price_model
 
     leak = "ANALYZE SELECT CAST(pg_read_file('/etc/os-release') AS int)"

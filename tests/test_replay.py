@@ -8,10 +8,10 @@ import json
 import polars as pl
 import pytest
 
-from tasks import storage
-from tasks.scoring import score_frame
-from tasks.replay import ReplayError, answers_for, load_answers, resolve_query
-from tasks.trials import check_agents, combine_trials, plan_batches, run_trial_batch
+from tasks.core import storage
+from tasks.scoring.stage import score_frame
+from tasks.agents.replay import ReplayError, answers_for, load_answers, resolve_query
+from tasks.trials.stage import check_agents, combine_trials, plan_batches, run_trial_batch
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ import pytest
 
 from schemas import artifacts
 from schemas import report as rs
-from tasks import storage
-from tasks.failure_judge import judge_prompt, parse_judge_reply
-from tasks.report import (
+from tasks.core import storage
+from tasks.report.failure_judge import judge_prompt, parse_judge_reply
+from tasks.report.stage import (
     compute_report_tables,
     judge_failure_modes,
     render_report,
@@ -106,7 +106,7 @@ def _trial(
 def write_scores(root: str, run_id: str, trials: list[dict]) -> str:
     """``score/scores.parquet`` for hand-made trials: ``_correct`` as the verdict, errored
     for ``api_error`` / ``error`` trials (what the score step decides)."""
-    from tasks.scoring import ERRORED_REASONS, scores_frame, scores_uri
+    from tasks.scoring.stage import ERRORED_REASONS, scores_frame, scores_uri
 
     rows = []
     for t in trials:

@@ -9,8 +9,9 @@ import socket
 import pytest
 
 from querylab.cmd_ops import cmd_runs, cmd_status
-from tasks import runs, storage
-from tasks.report_agents import agent_rows, agents_section
+from tasks.core import runs
+from tasks.core import storage
+from tasks.report.agents import agent_rows, agents_section
 
 LOCAL = {
     "agent": "local:smollm2-135m", "kind": "local", "model_id": "smollm2-135m",
@@ -91,7 +92,7 @@ def test_runs_and_status_mark_unsafe_and_interrupted_runs(tmp_path, capsys):
     (["filesystem_view", "cgroup_memory"], "may have reached the answer key", "only resource"),
 ])
 def test_unsafe_note_says_what_was_missing(tmp_path, missing, says, not_says):
-    from tasks.sandbox import sandbox_notes
+    from tasks.sandbox.session import sandbox_notes
 
     root = str(tmp_path)
     _write_run(root, "r3", [{**LOCAL, "sandbox": {**LOCAL["sandbox"], "missing": missing}}])

@@ -3,7 +3,7 @@
 import datetime as dt
 from decimal import Decimal
 
-from tasks.result_match import has_top_level_order_by, results_match
+from tasks.scoring.result_match import has_top_level_order_by, results_match
 
 
 def test_bag_vs_set_and_order():

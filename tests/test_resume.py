@@ -12,9 +12,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tasks import storage
-from tasks.scoring import score_frame
-from tasks.trials import batch_uri, combine_trials, plan_batches, run_trial_batch
+from tasks.core import storage
+from tasks.scoring.stage import score_frame
+from tasks.trials.stage import batch_uri, combine_trials, plan_batches, run_trial_batch
 from tests.fakes.openai_server import (
     ScriptedOpenAIServer,
     delay,
@@ -119,7 +119,7 @@ def test_flow_rerun_makes_no_requests(prefect_harness, tmp_path, manifest_uri, m
 
 _CHILD = """
 import sys
-from tasks.trials import combine_trials, plan_batches, run_trial_batch
+from tasks.trials.stage import combine_trials, plan_batches, run_trial_batch
 root, manifest_uri, agent = sys.argv[1:4]
 batches = plan_batches([manifest_uri], [agent], 3, batch_size=4)
 for b in batches:  # one trial at a time: the request numbers below follow from it

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import polars as pl
 
-from tasks import runs, storage
+from tasks.core import runs
+from tasks.core import storage
 from tests.fakes.s3 import SECRET, moto_s3
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The execute_python sandbox (tasks/sandbox.py) and the ToolBox around it: sessions and their
+"""The execute_python sandbox (tasks/sandbox/session.py) and the ToolBox around it: sessions and their
 work directory, limits, a stripped environment, variables from earlier tool calls, large
 outputs saved to files, detection and the refusal policy, the validator primitive.
 
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.engines import open_databases
-from tasks.llm import AgentConfigError
-from tasks.sandbox import (
+from tasks.db.engines import open_databases
+from tasks.core.llm import AgentConfigError
+from tasks.sandbox.session import (
     REQUIRED_MECHANISMS,
     Isolation,
     Sandbox,
@@ -26,7 +26,7 @@ from tasks.sandbox import (
     SandboxUnavailable,
     run_validator,
 )
-from tasks.tools import ToolBox, variable_name
+from tasks.agents.tools import ToolBox, variable_name
 
 SECRETS = {
     "OPENAI_API_KEY": "sk-sandbox-SECRET-1",
@@ -211,7 +211,7 @@ def test_sessions_are_concurrent_and_separate(sandbox):
 
 
 def test_legacy_run_on_a_host_directory(sandbox, tmp_path):
-    # tasks.dab_import's current call: a one-shot cell in a host directory
+    # tasks.datasets.dab_import's current call: a one-shot cell in a host directory
     (tmp_path / "in.txt").write_text("hello")
     res = sandbox.run("print(open('in.txt').read())", tmp_path, name="legacy")
     assert res.ok and res.stdout == "hello\n"
@@ -242,7 +242,7 @@ def no_isolation(monkeypatch):
 
 
 def test_llm_agents_refuse_without_isolation(no_isolation, monkeypatch, tmp_path):
-    from tasks.trials import check_agents, check_sandbox
+    from tasks.trials.stage import check_agents, check_sandbox
 
     models = tmp_path / "models.yaml"
     models.write_text("models:\n  - {name: m, base_url: 'http://127.0.0.1:9/v1', "
@@ -271,7 +271,7 @@ def test_cli_run_refuses_in_one_line(no_isolation, capsys, monkeypatch):
 def test_unsafe_cli_run_is_recorded_and_reported(no_isolation, prefect_harness, settings,
                                                  monkeypatch, tmp_path, capsys):
     from querylab.cli import main
-    from tasks import storage
+    from tasks.core import storage
     from tests.fakes.openai_server import ScriptedOpenAIServer, tool_calls
 
     def responder(body, index):
@@ -298,8 +298,8 @@ def test_unsafe_cli_run_is_recorded_and_reported(no_isolation, prefect_harness, 
 
 
 def test_unsafe_run_is_in_the_report_notes(tmp_path):
-    from tasks import storage
-    from tasks.sandbox import sandbox_notes
+    from tasks.core import storage
+    from tasks.sandbox.session import sandbox_notes
 
     root = str(tmp_path)
     storage.write_json(storage.join(root, "runs", "r1", "trials", "agents.json"), [
@@ -487,7 +487,7 @@ def test_a_killed_session_is_an_error_and_the_toolbox_reopens(toolbox):
 def test_a_deep_work_tree_is_emptied_without_recursion(tmp_path):
     """A cell's 3,000-level directory tree (QA12 minor 2) is removed when its session is
     recycled: no RecursionError, never following a symlink out of the work directory."""
-    from tasks.sandbox_zygote import _NOFOLLOW_DIR, _empty_dir
+    from tasks.sandbox.zygote import _NOFOLLOW_DIR, _empty_dir
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -516,7 +516,7 @@ def test_a_deep_work_tree_is_emptied_without_recursion(tmp_path):
 
 def test_the_probe_says_why_each_missing_cgroup_limit_is_missing(tmp_path):
     """M3: with the cgroup hierarchies read-only (a private mount namespace), `python -m
-    tasks.sandbox` names each missing limit and why (its notes were empty)."""
+    tasks.sandbox.session` names each missing limit and why (its notes were empty)."""
     import shutil
     import subprocess
 
@@ -527,7 +527,7 @@ def test_the_probe_says_why_each_missing_cgroup_limit_is_missing(tmp_path):
                       "  [ -d /sys/fs/cgroup/$c ] && mount -o remount,bind,ro /sys/fs/cgroup/$c\n"
                       "done\nexec \"$@\"\n")
     res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", str(script),
-                          sys.executable, "-m", "tasks.sandbox"],
+                          sys.executable, "-m", "tasks.sandbox.session"],
                          capture_output=True, text=True, timeout=180,
                          cwd=Path(__file__).resolve().parents[1])
     assert res.returncode == 0, res.stderr[-2000:]

@@ -1,6 +1,6 @@
 """Hostile execute_python payloads (issue 12): each attack that got through before, as a real
 payload in a real sandbox session, and again through the real ReAct loop over HTTP (the
-scripted OpenAI-compatible server drives ``tasks.trials.run_trial_batch``). Every payload is
+scripted OpenAI-compatible server drives ``tasks.trials.stage.run_trial_batch``). Every payload is
 bounded in time (cell timeouts of seconds) and count (pids limits).
 
 The positive controls run the same search on the host, so a payload that finds nothing in
@@ -20,10 +20,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tasks import storage
-from tasks.sandbox import Sandbox
-from tasks.scoring import score_frame
-from tasks.trials import batch_uri, run_trial_batch
+from tasks.core import storage
+from tasks.sandbox.session import Sandbox
+from tasks.scoring.stage import score_frame
+from tasks.trials.stage import batch_uri, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, tool_calls
 
 REPO = Path(__file__).resolve().parents[1]
@@ -344,9 +344,9 @@ def test_a_recycled_session_keeps_nothing_of_the_previous_trial():
 
 
 def test_reserve_fills_a_bounded_pool_handed_over_to_concurrent_trials(monkeypatch):
-    import tasks.sandbox
+    import tasks.sandbox.session
 
-    monkeypatch.setattr(tasks.sandbox, "MAX_SPARES", 5)
+    monkeypatch.setattr(tasks.sandbox.session, "MAX_SPARES", 5)
     sb = Sandbox(spares=0)
     try:
         sb.reserve(4, disk_mb=16)
@@ -491,7 +491,7 @@ def unprivileged_dir():
     if os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
         pytest.skip("needs root (to become an unprivileged user), setpriv and /usr/bin/python3")
     here = Path(tempfile.mkdtemp(prefix="querylab-unpriv-"))  # not under root's 0700 tmp
-    shutil.copy(REPO / "tasks" / "sandbox_zygote.py", here / "sandbox_zygote.py")
+    shutil.copy(REPO / "tasks" / "sandbox" / "zygote.py", here / "sandbox_zygote.py")
     (here / "client.py").write_text(UNPRIVILEGED_CLIENT)
     for p in (here, *here.iterdir()):
         os.chown(p, 1000, 1000)
@@ -524,7 +524,7 @@ def test_unprivileged_user_gets_the_sealed_view_and_no_cgroups(unprivileged_dir)
 #: probe): one sealed cell imports the venv's libraries, also ones no zygote preloads.
 _VENV_CLIENT = r"""
 import json, sys
-from tasks.sandbox import Sandbox
+from tasks.sandbox.session import Sandbox
 CELL = '''
 import importlib, json, os, sys
 out = {}

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from querylab.cmd_datasets import SPEC_TEMPLATE
-from tasks.build import build_dataset_artifacts
-from tasks.spec import SpecError, check_sources, load_spec
+from tasks.datasets.build import build_dataset_artifacts
+from tasks.datasets.spec import SpecError, check_sources, load_spec
 
 
 def base() -> dict:

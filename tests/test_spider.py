@@ -8,8 +8,8 @@ import sqlite3
 
 import pytest
 
-from tasks.corpora import load_corpus
-from tasks.spider import (
+from tasks.text2sql.corpora import load_corpus
+from tasks.text2sql.spider import (
     SpiderError,
     build_spider_databases,
     execution_accuracy_summary,

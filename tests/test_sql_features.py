@@ -1,11 +1,11 @@
 """SQL features on hand-written queries with hand-computed bags and counts (definitions in
-``tasks/sql_features.py``)."""
+``tasks/text2sql/sql_features.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tasks.sql_features import (
+from tasks.text2sql.sql_features import (
     JACCARD_FEATURES,
     SQLFeatureError,
     extract_features,

@@ -1,4 +1,4 @@
-"""The one guarded SQLite executor (:mod:`tasks.sqlite_guard`) under hostile SQL, on every path
+"""The one guarded SQLite executor (:mod:`tasks.db.sqlite_guard`) under hostile SQL, on every path
 that runs untrusted SQL on SQLite: the lifecycle suite (``run_readonly``, and a model's answer
 through the real lifecycle runner over HTTP), Spider EX (``run_sqlite``), the equivalence
 instance databases (``instances.Sandbox``) and the agents' query tool (``SQLiteDatabase``)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import sqlite_guard
+from tasks.db import sqlite_guard
 from tasks.lifecycle.schema import run_readonly
 from tests.conftest import SHARED_DATA
 
@@ -101,7 +101,7 @@ def test_results_and_values_are_bounded(db):
 
 
 def test_spider_run_sqlite_is_the_same_guard(db, tmp_path):
-    from tasks.spider import run_sqlite
+    from tasks.text2sql.spider import run_sqlite
 
     for name, sql in hostile(tmp_path).items():
         with pytest.raises(sqlite3.Error):
@@ -112,7 +112,7 @@ def test_spider_run_sqlite_is_the_same_guard(db, tmp_path):
 
 
 def test_agent_query_tool_is_the_same_guard(db, tmp_path):
-    from tasks.databases import QueryError, SQLiteDatabase
+    from tasks.db.databases import QueryError, SQLiteDatabase
 
     sdb = SQLiteDatabase("d", db, timeout_ms=300)
     for name, sql in hostile(tmp_path).items():
@@ -125,7 +125,7 @@ def test_agent_query_tool_is_the_same_guard(db, tmp_path):
 
 
 def test_instance_sandbox_runs_queries_read_only_and_still_loads(tmp_path):
-    from tasks.instances import RelSchema, Sandbox
+    from tasks.equivalence.instances import RelSchema, Sandbox
 
     schema = RelSchema.from_ddl("CREATE TABLE t (a INT PRIMARY KEY, b INT)", "sqlite")
     with Sandbox(schema, ["t"], "sqlite", query_timeout_s=0.2) as box:
@@ -197,7 +197,7 @@ def test_model_answer_over_http_cannot_touch_the_lifecycle_database(tmp_path, mo
 def test_duckdb_instances_refuse_files_extensions_and_settings(tmp_path):
     """The finder's DuckDB instances run a pair's (possibly a model's) SQL with no file,
     extension or network access, and the SQL cannot turn that back on."""
-    from tasks.instances import RelSchema, Sandbox
+    from tasks.equivalence.instances import RelSchema, Sandbox
 
     schema = RelSchema.from_ddl("CREATE TABLE t (a INT PRIMARY KEY, b INT)", "duckdb")
     out_file, db_file = tmp_path / "out.csv", tmp_path / "x.db"

@@ -4,7 +4,7 @@ A batch key digests the items, the agent's fingerprint and the full stage config
 re-running a run id with a changed ``GenerationConfig`` / ``LifecycleConfig`` / equivalence pair
 / replay source runs the affected batches again, while an unchanged re-run reuses every batch.
 Every mapped batch runs to its end even when others fail: the flow then raises
-:class:`tasks.runs.StageFailed` naming each failed batch (never only the first).
+:class:`tasks.core.runs.StageFailed` naming each failed batch (never only the first).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from schemas.lifecycle import LifecycleConfig
 from schemas.text2sql import GenerationConfig
-from tasks.runs import StageFailed, batch_key, spec_fingerprint
+from tasks.core.runs import StageFailed, batch_key, spec_fingerprint
 from tests.conftest import SHARED_DATA
 
 QUESTIONS = str(SHARED_DATA / "tpcds" / "business_questions.json")
@@ -51,7 +51,7 @@ def test_batch_key_digests_every_material_and_replay_content(tmp_path):
 
 
 def test_generation_and_lifecycle_plans_digest_the_config():
-    from tasks.text2sql import plan_generation_batches
+    from tasks.text2sql.stage import plan_generation_batches
 
     keys = lambda cfg: [b["key"] for b in plan_generation_batches(["oracle"], ["1", "2"], 1,
                                                                   config=cfg)]
@@ -279,7 +279,7 @@ def test_equivalence_gathers_every_failed_batch(prefect_harness, settings, tmp_p
     from prefect import task
 
     import flows.equivalence as flow_module
-    from tasks.equivalence import run_equivalence_batch
+    from tasks.equivalence.stage import run_equivalence_batch
 
     real = run_equivalence_batch.fn
 
@@ -306,8 +306,8 @@ def test_equivalence_gathers_every_failed_batch(prefect_harness, settings, tmp_p
 
 
 def test_trial_keys_digest_options_hints_and_items(stocks_manifest, settings):
-    from tasks import storage
-    from tasks.trials import plan_batches
+    from tasks.core import storage
+    from tasks.trials.stage import plan_batches
 
     uri = storage.join(settings.artifacts, "datasets", "stocks", stocks_manifest["version"],
                        "manifest.json")

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from schemas import report as report_schemas
-from tasks import storage
+from tasks.core import storage
 from tests.fakes.s3 import moto_s3
 
 

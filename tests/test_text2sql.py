@@ -14,10 +14,10 @@ import pytest
 
 from schemas.settings import Settings
 from schemas.text2sql import GenerationConfig
-from tasks.corpora import tpcds_gold_queries
-from tasks.llm import ResponseCache
-from tasks.sql_features import NUMERIC_FEATURES
-from tasks.text2sql import (
+from tasks.text2sql.corpora import tpcds_gold_queries
+from tasks.core.llm import ResponseCache
+from tasks.text2sql.sql_features import NUMERIC_FEATURES
+from tasks.text2sql.stage import (
     RETRY_PROMPT,
     GeneratorConfigError,
     OpenAIGenerator,

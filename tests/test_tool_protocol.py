@@ -1,4 +1,4 @@
-"""The json_schema tool-call protocol (tasks/tool_protocol.py) and its hook in ChatModel: unit
+"""The json_schema tool-call protocol (tasks/agents/tool_protocol.py) and its hook in ChatModel: unit
 checks of the schema, the conversation encoding and the reply decoding (hostile replies
 included), then the real ReAct loop over real HTTP against the scripted server, which answers
 like a server without tool support, and the ``auto`` probe."""
@@ -12,11 +12,12 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from schemas.models import AgentOptions
-from tasks import storage, tool_protocol
-from tasks.agent import run_react
-from tasks.llm import AgentConfigError, ChatModel, ResponseCache, check_tool_protocol, resolve_model
-from tasks.tools import TOOL_NAMES, TOOL_SCHEMAS
-from tasks.trials import plan_batches, run_trial_batch
+from tasks.core import storage
+from tasks.agents import tool_protocol
+from tasks.agents.react import run_react
+from tasks.core.llm import AgentConfigError, ChatModel, ResponseCache, check_tool_protocol, resolve_model
+from tasks.agents.tools import TOOL_NAMES, TOOL_SCHEMAS
+from tasks.trials.stage import plan_batches, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, error, message, tool_calls
 
 QUERY = "nasdaq_top_volume_2012"  # ground truth: Facebook

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from schemas.report import ALL
-from tasks.tool_use import call_features, tool_use_table
+from tasks.report.tool_use import call_features, tool_use_table
 
 
 def call(key: str, i: int, tool: str, turn: int, ok: bool = True, **args) -> dict:

@@ -1,6 +1,6 @@
 """DAB-style validators."""
 
-from tasks.validate import is_correct, numbers_in
+from tasks.scoring.validate import is_correct, numbers_in
 
 
 def test_numbers_in_reads_separators_and_signs():
@@ -41,7 +41,7 @@ def test_items_are_whole_words_and_case_sensitive_when_the_spec_says_so():
 def test_the_audit_matches_items_as_the_validator_does():
     """The prompt's everyday "tables" is not the ground truth ``Tables`` of a case-sensitive
     validator (QA H2: every LLM trial was flagged ground_truth_in_prompt)."""
-    from tasks.audit import audit_trial
+    from tasks.scoring.audit import audit_trial
 
     query = {"ground_truth": ["Tables"], "validator": {"kind": "items", "case_sensitive": True}}
     trial = {"agent": "openai:m", "answer": "Tables", "terminate_reason": "return_answer"}

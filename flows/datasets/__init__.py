@@ -25,12 +25,12 @@ from pathlib import Path
 from prefect import unmapped
 
 from schemas.settings import Settings
-from tasks import storage
-from tasks.build import build_dataset_artifacts
-from tasks.engines import load_database
+from tasks.core import storage
+from tasks.datasets.build import build_dataset_artifacts
+from tasks.db.engines import load_database
 
-# the catalogue itself (names, defaults, shared data) lives Prefect-free in tasks.catalogue
-from tasks.catalogue import (  # noqa: E402,F401 - re-exported
+# the catalogue itself (names, defaults, shared data) lives Prefect-free in tasks.datasets.catalogue
+from tasks.datasets.catalogue import (  # noqa: E402,F401 - re-exported
     PYPI_DATASETS,
     REPO_ROOT,
     SHARED_DATA_ENV,
@@ -59,7 +59,7 @@ def build_from_spec(
 def build_shared(name: str, artifacts_root: str | None, source_dir: str | None) -> str:
     """:func:`build_from_spec` for a shared-data dataset: ``source_dir`` defaults to
     :func:`shared_data_dir` (its spec's source paths are relative to it)."""
-    from tasks.spec import spec_path
+    from tasks.datasets.spec import spec_path
 
     return build_from_spec(spec_path(name), artifacts_root, source_dir or str(shared_data_dir()))
 

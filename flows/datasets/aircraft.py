@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.datasets import build_from_spec
-from tasks.spec import spec_path
+from tasks.datasets.spec import spec_path
 
 
 @flow(name="build-aircraft")

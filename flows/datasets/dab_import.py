@@ -1,6 +1,6 @@
 """Import DAB-format datasets (``query_<name>/`` directories) under DAB's own names and run them
 through the same datasets → trials → score → report stages as querylab's own datasets (see
-:mod:`tasks.dab_import`)."""
+:mod:`tasks.datasets.dab_import`)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 from prefect import flow, get_run_logger, unmapped
 
 from schemas.settings import Settings
-from tasks import storage
-from tasks.dab_import import (
+from tasks.core import storage
+from tasks.datasets.dab_import import (
     DabImportError,
     find_dab_datasets,
     import_dab_dataset,
     resolve_imported,
 )
-from tasks.engines import load_database
+from tasks.db.engines import load_database
 
 
 def load_dab_dataset(dab_dir: str, root: str, scoring_only: bool = False) -> str:
@@ -31,7 +31,7 @@ def load_dab_dataset(dab_dir: str, root: str, scoring_only: bool = False) -> str
 
 def load_imported(name: str, root: str) -> str:
     """The manifest of the registered DAB import ``name`` (see
-    :func:`tasks.dab_import.resolve_imported`), loaded into its engines: re-imported from its
+    :func:`tasks.datasets.dab_import.resolve_imported`), loaded into its engines: re-imported from its
     source folder when that still exists (an edited folder is a new version), else the
     recorded manifest. ValueError when nothing of that name was imported."""
     entry = resolve_imported(root, name)
@@ -74,7 +74,7 @@ def import_dab(
     ``{"manifests", "names", "failures"}`` plus the benchmark's ``trials``, ``score`` and
     ``report`` when run (also when some trials errored: the exception's result)."""
     from flows.benchmark import benchmark
-    from tasks.runs import TrialsErrored
+    from tasks.core.runs import TrialsErrored
 
     log = get_run_logger()
     root = artifacts_root or Settings.from_env().artifacts

@@ -4,7 +4,7 @@ A :class:`Payload` opens one trial's conversation: the scripted OpenAI-compatibl
 (:mod:`tests.fakes.openai_server`) answers the trial's first model call with the payload's
 step (tool calls of any shape, or a raw response), and every later call with
 ``return_answer``. :func:`run_payloads` runs a list of them as trials of ONE batch through the
-production path (:func:`tasks.trials.run_batch`: the real ReAct loop, real HTTP, real tools),
+production path (:func:`tasks.trials.stage.run_batch`: the real ReAct loop, real HTTP, real tools),
 then gives each payload's ``check`` what happened (:class:`Outcome`). A check returns True when
 the payload was blocked, else a short text saying what got through; every check is precise (a
 named tool error, a cut result, a terminate reason, a file that must not exist), never just
@@ -239,7 +239,7 @@ def run_payloads(payloads: list[Payload], server: ScriptedOpenAIServer, agent: s
     took longer than its ``bound_s`` got through (it was not bounded)."""
     import polars as pl
 
-    from tasks.trials import batch_uri, run_batch
+    from tasks.trials.stage import batch_uri, run_batch
 
     opts = {"max_iterations": 3, "max_wall_time_s": max(p.bound_s for p in payloads),
             "python_timeout_s": 20, "max_retries": 0, **(options or {})}
@@ -570,7 +570,7 @@ def mongo_payloads() -> list[Payload]:
 
 
 def python_payloads(repo: Path, home: Path, artifacts: str, site_packages: Path) -> list[Payload]:
-    """execute_python: what a cell must not reach or do (tests the sandbox, tasks/sandbox.py)."""
+    """execute_python: what a cell must not reach or do (tests the sandbox, tasks/sandbox/session.py)."""
     c = "execute_python"
     pth = _marker(site_packages / f"querylab_pwned_{uuid.uuid4().hex[:8]}.pth")
     outside, daemon = _marker(), _marker()
@@ -587,7 +587,7 @@ for top in ("/",):
             if f == "ground_truth.json" or (f == "manifest.json" and "/datasets/" in d) \\
                     or (f.endswith(".parquet") and d.endswith("/canonical")) \\
                     or (f.endswith(".yaml") and d.endswith("/data")
-                        and os.path.exists(os.path.join(d, "..", "tasks", "engines.py"))):
+                        and os.path.exists(os.path.join(d, "..", "tasks", "db", "engines.py"))):
                 found.append(path)
         if time.time() - start > 15:
             break

@@ -651,12 +651,12 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-#: The user message of querylab's preflight request (``tasks.llm.PREFLIGHT_PROMPT``).
+#: The user message of querylab's preflight request (``tasks.core.llm.PREFLIGHT_PROMPT``).
 PREFLIGHT_PROMPT = "querylab preflight check: reply OK."
 
 
 def is_preflight(body: dict[str, Any]) -> bool:
-    """True for querylab's one-request preflight check (``tasks.llm.preflight``)."""
+    """True for querylab's one-request preflight check (``tasks.core.llm.preflight``)."""
     msgs = body.get("messages") or []
     return len(msgs) == 1 and msgs[0].get("content") == PREFLIGHT_PROMPT
 

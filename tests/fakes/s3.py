@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tasks import storage
+from tasks.core import storage
 
 SECRET = "moto-SECRET-key-0f3a"  # must never reach an artifact
 
