@@ -55,7 +55,8 @@ def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_mo
                "QUERYLAB_ARTIFACTS": root}
         child = subprocess.Popen(
             [sys.executable, "-m", "querylab.cli", "run", "--dataset", "stocks", "--agent", agent,
-             "--trials", "3", "--batch-size", "4", "--max-concurrency", "2", "--run-id", "crash"],
+             "--trials", "3", "--batch-size", "4", "--max-concurrency", "2", "--max-trials", "2",
+             "--run-id", "crash"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         sigkill_after_requests(child, srv, hang_at)
