@@ -194,7 +194,7 @@ def main() -> None:
         floor = math.ceil(r["trials"] / c) * 5 * args.latency
         print(f"{name:<12} max-concurrency {c:3d} max-trials {r['max_trials']:3d}: "
               f"{r['wall']:6.2f} s for {r['trials']} trials "
-              f"({n_calls} calls, model call {r['call_s']:.3f} s, tool call {r['tool_ms']:.1f} ms "
+              f"({n_calls} calls, model call {r['call_s']:.3f} s + {r['queue_s']:.3f} s waiting for a call slot, tool call {r['tool_ms']:.1f} ms "
               f"mean); limit {limit:.2f} s, whole-trial wave floor {floor:.2f} s; ratio "
               f"{r['wall'] / limit:.2f}; peak PSS {r['pss_mb']:.0f} MB over {r['procs']} "
               f"processes; tool ms by tool {r['by_tool']}")

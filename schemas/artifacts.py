@@ -94,6 +94,7 @@ LLM_CALLS = artifact_schema(
         pa.field("priced", pa.bool_()),
         pa.field("error", pa.string()),
         added_later(pa.field("trial_attempt", pa.int32())),
+        added_later(pa.field("queue_s", pa.float64())),
     ],
 )
 

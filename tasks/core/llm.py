@@ -576,8 +576,10 @@ class LLMCallRecord:
 
     Tokens as the provider reported them (on a cache hit: as reported when the response was
     first obtained); ``cost_usd`` what this call cost now (0 on a cache hit or failure);
-    ``latency_s`` seconds from the first attempt to the response, retry waits included;
-    ``attempts`` HTTP attempts (0 on a cache hit); ``error`` set when the call failed.
+    ``latency_s`` seconds from the first attempt to the response, retry waits included and
+    the wait for a call slot left out; ``queue_s`` seconds spent waiting for a call slot
+    (the stage's ``--max-concurrency`` or the model's ``max_concurrency``: a queue, not the
+    model's latency); ``attempts`` HTTP attempts (0 on a cache hit); ``error`` set when the call failed.
     """
 
     call_index: int
@@ -591,6 +593,7 @@ class LLMCallRecord:
     finish_reason: str | None = None
     n_tool_calls: int = 0
     attempts: int = 0
+    queue_s: float = 0.0
     cache_hit: bool = False
     error: str | None = None
     priced: bool = True
@@ -1066,7 +1069,9 @@ class ChatModel:
                 # mapping and ChatCompletion parsing) minus its per-call parameter transform,
                 # a no-op for the plain JSON querylab builds that costs ms on long histories
                 # in a thread of its own: abandoned at once on Ctrl-C / SIGTERM
+                queued = time.monotonic()
                 with self.call_slot() if self.call_slot is not None else nullcontext():
+                    record.queue_s += time.monotonic() - queued
                     if deadline is not None:  # the wait for a call slot counts
                         timeout = min(timeout, max(0.001, deadline - time.monotonic()))
                     if self.limits is None:
@@ -1122,7 +1127,7 @@ class ChatModel:
                          r.model_id, msg, record.attempts, wait)
                 self.sleep(wait)
         self._fill(record, resp, cost=True)
-        record.latency_s = time.monotonic() - start
+        record.latency_s = time.monotonic() - start - record.queue_s
         self.in_flight = record  # paid: kept by the caller even if what follows raises
         if self.cache is not None:
             self.cache.put(
@@ -1165,5 +1170,5 @@ class ChatModel:
 
     def _fail(self, record: LLMCallRecord, start: float, reason: str, message: str):
         record.error = message
-        record.latency_s = time.monotonic() - start
+        record.latency_s = time.monotonic() - start - record.queue_s
         raise LLMCallError(reason, message, record)

@@ -579,7 +579,7 @@ def _llm_row(run_id: str, key: str, c, attempt: int) -> dict:
         "cached_tokens": c.cached_tokens, "completion_tokens": c.completion_tokens,
         "cost_usd": c.cost_usd, "latency_s": c.latency_s, "finish_reason": c.finish_reason,
         "n_tool_calls": c.n_tool_calls, "attempts": c.attempts, "cache_hit": c.cache_hit,
-        "error": c.error, "priced": c.priced, "trial_attempt": attempt,
+        "error": c.error, "priced": c.priced, "trial_attempt": attempt, "queue_s": c.queue_s,
     }
 
 
