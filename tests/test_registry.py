@@ -90,3 +90,25 @@ def test_toy_agent_and_toy_validator_run_end_to_end(toy_specs, tmp_path, capsys)
     report = next(line.split()[-1] for line in out.splitlines() if line.startswith("report:"))
     html = Path(report).read_text()
     assert "toy:yes" in html and "toy:no" in html
+
+
+def test_plugins_of_the_querylab_entry_point_group_are_loaded(tmp_path, monkeypatch, caplog):
+    """Kinds outside the repository register through the ``querylab`` entry-point group (as
+    Inspect AI's ``inspect_ai`` group); a plugin that fails to import is logged and skipped."""
+    from importlib.metadata import EntryPoint
+
+    from tasks.agents import registry
+
+    (tmp_path / "qlab_ep_plugin.py").write_text(
+        "from tasks.agents.registry import AgentKind, agentkind\n"
+        "@agentkind('ep-toy')\nclass EpToy(AgentKind):\n    usage = 'ep-toy:<x>'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = [EntryPoint("good", "qlab_ep_plugin", "querylab"),
+           EntryPoint("broken", "qlab_no_such_module", "querylab")]
+    seen = []
+    monkeypatch.setattr(registry, "entry_points", lambda group: seen.append(group) or eps)
+    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))  # forget ep-toy afterwards
+    assert parse_agent_spec("ep-toy:a") == ("ep-toy", "a")
+    assert seen == ["querylab"]
+    assert "querylab plugin broken (qlab_no_such_module) failed to load" in caplog.text

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.agents.registry import AgentKind, agentkind
+from tasks.agents.registry import SUITES, AgentKind, agentkind
 from tasks.core.llm import AgentConfigError
 
 
@@ -19,6 +19,7 @@ class OracleKind(AgentKind):
 
     takes_arg = False
     usage = "oracle"
+    suites = SUITES
     prompted = False
 
 
@@ -27,6 +28,7 @@ class OpenAIKind(AgentKind):
     """A model behind an OpenAI-compatible API (``openai:<model>[@endpoint]``)."""
 
     usage = "openai:<model>"
+    suites = SUITES
 
 
 @agentkind("local")
@@ -34,6 +36,7 @@ class LocalKind(AgentKind):
     """A local GGUF model served in-process by xllamacpp (``local:<model>``)."""
 
     usage = "local:<model>"
+    suites = SUITES
 
 
 @agentkind("replay")
@@ -43,6 +46,7 @@ class ReplayKind(AgentKind):
 
     usage = {"trials": "replay:<answer file>", "text2sql": "replay:<path>",
              "lifecycle": "replay:<file.jsonl>"}
+    suites = SUITES
     prompted = False
 
     def check(self, arg: str | None, suite: str) -> None:

@@ -62,7 +62,8 @@ class AgentKind:
     """One agent kind. Class attributes: ``name`` (set by :func:`agentkind`), ``takes_arg``
     (``<kind>:<arg>``; False: the bare ``<kind>``), ``usage`` (how the spec is written, shown in
     errors; a dict suite → text when suites word it differently), ``suites`` (where it runs),
-    ``prompted`` (False: reads no prompt, so hint conditions do not apply).
+    ``prompted`` (False: reads no prompt, so hint conditions do not apply). A plugin kind runs
+    in the trials suite unless it lists more (and the suite's code then knows how to run it).
 
     Hooks a kind overrides: :meth:`check` (validate the argument before any work is mapped),
     :meth:`trial_runner` (the trials suite's per-trial function). The built-in kinds are run
@@ -71,7 +72,7 @@ class AgentKind:
     name: ClassVar[str] = ""
     takes_arg: ClassVar[bool] = True
     usage: ClassVar[str | dict[str, str]] = ""
-    suites: ClassVar[frozenset[str]] = SUITES
+    suites: ClassVar[frozenset[str]] = frozenset({"trials"})
     prompted: ClassVar[bool] = True
 
     def usage_for(self, suite: str) -> str:

@@ -240,6 +240,8 @@ def make_agent(
     kind, _, arg = spec.partition(":")
     if kind == "replay":
         return ReplayAgent(arg)
+    if llm.model_spec_name(spec) is None:  # a plugin kind listing lifecycle, with no agent here
+        raise AgentConfigError(f"agent {spec!r}: kind {kind!r} has no lifecycle agent")
     config = config or LifecycleConfig()
     cache = llm.ResponseCache(artifacts_root, config.cache) if artifacts_root else None
     return OpenAIAgent(llm.model_spec_name(spec), settings or Settings.from_env(), config, cache)

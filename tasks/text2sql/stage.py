@@ -457,6 +457,8 @@ def make_generator(
         return OracleGenerator()
     if kind == "replay":
         return ReplayGenerator(arg)
+    if model_spec_name(spec) is None:  # a plugin kind that lists text2sql but has no generator here
+        raise GeneratorConfigError(f"generator {spec!r}: kind {kind!r} has no text2sql generator")
     cache = ResponseCache(artifacts_root, config.cache) if artifacts_root else None
     return OpenAIGenerator(model_spec_name(spec), settings or Settings.from_env(), config, cache)
 
