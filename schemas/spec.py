@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Engine = Literal["postgres", "mongodb", "sqlite", "duckdb"]
 ColumnType = Literal["int64", "float64", "string", "bool", "date", "list[string]"]
@@ -206,13 +206,24 @@ class ValidatorSpec(_Strict):
       option is not an answer).
     """
 
-    kind: Literal["number", "items"]
+    #: ``number``, ``items`` or a kind registered with :func:`tasks.scoring.registry.validator`
+    kind: str
     decimals: int = 2
     tolerance: float | None = None
     max_candidates: int | None = Field(default=None, ge=1)
     options: list[str] | None = None
     options_sql: str | None = None
     case_sensitive: bool = False
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, kind: str) -> str:
+        from tasks.scoring.registry import validator_kinds
+
+        known = [k for k in validator_kinds() if k != "dab_script"]  # dab_script: DAB imports
+        if kind not in known:
+            raise ValueError(f"unknown validator kind {kind!r}; use one of {known}")
+        return kind
 
     @model_validator(mode="after")
     def _options_for_items(self) -> "ValidatorSpec":

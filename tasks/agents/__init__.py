@@ -1,1 +1,1 @@
-"""Agents that answer a query: the ReAct data agent and its tools (list_db, query_db, execute_python, return_answer), tool-call protocols (native, json_schema), replay of recorded answers, and local GGUF models served by llama.cpp."""
+"""Agents that answer a query: the agent-kind registry (registry.py; built-in kinds in kinds.py), the ReAct data agent and its tools (list_db, query_db, execute_python, return_answer), tool-call protocols (native, json_schema), replay of recorded answers, and local GGUF models served by llama.cpp."""

@@ -31,7 +31,9 @@ from pathlib import Path
 
 from schemas.lifecycle import LifecycleConfig
 from schemas.settings import Settings
+from tasks.agents.registry import parse_agent_spec
 from tasks.core import llm
+from tasks.core.llm import AgentConfigError
 
 __all__ = [
     "Agent",
@@ -44,10 +46,6 @@ __all__ = [
     "check_agent_spec",
     "make_agent",
 ]
-
-
-class AgentConfigError(ValueError):
-    """An agent spec cannot be used (unknown kind, missing replay file, no API settings)."""
 
 
 @dataclass
@@ -218,17 +216,7 @@ class OpenAIAgent(Agent):
 def check_agent_spec(spec: str) -> None:
     """Raise :class:`AgentConfigError` unless ``spec`` is ``oracle``, ``openai:<model>`` or
     ``replay:<path>`` with an existing file (checked before any work is mapped)."""
-    kind, _, arg = spec.partition(":")
-    if spec == "oracle" or llm.model_spec_name(spec) is not None:
-        return
-    if kind == "replay" and arg:
-        if not Path(arg).is_file():
-            raise AgentConfigError(f"{arg}: replay file not found (a .jsonl file)")
-        return
-    raise AgentConfigError(
-        f"unknown agent {spec!r}; use 'oracle', 'openai:<model>', 'local:<model>' or "
-        "'replay:<file.jsonl>'"
-    )
+    parse_agent_spec(spec, "lifecycle", check=True)
 
 
 def agent_label(spec: str) -> str:
@@ -252,6 +240,8 @@ def make_agent(
     kind, _, arg = spec.partition(":")
     if kind == "replay":
         return ReplayAgent(arg)
+    if llm.model_spec_name(spec) is None:  # a plugin kind listing lifecycle, with no agent here
+        raise AgentConfigError(f"agent {spec!r}: kind {kind!r} has no lifecycle agent")
     config = config or LifecycleConfig()
     cache = llm.ResponseCache(artifacts_root, config.cache) if artifacts_root else None
     return OpenAIAgent(llm.model_spec_name(spec), settings or Settings.from_env(), config, cache)

@@ -1,16 +1,18 @@
 """DAB-style answer validators: is the ground truth present in an agent's free-text answer?
 
 Scorer-side code only (:mod:`tasks.scoring.stage`): validators read the ground truth, which the
-trial side never sees. Each validator kind is a function ``(answer, truth, validator) ->
-Verdict`` registered in :data:`VALIDATORS`; adding a kind is one function and one entry.
+trial side never sees. Each validator kind is one class registered with
+:func:`tasks.scoring.registry.validator` (``number`` and ``items`` here, ``dab_script`` in
+:mod:`tasks.scoring.dab_validator`); adding a kind is one decorated class in one file.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from tasks.scoring.registry import Validator, get_validator, validator, validator_kinds
 
 #: A number as written: digits with thousands separators only in groups of three
 #: (``9,090,303,780``; ``1,24`` is two numbers, 1 and 24, never 124), an optional fraction and
@@ -161,48 +163,35 @@ def check_items(answer: str, truth: Any, validator: dict, question: str | None =
     return Verdict(True, f"all {len(truth)} items present")
 
 
-def check_dab_script(answer: str, truth: Any, validator: dict,
-                     question: str | None = None) -> Verdict:
-    """``{"kind": "dab_script", "script": <uri>, "folder": <uri>, "support": <uri>}`` (older
-    imports: ``"search_path": [...]``; optional ``"timeout_s"``, default
-    :data:`tasks.datasets.dab_import.VALIDATE_TIMEOUT_S`): an imported DAB query's own ``validate.py``, run in the
-    validators' sandbox with its query folder as its directory (see
-    :func:`tasks.datasets.dab_import.run_validate_script`); its reason is kept. A script that raises,
-    hangs or returns no ``(is_valid, reason)`` pair gives an errored Verdict."""
-    from tasks.datasets.dab_import import VALIDATE_TIMEOUT_S, run_validate_script
+@validator("number")
+class NumberValidator(Validator):
+    """:func:`check_number`."""
 
-    ok, reason = run_validate_script(validator["script"], answer, validator.get("search_path", []),
-                                     timeout_s=float(validator.get("timeout_s",
-                                                                   VALIDATE_TIMEOUT_S)),
-                                     folder=validator.get("folder"),
-                                     support=validator.get("support"))
-    if ok is None:  # the script gave no verdict: errored, with its traceback
-        return Verdict(False, f"validate.py errored: {reason}", errored=True)
-    return Verdict(bool(ok), f"validate.py: {reason}" if reason else "validate.py")
+    def check(self, answer, truth, spec, question=None) -> Verdict:
+        return check_number(answer, truth, spec, question)
 
 
-#: Validator kind → function ``(answer, truth, validator, question)``. Unknown kinds raise
-#: ValueError in :func:`check_answer`.
-VALIDATORS: dict[str, Callable[..., Verdict]] = {
-    "number": check_number,
-    "items": check_items,
-    "dab_script": check_dab_script,
-}
+@validator("items")
+class ItemsValidator(Validator):
+    """:func:`check_items`."""
+
+    def check(self, answer, truth, spec, question=None) -> Verdict:
+        return check_items(answer, truth, spec, question)
 
 
 def check_answer(answer: str | None, truth: Any, validator: dict,
                  question: str | None = None) -> Verdict:
     """Judge ``answer`` against ``truth`` with a spec validator (a ``ValidatorSpec`` dump, see
-    :data:`VALIDATORS`); ``question`` (the query's text) tells the numbers it names apart from
+    :mod:`tasks.scoring.registry`); ``question`` (the query's text) tells the numbers it names apart from
     candidate answers. A missing answer is never correct. Raises ValueError for an unknown
     validator kind."""
     kind = validator.get("kind")
-    fn = VALIDATORS.get(kind)
-    if fn is None:
-        raise ValueError(f"unknown validator kind {kind!r}; known: {sorted(VALIDATORS)}")
+    judge = get_validator(kind)
+    if judge is None:
+        raise ValueError(f"unknown validator kind {kind!r}; known: {validator_kinds()}")
     if answer is None:
         return Verdict(False, "no answer")
-    return fn(answer, truth, validator, question)
+    return judge.check(answer, truth, validator, question)
 
 
 def is_correct(answer: str | None, truth: Any, validator: dict,

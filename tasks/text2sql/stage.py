@@ -62,6 +62,7 @@ from tasks.core.llm import (
     settings_env,
 )
 from tasks.core.runs import batch_key, spec_fingerprint
+from tasks.agents.registry import parse_agent_spec
 from tasks.text2sql.sql_features import (
     BAG_FEATURES,
     HISTOGRAM_FEATURES,
@@ -77,7 +78,7 @@ from tasks.text2sql.sql_features import (
 TPCDS_PG_DATABASE = "querylab_tpcds"
 
 
-class GeneratorConfigError(ValueError):
+class GeneratorConfigError(AgentConfigError):
     """A generator spec cannot be used (unknown kind, missing replay source, no API settings)."""
 
 
@@ -451,37 +452,21 @@ def make_generator(
     (``<root>/cache/llm``, mode ``config.cache``); None: no cache. Raises
     :class:`GeneratorConfigError` for anything else."""
     config = config or GenerationConfig()
-    if spec == "oracle":
+    kind, arg = parse_agent_spec(spec, "text2sql", "generator", GeneratorConfigError)
+    if kind == "oracle":
         return OracleGenerator()
-    kind, _, arg = spec.partition(":")
-    model = model_spec_name(spec)
-    if model is not None:
-        cache = ResponseCache(artifacts_root, config.cache) if artifacts_root else None
-        return OpenAIGenerator(model, settings or Settings.from_env(), config, cache)
-    if kind == "replay" and arg:
+    if kind == "replay":
         return ReplayGenerator(arg)
-    raise GeneratorConfigError(
-        f"unknown generator {spec!r}; use 'oracle', 'openai:<model>', 'local:<model>' or "
-        "'replay:<path>'"
-    )
+    if model_spec_name(spec) is None:  # a plugin kind that lists text2sql but has no generator here
+        raise GeneratorConfigError(f"generator {spec!r}: kind {kind!r} has no text2sql generator")
+    cache = ResponseCache(artifacts_root, config.cache) if artifacts_root else None
+    return OpenAIGenerator(model_spec_name(spec), settings or Settings.from_env(), config, cache)
 
 
 def check_generator_spec(spec: str) -> None:
     """Raise :class:`GeneratorConfigError` unless ``spec`` is ``oracle``, ``openai:<model>`` or
     ``replay:<path>`` with an existing path (checked before any work is mapped)."""
-    kind, _, arg = spec.partition(":")
-    if spec == "oracle" or model_spec_name(spec) is not None:
-        return
-    if kind == "replay" and arg:
-        if not Path(arg).exists():
-            raise GeneratorConfigError(
-                f"{arg}: replay source not found (a directory or a .jsonl file)"
-            )
-        return
-    raise GeneratorConfigError(
-        f"unknown generator {spec!r}; use 'oracle', 'openai:<model>', 'local:<model>' or "
-        "'replay:<path>'"
-    )
+    parse_agent_spec(spec, "text2sql", "generator", GeneratorConfigError, check=True)
 
 
 def generator_label(spec: str) -> str:

@@ -78,6 +78,7 @@ from tasks.agents.replay import (
 from tasks.sandbox.session import shared_sandbox
 from tasks.scoring.stage import is_errored, load_scoring
 from tasks.agents.tools import ToolBox
+from tasks.agents.registry import agent_kind, parse_agent_spec
 
 __all__ = [
     "AgentConfigError",
@@ -115,15 +116,7 @@ def parse_agent(agent: str) -> tuple[str, str | None]:
     """
     if "|" in agent:
         raise AgentConfigError(f"agent {agent!r}: '|' is not allowed in agent names")
-    if agent == "oracle":
-        return "oracle", None
-    kind, _, arg = agent.partition(":")
-    if kind in ("openai", "local", "replay") and arg:
-        return kind, arg
-    raise AgentConfigError(
-        f"unknown agent {agent!r}; use 'oracle', 'openai:<model>', 'local:<model>' or "
-        "'replay:<answer file>'"
-    )
+    return parse_agent_spec(agent, "trials")
 
 
 def agent_options(options: dict | AgentOptions | None) -> AgentOptions:
@@ -520,6 +513,7 @@ class _Agent:
         self.chat: ChatModel | None = None
         self.error: str | None = None
         self.replay: dict | None = None
+        self.plugin: Runner | None = None
         self.references: dict[str, list] = {}
         self.options = options
         self.system = system_prompt(manifest)
@@ -531,6 +525,8 @@ class _Agent:
                 self.chat = ChatModel(resolved, options, cache)
             elif self.kind == "replay":
                 self.replay = answers_for(load_answers(arg), manifest)
+            elif self.kind != "oracle":  # a registered plugin kind (tasks.agents.registry)
+                self.plugin = agent_kind(self.kind).trial_runner(arg, manifest, options, hints)
             else:  # the trusted oracle: reference solutions from the private side
                 private = load_scoring(manifest_uri)["queries"]
                 self.references = {qid: q.get("reference") or [] for qid, q in private.items()}
@@ -542,6 +538,8 @@ class _Agent:
             on_call: Callable[[list], None] | None = None) -> TrialOutcome:
         if self.error is not None:
             return TrialOutcome(None, "error", self.error)
+        if self.plugin is not None:
+            return self.plugin(query, trial, toolbox)
         if self.kind == "oracle":
             return run_oracle(toolbox, self.references.get(query["id"], []), query["question"])
         if self.kind == "replay":

@@ -1,0 +1,58 @@
+"""The built-in agent kinds, registered in :mod:`tasks.agents.registry`: ``oracle`` (the
+reference solutions), ``openai:<model>`` (an OpenAI-compatible API), ``local:<model>`` (a
+GGUF model served by llama.cpp) and ``replay:<file>`` (recorded answers). Each suite runs them
+with its own code (trials: :class:`tasks.trials.stage._Agent`; text2sql:
+``make_generator``; lifecycle: ``make_agent``); here they are declared and their
+arguments checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tasks.agents.registry import SUITES, AgentKind, agentkind
+from tasks.core.llm import AgentConfigError
+
+
+@agentkind("oracle")
+class OracleKind(AgentKind):
+    """The trusted oracle: runs the reference solutions (reads the private scoring file)."""
+
+    takes_arg = False
+    usage = "oracle"
+    suites = SUITES
+    prompted = False
+
+
+@agentkind("openai")
+class OpenAIKind(AgentKind):
+    """A model behind an OpenAI-compatible API (``openai:<model>[@endpoint]``)."""
+
+    usage = "openai:<model>"
+    suites = SUITES
+
+
+@agentkind("local")
+class LocalKind(AgentKind):
+    """A local GGUF model served in-process by xllamacpp (``local:<model>``)."""
+
+    usage = "local:<model>"
+    suites = SUITES
+
+
+@agentkind("replay")
+class ReplayKind(AgentKind):
+    """Recorded answers replayed (trials: an answer file; text2sql: a directory or .jsonl;
+    lifecycle: a .jsonl file)."""
+
+    usage = {"trials": "replay:<answer file>", "text2sql": "replay:<path>",
+             "lifecycle": "replay:<file.jsonl>"}
+    suites = SUITES
+    prompted = False
+
+    def check(self, arg: str | None, suite: str) -> None:
+        """text2sql: the path must exist; lifecycle: it must be a file; trials read (and
+        check) the answer file when planning."""
+        if suite == "text2sql" and not Path(str(arg)).exists():
+            raise AgentConfigError(f"{arg}: replay source not found (a directory or a .jsonl file)")
+        if suite == "lifecycle" and not Path(str(arg)).is_file():
+            raise AgentConfigError(f"{arg}: replay file not found (a .jsonl file)")

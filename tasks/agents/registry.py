@@ -1,0 +1,166 @@
+"""The agent-kind registry: every suite parses agent specs here.
+
+An agent spec is ``<kind>`` (a kind that takes no argument, e.g. ``oracle``) or
+``<kind>:<argument>`` (``openai:gpt-4o-mini``, ``local:smollm2-135m``, ``replay:answers.json``).
+A kind is one class decorated with :func:`agentkind` (modelled on Inspect AI's ``@modelapi``):
+
+    @agentkind("toy")
+    class ToyAgent(AgentKind):
+        usage = "toy:<word>"
+        suites = frozenset({"trials"})
+
+        def trial_runner(self, arg, manifest, options, hints):
+            return lambda query, trial, toolbox: TrialOutcome(arg, "return_answer")
+
+The built-in kinds (:mod:`tasks.agents.kinds`) are registered on first use; kinds outside the
+repository register when their module is imported, or — as Inspect AI does with its
+``inspect_ai`` group — through a setuptools entry point in the ``querylab`` group, loaded once
+by :func:`load_plugins`::
+
+    [project.entry-points.querylab]
+    toy = "mypackage.toy_agent"
+
+Suites: ``trials`` (the data agent), ``text2sql`` (generators), ``lifecycle`` (the database
+lifecycle agent). A kind lists the suites it can run; a spec of another suite's kind is an
+unknown agent there, with the same one-line message listing what that suite accepts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Any, ClassVar
+
+from tasks.core.llm import AgentConfigError
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "SUITES",
+    "AgentKind",
+    "agent_kind",
+    "agentkind",
+    "kind_names",
+    "load_plugins",
+    "parse_agent_spec",
+    "usage",
+]
+
+log = logging.getLogger(__name__)
+
+#: setuptools entry-point group whose modules register agent kinds and validators.
+ENTRY_POINT_GROUP = "querylab"
+#: The suites that run agents.
+SUITES = frozenset({"trials", "text2sql", "lifecycle"})
+
+_KINDS: dict[str, type[AgentKind]] = {}
+_loaded = False
+
+
+class AgentKind:
+    """One agent kind. Class attributes: ``name`` (set by :func:`agentkind`), ``takes_arg``
+    (``<kind>:<arg>``; False: the bare ``<kind>``), ``usage`` (how the spec is written, shown in
+    errors; a dict suite → text when suites word it differently), ``suites`` (where it runs),
+    ``prompted`` (False: reads no prompt, so hint conditions do not apply). A plugin kind runs
+    in the trials suite unless it lists more (and the suite's code then knows how to run it).
+
+    Hooks a kind overrides: :meth:`check` (validate the argument before any work is mapped),
+    :meth:`trial_runner` (the trials suite's per-trial function). The built-in kinds are run
+    by each suite's own code; a plugin kind supplies :meth:`trial_runner`."""
+
+    name: ClassVar[str] = ""
+    takes_arg: ClassVar[bool] = True
+    usage: ClassVar[str | dict[str, str]] = ""
+    suites: ClassVar[frozenset[str]] = frozenset({"trials"})
+    prompted: ClassVar[bool] = True
+
+    def usage_for(self, suite: str) -> str:
+        """How a spec of this kind is written in ``suite``'s messages."""
+        if isinstance(self.usage, dict):
+            return self.usage.get(suite) or next(iter(self.usage.values()))
+        return self.usage or (f"{self.name}:<arg>" if self.takes_arg else self.name)
+
+    def check(self, arg: str | None, suite: str) -> None:
+        """Raise AgentConfigError when ``arg`` cannot be used in ``suite`` (e.g. a missing
+        file). Default: any argument is fine."""
+
+    def trial_runner(self, arg: str | None, manifest: dict, options: Any,
+                     hints: bool) -> Callable[[dict, int, Any], Any]:
+        """The trials suite's runner ``(query dict, trial index, ToolBox) -> TrialOutcome``
+        for one dataset (``manifest``: its public manifest; ``options``: AgentOptions)."""
+        raise AgentConfigError(f"agent kind {self.name!r} cannot run trials")
+
+
+def agentkind(name: str) -> Callable[[type[AgentKind]], type[AgentKind]]:
+    """Class decorator registering an :class:`AgentKind` under ``name`` (letters, digits,
+    ``_``, ``-``). ValueError for a bad name or one already registered by another class."""
+
+    def register(cls: type[AgentKind]) -> type[AgentKind]:
+        if not name or not all(c.isalnum() or c in "_-" for c in name):
+            raise ValueError(f"agent kind name {name!r}: use letters, digits, '_' or '-'")
+        if cls.__module__ != "tasks.agents.kinds":
+            import_module("tasks.agents.kinds")  # built-ins first: messages list them first
+        known = _KINDS.get(name)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise ValueError(f"agent kind {name!r} is already registered ({known.__module__})")
+        cls.name = name
+        _KINDS[name] = cls
+        return cls
+
+    return register
+
+
+def load_plugins() -> None:
+    """Register the built-in kinds and validators, then import every module of the ``querylab``
+    entry-point group (once per process). A plugin that fails to import is logged and
+    skipped (its kinds stay unknown, which the spec error then says)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import_module("tasks.agents.kinds")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:  # a broken plugin must not break the built-in kinds
+            log.warning("querylab plugin %s (%s) failed to load: %s", ep.name, ep.value, exc)
+
+
+def kind_names(suite: str | None = None) -> list[str]:
+    """Registered kind names in registration order (built-ins first), those of ``suite``
+    only when given."""
+    load_plugins()
+    return [n for n, c in _KINDS.items() if suite is None or suite in c.suites]
+
+
+def usage(suite: str) -> str:
+    """The spec forms ``suite`` accepts, e.g. ``'oracle', 'openai:<model>' or 'replay:<path>'``."""
+    forms = [f"'{_KINDS[n]().usage_for(suite)}'" for n in kind_names(suite)]
+    return forms[0] if len(forms) == 1 else ", ".join(forms[:-1]) + " or " + forms[-1]
+
+
+def agent_kind(name: str) -> AgentKind:
+    """The registered kind ``name`` (an instance); KeyError when unknown."""
+    load_plugins()
+    return _KINDS[name]()
+
+
+def parse_agent_spec(spec: str, suite: str = "trials", noun: str = "agent",
+                     error: type[Exception] = AgentConfigError,
+                     check: bool = False) -> tuple[str, str | None]:
+    """``spec`` → ``(kind, argument or None)`` for ``suite``: ``"oracle"`` → ("oracle", None),
+    ``"openai:gpt-4o"`` → ("openai", "gpt-4o"). With ``check`` the kind's :meth:`AgentKind.check`
+    runs too. Raises ``error`` ("unknown <noun> '<spec>'; use <the suite's forms>") for an
+    unknown kind, a kind of another suite or a missing/unexpected argument."""
+    load_plugins()
+    kind, sep, arg = spec.partition(":")
+    cls = _KINDS.get(kind)
+    if cls is not None and suite in cls.suites and (bool(arg) if cls.takes_arg else not sep):
+        if check:
+            try:
+                cls().check(arg or None, suite)
+            except AgentConfigError as exc:
+                raise (exc if isinstance(exc, error) else error(str(exc))) from None
+        return kind, arg or None
+    raise error(f"unknown {noun} {spec!r}; use {usage(suite)}")

@@ -1,0 +1,78 @@
+"""The validator registry: how the score stage judges an answer against its ground truth.
+
+A validator kind is one class decorated with :func:`validator` whose :meth:`Validator.check`
+returns a :class:`tasks.scoring.validate.Verdict`; a dataset spec names it in a query's
+``validator: {kind: <name>, ...}``::
+
+    @validator("exact")
+    class ExactValidator(Validator):
+        def check(self, answer, truth, spec, question=None):
+            ok = answer.strip() == str(truth)
+            return Verdict(ok, "exact match" if ok else f"expected {truth!r}")
+
+Built-in kinds: ``number`` and ``items`` (:mod:`tasks.scoring.validate`), ``dab_script``
+(:mod:`tasks.scoring.dab_validator`). Kinds outside the repository register when their module is
+imported or through the ``querylab`` entry-point group (:func:`tasks.agents.registry.load_plugins`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.scoring.validate import Verdict
+
+__all__ = ["Validator", "get_validator", "validator", "validator_kinds"]
+
+_VALIDATORS: dict[str, type[Validator]] = {}
+
+
+class Validator:
+    """One validator kind (``name`` set by :func:`validator`). Subclasses implement
+    :meth:`check`; a None answer never reaches it (it is "no answer", incorrect)."""
+
+    name = ""
+
+    def check(self, answer: str, truth: Any, spec: dict, question: str | None = None) -> Verdict:
+        """Judge ``answer`` (the agent's text) against ``truth`` (the query's ground truth)
+        with ``spec`` (the query's validator dict, ``kind`` included); ``question``: the
+        query's text (numbers it names are context, not candidate answers)."""
+        raise NotImplementedError
+
+
+def validator(name: str) -> Callable[[type[Validator]], type[Validator]]:
+    """Class decorator registering a :class:`Validator` under ``name``; ValueError when
+    another class already has it."""
+
+    def register(cls: type[Validator]) -> type[Validator]:
+        known = _VALIDATORS.get(name)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise ValueError(f"validator kind {name!r} is already registered ({known.__module__})")
+        cls.name = name
+        _VALIDATORS[name] = cls
+        return cls
+
+    return register
+
+
+def _load() -> None:
+    import_module("tasks.scoring.validate")
+    import_module("tasks.scoring.dab_validator")
+    from tasks.agents.registry import load_plugins
+
+    load_plugins()
+
+
+def validator_kinds() -> list[str]:
+    """The registered validator kinds, sorted."""
+    _load()
+    return sorted(_VALIDATORS)
+
+
+def get_validator(kind: str) -> Validator | None:
+    """The registered validator ``kind`` (an instance), None when unknown."""
+    _load()
+    cls = _VALIDATORS.get(kind)
+    return cls() if cls is not None else None

@@ -1,0 +1,114 @@
+"""Registries (issue 16, Build 3): a new agent kind and a new validator are one decorated class
+in one file each (tests/fakes/toy_agent.py, tests/fakes/toy_validator.py), registered from
+outside ``tasks/`` by importing them, and run end to end through ``querylab run``: the trials
+stage runs the toy agent, the score stage judges with the toy validator, the report shows it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+import tests.fakes.toy_agent  # noqa: F401 - registers agent kind "toy"
+import tests.fakes.toy_validator  # noqa: F401 - registers validator kind "toy_yes"
+from tasks.agents.registry import AgentKind, agentkind, kind_names, parse_agent_spec
+from tasks.core.llm import AgentConfigError
+from tasks.scoring.validate import check_answer
+
+
+def test_every_suite_parses_specs_through_one_registry():
+    from tasks.lifecycle.agents import check_agent_spec
+    from tasks.text2sql.stage import GeneratorConfigError, check_generator_spec
+    from tasks.trials.stage import parse_agent
+
+    assert kind_names()[:4] == ["oracle", "openai", "local", "replay"]
+    assert parse_agent("toy:yes") == ("toy", "yes")
+    # the toy kind runs trials only: the other suites list what they accept, and not it
+    with pytest.raises(GeneratorConfigError, match=r"unknown generator 'toy:yes'; use 'oracle', "
+                       r"'openai:<model>', 'local:<model>' or 'replay:<path>'$"):
+        check_generator_spec("toy:yes")
+    with pytest.raises(AgentConfigError, match=r"unknown agent 'toy:yes'.*'replay:<file\.jsonl>'$"):
+        check_agent_spec("toy:yes")
+    with pytest.raises(AgentConfigError, match=r"'replay:<answer file>' or 'toy:<word>'$"):
+        parse_agent("toy")  # an argument is required
+    with pytest.raises(AgentConfigError, match="unknown agent 'oracle:x'"):
+        parse_agent_spec("oracle:x")  # the oracle takes none
+    assert issubclass(GeneratorConfigError, AgentConfigError)  # one AgentConfigError
+
+
+def test_a_kind_name_cannot_be_taken_twice_or_be_malformed():
+    with pytest.raises(ValueError, match="'openai' is already registered"):
+        agentkind("openai")(type("Other", (AgentKind,), {}))
+    with pytest.raises(ValueError, match="use letters, digits"):
+        agentkind("a:b")(type("Bad", (AgentKind,), {}))
+
+
+def test_the_toy_validator_is_looked_up_by_kind():
+    assert check_answer("toy yes", 3, {"kind": "toy_yes"}).ok
+    v = check_answer("toy no", 3, {"kind": "toy_yes"})
+    assert not v.ok and v.reason == "toy validator saw 'toy no'"
+    assert check_answer(None, 3, {"kind": "toy_yes"}).reason == "no answer"
+    with pytest.raises(ValueError, match="unknown validator kind 'nope'; known: .*'toy_yes'"):
+        check_answer("x", 3, {"kind": "nope"})
+
+
+@pytest.fixture
+def toy_specs(tmp_path, monkeypatch):
+    """The stocks spec with every query judged by the toy validator, as the data directory."""
+    from tasks.datasets import spec
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in spec.DATA_DIR.glob("stocks*"):
+        shutil.copy(f, data / f.name)
+    text = (data / "stocks.yaml").read_text()
+    toy, n = re.subn(r"validator: \{kind: (number|items)[^}\n]*\}", "validator: {kind: toy_yes}",
+                     text)
+    assert n >= 2
+    (data / "stocks.yaml").write_text(toy)
+    monkeypatch.setattr(spec, "DATA_DIR", data)
+    return data
+
+
+def test_toy_agent_and_toy_validator_run_end_to_end(toy_specs, tmp_path, capsys):
+    from querylab.cli import main
+
+    root = tmp_path / "artifacts"
+    status = main(["run", "--agent", "toy:yes", "--agent", "toy:no", "--dataset", "stocks",
+                   "--limit", "2", "--trials", "1", "--run-id", "toy-run",
+                   "--artifacts", str(root)])
+    out = capsys.readouterr().out
+    assert status in (0, 1), out
+    scores = pl.read_parquet(root / "runs" / "toy-run" / "score" / "scores.parquet")
+    by_agent = {a: sorted(g["verdict"].to_list())
+                for (a,), g in scores.group_by("agent")}
+    assert by_agent == {"toy:yes": ["correct", "correct"], "toy:no": ["incorrect", "incorrect"]}
+    assert set(scores["reason"]) == {"toy validator saw 'toy yes'", "toy validator saw 'toy no'"}
+    report = next(line.split()[-1] for line in out.splitlines() if line.startswith("report:"))
+    html = Path(report).read_text()
+    assert "toy:yes" in html and "toy:no" in html
+
+
+def test_plugins_of_the_querylab_entry_point_group_are_loaded(tmp_path, monkeypatch, caplog):
+    """Kinds outside the repository register through the ``querylab`` entry-point group (as
+    Inspect AI's ``inspect_ai`` group); a plugin that fails to import is logged and skipped."""
+    from importlib.metadata import EntryPoint
+
+    from tasks.agents import registry
+
+    (tmp_path / "qlab_ep_plugin.py").write_text(
+        "from tasks.agents.registry import AgentKind, agentkind\n"
+        "@agentkind('ep-toy')\nclass EpToy(AgentKind):\n    usage = 'ep-toy:<x>'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = [EntryPoint("good", "qlab_ep_plugin", "querylab"),
+           EntryPoint("broken", "qlab_no_such_module", "querylab")]
+    seen = []
+    monkeypatch.setattr(registry, "entry_points", lambda group: seen.append(group) or eps)
+    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))  # forget ep-toy afterwards
+    assert parse_agent_spec("ep-toy:a") == ("ep-toy", "a")
+    assert seen == ["querylab"]
+    assert "querylab plugin broken (qlab_no_such_module) failed to load" in caplog.text
