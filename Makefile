@@ -31,6 +31,11 @@ run: $(STAMP)
 test: $(STAMP)
 	QUERYLAB_REQUIRE_LOCAL_MODEL=1 $(PY) -m pytest -q
 
+# The unit tests only (no Prefect/PostgreSQL servers, sandboxes, subprocesses, browser, local
+# model; nothing marked slow): the quick loop while editing. CI runs `make test`.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not integration"
+
 bench: $(STAMP)
 	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 

@@ -15,26 +15,11 @@ import pytest
 from tasks.core import storage
 from tasks.scoring.stage import score_frame
 from tasks.trials.stage import batch_uri, combine_trials, plan_batches, run_trial_batch
-from tests.fakes.openai_server import (
-    ScriptedOpenAIServer,
-    delay,
-    sigkill_after_requests,
-    tool_calls,
-)
+from tests.fakes.openai_server import ScriptedOpenAIServer, delay, sigkill_after_requests
+from tests.helpers import three_step_turn
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "nasdaq_top_volume_2012"
-
-
-def _turn(body: dict):
-    """A deterministic 3-step trajectory chosen by how far the conversation is."""
-    n = sum(1 for m in body["messages"] if m["role"] == "assistant")
-    if n == 0:
-        return tool_calls(("list_db", {}))
-    if n == 1:
-        return tool_calls(("query_db", {"db": "listings", "query": "SELECT count(*) AS n FROM listings"}))
-    return tool_calls(("return_answer", {"answer": "Facebook"}),
-                      usage={"prompt_tokens": 100, "completion_tokens": 10, "cached_tokens": 20})
 
 
 @pytest.fixture
@@ -68,7 +53,7 @@ def _run_all(root: str, run_id: str, batches: list[dict]) -> dict:
 
 def test_rerun_makes_no_requests_even_without_batch_artifacts(tmp_path, manifest_uri, model_env):
     root = str(tmp_path / "artifacts")
-    with ScriptedOpenAIServer(lambda body, i: _turn(body)) as srv:
+    with ScriptedOpenAIServer(lambda body, i: three_step_turn(body)) as srv:
         agent = model_env(srv)
         batches = plan_batches([manifest_uri], [agent], 2, batch_size=4)
         first = _run_all(root, "r1", batches)
@@ -97,7 +82,7 @@ def test_flow_rerun_makes_no_requests(prefect_harness, tmp_path, manifest_uri, m
     from flows.trials import run_trials
 
     root = str(tmp_path / "artifacts")
-    with ScriptedOpenAIServer(lambda body, i: _turn(body)) as srv:
+    with ScriptedOpenAIServer(lambda body, i: three_step_turn(body)) as srv:
         agent = model_env(srv)
         out = run_trials("flow-r", [manifest_uri], [agent, "oracle"], 1, 3, root)
         n = srv.request_count
@@ -133,7 +118,7 @@ def test_sigkill_midway_then_rerun(tmp_path, manifest_uri, model_env):
     hang_at = 19  # request 19 = trial 6 (second batch), turn 1: the child is killed waiting
 
     def responder(body, index):
-        step = _turn(body)
+        step = three_step_turn(body)
         return delay(60, step) if index == hang_at else step
 
     with ScriptedOpenAIServer(responder) as srv:
