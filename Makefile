@@ -10,7 +10,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.querylab-installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-fast bench clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
