@@ -16,7 +16,7 @@ from tasks.core import storage
 from tasks.scoring.stage import score_frame
 from tasks.trials.stage import batch_uri, combine_trials, plan_batches, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, sigkill_after_requests
-from tests.helpers import three_step_turn
+from tests.helpers import register_model, three_step_turn
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "nasdaq_top_volume_2012"
@@ -32,15 +32,9 @@ def manifest_uri(stocks_manifest, settings) -> str:
 @pytest.fixture
 def model_env(tmp_path, monkeypatch):
     def make(srv) -> str:
-        path = tmp_path / "models.yaml"
-        path.write_text(
-            "models:\n"
-            f"  - {{name: resume-m, base_url: '{srv.base_url}', api_key_env: QL_RESUME_KEY, "
-            "prices: {input: 1.0, cached_input: 0.1, output: 4.0}, context_window: 100000}\n"
-        )
-        monkeypatch.setenv("QUERYLAB_MODELS", str(path))
-        monkeypatch.setenv("QL_RESUME_KEY", "sk-resume")
-        return "openai:resume-m"
+        return register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="resume-m",
+                              key_env="QL_RESUME_KEY", key="sk-resume",
+                              prices="{input: 1.0, cached_input: 0.1, output: 4.0}")
 
     return make
 
