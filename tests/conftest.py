@@ -152,7 +152,8 @@ def model(scripted_model):
 
 # Fixtures that start a real server: a test using one is an integration test (left out of
 # ``make test-fast``), whichever module it is in.
-_INTEGRATION_FIXTURES = frozenset({"prefect_harness", "pg_server_url"})
+_INTEGRATION_FIXTURES = frozenset({"prefect_harness", "pg_server_url",
+                                   "movies_manifest"})  # movies loads into PostgreSQL
 
 
 def pytest_collection_modifyitems(config, items):

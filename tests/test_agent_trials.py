@@ -53,6 +53,7 @@ def _run(tmp_path, manifest_uri, agent, items, options=None, key="b", max_concur
     return scored, read("tool_calls"), read("llm_calls"), root
 
 
+@pytest.mark.slow
 def test_multi_step_trajectory_cost_and_llm_calls(tmp_path, manifest_uri, priced_model):
     u = [
         {"prompt_tokens": 1000, "completion_tokens": 50},
