@@ -10,7 +10,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.querylab-installed
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-fast bench clean
 
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ run: $(STAMP)
 # QUERYLAB_REQUIRE_LOCAL_MODEL: the integration tests fail (not skip) without the local model.
 test: $(STAMP)
 	QUERYLAB_REQUIRE_LOCAL_MODEL=1 $(PY) -m pytest -q
+
+# The unit tests only (no Prefect/PostgreSQL servers, sandboxes, subprocesses, browser, local
+# model; nothing marked slow): the quick loop while editing. CI runs `make test`.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not integration"
 
 bench: $(STAMP)
 	@for b in bench/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -109,3 +109,56 @@ def stocks_manifest(settings) -> dict:
     """The ``stocks`` dataset built into the session's artifact root and loaded
     (DuckDB + SQLite)."""
     return _build("stocks", settings)
+
+
+@pytest.fixture
+def stocks_uri(stocks_manifest, settings) -> str:
+    """The manifest URI of the session's built ``stocks`` dataset."""
+    from tasks.core import storage
+
+    return storage.join(settings.artifacts, "datasets", "stocks", stocks_manifest["version"],
+                        "manifest.json")
+
+
+@pytest.fixture
+def movies_uri(movies_manifest, settings) -> str:
+    """The manifest URI of the session's built ``movies`` dataset."""
+    from tasks.core import storage
+
+    return storage.join(settings.artifacts, "datasets", "movies", movies_manifest["version"],
+                        "manifest.json")
+
+
+@pytest.fixture
+def scripted_model(tmp_path, monkeypatch):
+    """``make(srv) -> "openai:ops-m"``: registers model ``ops-m`` (USD 1 / 0.1 cached / 4 per
+    million tokens) at a scripted server ``srv`` in this test's models table."""
+    from tests.helpers import register_model
+
+    def make(srv) -> str:
+        return register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="ops-m",
+                              key_env="QL_OPS_KEY", key="sk-ops-SECRET",
+                              prices="{input: 1.0, cached_input: 0.1, output: 4.0}")
+
+    return make
+
+
+@pytest.fixture
+def model(scripted_model):
+    """``model(srv) -> "openai:ops-m"``: a priced models-table model at the server (the same
+    as :func:`scripted_model`)."""
+    return scripted_model
+
+
+# Fixtures that start a real server: a test using one is an integration test (left out of
+# ``make test-fast``), whichever module it is in.
+_INTEGRATION_FIXTURES = frozenset({"prefect_harness", "pg_server_url",
+                                   "movies_manifest"})  # movies loads into PostgreSQL
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that uses a server-starting fixture (:data:`_INTEGRATION_FIXTURES`)
+    ``integration``; modules mark their own sandboxes, subprocesses and slow tests."""
+    for item in items:
+        if _INTEGRATION_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)

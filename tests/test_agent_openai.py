@@ -24,6 +24,7 @@ def _manifest_uri(manifest: dict, settings) -> str:
     )
 
 
+@pytest.mark.slow
 def test_scripted_agent_correct_incorrect_and_tool_error(stocks_manifest, settings, monkeypatch):
     script = [
         # trial 0: explores, hits a missing table (tool error, trial goes on), answers right

@@ -13,6 +13,7 @@ from tasks.core import storage
 from tasks.scoring.stage import score_frame
 from tasks.trials.stage import batch_uri, check_agents, combine_trials, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, error, message, tool_calls
+from tests.helpers import register_model
 
 QUERY = "nasdaq_top_volume_2012"  # ground truth: Facebook
 PRICES = {"input": 2.0, "cached_input": 0.5, "output": 8.0}
@@ -31,15 +32,9 @@ def priced_model(tmp_path, monkeypatch):
     (prices: :data:`PRICES`) and returns the agent name."""
 
     def make(srv, window: int = 100_000) -> str:
-        path = tmp_path / "models.yaml"
-        path.write_text(
-            "models:\n"
-            f"  - {{name: bench-m, model: scripted-x, base_url: '{srv.base_url}', "
-            f"api_key_env: QL_TEST_KEY, prices: {json.dumps(PRICES)}, context_window: {window}}}\n"
-        )
-        monkeypatch.setenv("QUERYLAB_MODELS", str(path))
-        monkeypatch.setenv("QL_TEST_KEY", "sk-trial-test")
-        return "openai:bench-m"
+        return register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="bench-m",
+                              model="scripted-x", key_env="QL_TEST_KEY", key="sk-trial-test",
+                              prices=json.dumps(PRICES), context_window=window)
 
     return make
 
@@ -58,6 +53,7 @@ def _run(tmp_path, manifest_uri, agent, items, options=None, key="b", max_concur
     return scored, read("tool_calls"), read("llm_calls"), root
 
 
+@pytest.mark.slow
 def test_multi_step_trajectory_cost_and_llm_calls(tmp_path, manifest_uri, priced_model):
     u = [
         {"prompt_tokens": 1000, "completion_tokens": 50},

@@ -182,6 +182,7 @@ def test_models_table_cap_and_local_default(tmp_path):
                                     "context_window": 10, "max_concurrency": 0})
 
 
+@pytest.mark.slow
 def test_task_runner_spec():
     from tasks.core.task_runners import TaskRunnerConfigError, make_task_runner, task_runner_spec
 

@@ -52,6 +52,7 @@ def test_corpus_loader_errors_name_file_and_line(tmp_path, text, message):
         load_corpus(tmp_path / "missing.sql")
 
 
+@pytest.mark.slow
 def test_spider_and_bird_gold_files():
     spider = load_corpus(SPIDER_GOLD, tables_json=SHARED_DATA / "spider" / "tables.json")
     bird = load_corpus(BIRD_GOLD)
@@ -73,6 +74,7 @@ def test_spider_tables_json_errors(tmp_path):
         load_spider_tables(bad)
 
 
+@pytest.mark.slow
 def test_tpcds_schema_and_queries_come_from_the_extension_offline():
     assert tpcds_extension_path().name == "tpcds.duckdb_extension"
     schema = tpcds_schema()

@@ -48,6 +48,7 @@ def _without_row(schema, instance, table, index):
     return cascade(schema, tables, inst)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", CLASSIC, ids=[p["id"] for p in CLASSIC])
 def test_classic_pairs_get_a_verified_minimal_counterexample(pair):
     schema = _schema(pair)
@@ -73,6 +74,7 @@ def test_classic_pairs_get_a_verified_minimal_counterexample(pair):
             assert check.error is None and not check.separates, (table, i, text)
 
 
+@pytest.mark.slow
 def test_classic_counterexamples_are_the_textbook_ones():
     by_id = {p["id"]: p for p in CLASSIC}
 
@@ -99,6 +101,7 @@ def test_classic_counterexamples_are_the_textbook_ones():
     assert sqlite_pair.engine == "sqlite" and sqlite_pair.instance["singer"][0][2] == 30
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pair", REWRITES, ids=[p["id"] for p in REWRITES])
 def test_equivalent_rewrites_get_no_counterexample(pair):
     res = find_counterexample(pair["sql1"], pair["sql2"], _schema(pair), dialect=pair["dialect"],
@@ -109,6 +112,7 @@ def test_equivalent_rewrites_get_no_counterexample(pair):
     assert "not a proof" in res.summary()
 
 
+@pytest.mark.slow
 def test_arbitrary_choice_among_ties_is_not_a_counterexample():
     schema = RelSchema.from_ddl("CREATE TABLE emp (id INT PRIMARY KEY, name TEXT, salary INT)")
     res = find_counterexample(
@@ -130,6 +134,7 @@ def test_budget_is_respected_and_reported():
     assert 0 < res.instances_tried < 10**6 and res.search_s < 5
 
 
+@pytest.mark.slow
 def test_search_is_deterministic_for_a_seed():
     pair = CLASSIC[0]
     runs = [find_counterexample(pair["sql1"], pair["sql2"], _schema(pair), budget=BUDGET)
@@ -138,6 +143,7 @@ def test_search_is_deterministic_for_a_seed():
     assert runs[0].found_at == runs[1].found_at
 
 
+@pytest.mark.slow
 def test_set_semantics_option_hides_duplicate_differences():
     pair = next(p for p in CLASSIC if p["id"] == "distinct_on_non_key")
     res = find_counterexample(pair["sql1"], pair["sql2"], _schema(pair), budget=BUDGET,
@@ -168,6 +174,7 @@ def test_auto_engine_falls_back_to_sqlite_for_sqlite_only_queries():
     assert res.engine == "sqlite" and res.verdict == "nondeterministic", res.summary()
 
 
+@pytest.mark.slow
 def test_generated_instances_honour_keys():
     ddl = """
     CREATE TABLE region (code TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE);
@@ -279,6 +286,7 @@ FAST = FinderBudget(max_instances=300, time_limit_s=120)
 CORPUS = [json.loads(x) for x in (DATA / "finder_corpus.jsonl").read_text().splitlines() if x.strip()]
 
 
+@pytest.mark.slow
 def test_backtick_ddl_is_read_as_mysql_with_the_reading_stated():
     schema = RelSchema.from_ddl(BACKTICK, None, "duckdb")
     assert sorted(schema.tables) == ["anon", "emp"] and schema.table("emp").column("deptno").not_null
@@ -345,6 +353,7 @@ def test_mysql_ddl_details_are_read_not_dropped():
     assert res.verdict == "not_equivalent" and res.instance["dept"][0][3] == 5
 
 
+@pytest.mark.slow
 def test_one_sided_runtime_error_is_error_on_instance_never_a_counterexample():
     schema = RelSchema.from_ddl("CREATE TABLE DEPT (DEPTNO INT PRIMARY KEY, DNAME INT)")
     sql1, sql2 = "SELECT DEPTNO FROM DEPT WHERE DNAME = 'SECURITY'", "SELECT DEPTNO FROM DEPT WHERE 1 = 0"
@@ -396,6 +405,7 @@ EMP = CORPUS[2]["pair"]["schema"]  # MySQL DDL of DEPT / EMP
      "SELECT EMPNO FROM EMP WHERE SAL > 10 OR DEPTNO = 1", "no_counterexample_within_budget",
      "`||` read as OR (MySQL's default)"),
 ])
+@pytest.mark.slow
 def test_rewrite_engine_sql_is_read_and_every_reading_is_stated(dialect, sql1, sql2, verdict, reading):
     schema = RelSchema.from_ddl(EMP, None, dialect)
     res = find_counterexample(sql1, sql2, schema, dialect=dialect, budget=FAST)
@@ -407,6 +417,7 @@ def test_rewrite_engine_sql_is_read_and_every_reading_is_stated(dialect, sql1, s
         assert not any(r.startswith("sql") for r in res.readings), res.readings
 
 
+@pytest.mark.slow
 def test_predicates_set_the_instance_size_and_ddmin_still_shrinks():
     schema = RelSchema.from_ddl(EMP, None, "mysql")
     sql1 = "SELECT DEPTNO FROM EMP GROUP BY DEPTNO HAVING COUNT(*) > 10"
@@ -427,6 +438,7 @@ def test_predicates_set_the_instance_size_and_ddmin_still_shrinks():
 
 @pytest.mark.parametrize("pid", ["having_count_distinct", "correlated_count_threshold",
                                  "row_number_top5_vs_limit6", "ties_offset", "count_alias_outside_boundary"])
+@pytest.mark.slow
 def test_corpus_thresholds_are_separated_by_guided_instances(pid):
     case = next(c for c in CORPUS if c["pair"]["id"] == pid)
     p = case["pair"]
@@ -435,6 +447,7 @@ def test_corpus_thresholds_are_separated_by_guided_instances(pid):
     assert res.found_by.startswith("guided:") and res.rows_before_shrink >= FAST.max_rows
 
 
+@pytest.mark.slow
 def test_an_arbitrary_choice_among_three_ties_is_not_a_counterexample():
     schema = RelSchema.from_ddl("CREATE TABLE emp (id INT PRIMARY KEY, name TEXT, sal INT)")
     sql1 = "SELECT name FROM emp ORDER BY sal LIMIT 1"

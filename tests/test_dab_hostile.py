@@ -124,6 +124,7 @@ LOOK_AROUND = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_validate_runs_in_its_own_sandbox_with_only_its_folder(shop, tmp_path, settings):
     (shop / "query2" / "validate.py").write_text(LOOK_AROUND)
     from tasks.scoring.stage import load_scoring
@@ -189,6 +190,7 @@ MISBEHAVING = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MISBEHAVING))
 def test_a_misbehaving_validator_is_errored_not_incorrect(shop, tmp_path, name):
     """Whatever validate.py does short of returning a pair, the trial is errored (no verdict,
@@ -242,6 +244,7 @@ def test_a_validator_cannot_change_its_ground_truth_for_the_next_trial(shop, tmp
 
 @pytest.mark.parametrize("lift", ["SET statement_timeout = 0;",
                                   "SELECT pg_catalog.set_config('statement_timeout', '0', false);"])
+@pytest.mark.slow
 def test_a_dump_cannot_lift_the_statement_time_limit(tmp_path, settings, monkeypatch, lift):
     """A dump's own ``SET statement_timeout = 0`` (QA12 minor 3) does not let a statement run
     past querylab's limit: the watchdog cancels it and the import fails naming the line."""

@@ -57,6 +57,7 @@ def _parser():
     return parser
 
 
+@pytest.mark.slow
 def test_import_reads_all_four_engines(dab_manifest, settings):
     m = dab_manifest
     assert m["name"] == "tinyshop" and m["format"] == "dab" and not m["scoring_only"]
@@ -203,6 +204,7 @@ def test_imported_tables_load_from_parquet_streams(suite, tmp_path, settings):
         "SELECT count(*) AS n FROM article_metadata WHERE region = 'Europe'").rows == [{"n": 2}]
 
 
+@pytest.mark.slow
 def test_the_file_loaders_take_a_parquet_stream_whole(tmp_path):
     """A :class:`tasks.core.storage.ParquetStream` of several batches loads into SQLite (batch by
     batch) and DuckDB (scanned from its file within a memory limit) with every row, its nulls
@@ -300,6 +302,7 @@ def test_validate_py_judges_out_of_process(dab_root):
     assert ok is None and "ModuleNotFoundError" in reason  # no verdict: errored
 
 
+@pytest.mark.slow
 def test_validators_run_in_their_query_folder(suite, tmp_path, settings):
     """``Path(__file__).parent / "ground_truth.csv"`` and ``open("ground_truth.csv")`` both
     find the query's own ground truth (in the sandbox's copy of the folder)."""
@@ -335,6 +338,7 @@ def test_a_crashing_validator_is_an_errored_verdict(suite, tmp_path):
     assert summary["errored_by_reason"] == {"validator_error": 1}
 
 
+@pytest.mark.slow
 def test_validate_py_gets_no_secrets_and_is_killed_on_timeout(tmp_path, monkeypatch):
     monkeypatch.setenv("QUERYLAB_OPENAI_API_KEY", "sk-must-not-leak")
     spy = tmp_path / "spy.py"

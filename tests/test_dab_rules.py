@@ -161,6 +161,7 @@ def test_prompt_is_question_and_description_as_dab_builds_it(imported, suite):
     assert user_prompt(m, question, hints=True) == dab_on
 
 
+@pytest.mark.slow
 def test_agents_that_cannot_run_a_dab_dataset_are_refused(imported, suite, tmp_path):
     pub = scoring_only_copy(suite, tmp_path / "pub")
     uri = import_dab_dataset.fn(str(pub / "query_agnews"), str(tmp_path / "art"),

@@ -125,6 +125,7 @@ def _specs() -> dict:
     return {n: load_spec(spec_path(n)) for n in CATALOGUE}
 
 
+@pytest.mark.slow
 def test_catalogue_rules():
     specs = _specs()
     engines = set()

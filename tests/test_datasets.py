@@ -161,6 +161,7 @@ def test_stocks_listing_key_and_sector_only_in_text(stocks_manifest, settings):
 # -- determinism -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["movies", "stocks"])
 def test_build_twice_gives_identical_parquet_bytes(name, tmp_path):
     a = build_dataset_artifacts.fn(str(spec_path(name)), str(tmp_path / "a"))

@@ -144,6 +144,7 @@ def test_a_trial_has_a_result_budget(engines, tmp_path):
     assert box.result_bytes <= 12 * MiB
 
 
+@pytest.mark.slow
 def test_cap_value_rules():
     assert _cap_value("abc", 10) == ("abc", 5, False)
     text, _, cut = _cap_value("x" * 5000, 1024)
@@ -179,6 +180,7 @@ def test_duckdb_memory_bomb_fails_in_the_worker_not_here(engines):
     assert engines["duckdb"].query("SELECT count(*) AS n FROM t").rows == [{"n": 5}]
 
 
+@pytest.mark.slow
 def test_mongomock_timeout_kills_only_that_query(tmp_path):
     mdb = mongo_client(None)[f"ql_test_{uuid.uuid4().hex[:8]}"]
     load_mongo(mdb, {"c": [{"k": i % 3, "i": i} for i in range(600)]})
@@ -207,6 +209,7 @@ def test_mongomock_timeout_kills_only_that_query(tmp_path):
     assert answered < 1.0
 
 
+@pytest.mark.slow
 def test_mongomock_worker_restarts_with_its_data():
     client = mongo_client(None)
     mdb = client[f"ql_test_{uuid.uuid4().hex[:8]}"]

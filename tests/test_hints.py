@@ -20,6 +20,7 @@ from tasks.core import storage
 from tasks.agents.react import SYSTEM_PROMPT, hint_text, user_prompt
 from tasks.trials.stage import AgentConfigError, agent_label, hint_conditions, plan_batches
 from tests.fakes.openai_server import ScriptedOpenAIServer, is_preflight, tool_calls
+from tests.helpers import register_model
 
 
 def test_user_prompt_is_dab_shaped(stocks_manifest):
@@ -81,15 +82,9 @@ def scripted_model(tmp_path, monkeypatch):
             return tool_calls(("return_answer", {"answer": "Facebook"}))
 
     with ScriptedOpenAIServer(respond) as srv:
-        path = tmp_path / "models.yaml"
-        path.write_text(
-            "models:\n"
-            f"  - {{name: hint-m, model: scripted-h, base_url: '{srv.base_url}', "
-            "api_key_env: QL_HINT_KEY, prices: {input: 1.0, output: 2.0}, context_window: 100000}\n"
-        )
-        monkeypatch.setenv("QUERYLAB_MODELS", str(path))
-        monkeypatch.setenv("QL_HINT_KEY", "sk-hint-test")
-        yield "openai:hint-m", srv
+        yield register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="hint-m",
+                             model="scripted-h", key_env="QL_HINT_KEY", key="sk-hint-test",
+                             prices="{input: 1.0, output: 2.0}"), srv
 
 
 def test_hints_on_and_off_in_one_run_over_http(prefect_harness, settings, stocks_manifest,

@@ -28,7 +28,6 @@ from tasks.scoring.stage import (
     scoring_uri,
 )
 from tasks.trials.stage import combine_trials, run_trial_batch
-from tests.test_operations import scripted_model  # noqa: F401 - a fixture
 from tests.fakes.openai_server import (
     ScriptedOpenAIServer,
     delay,
@@ -45,12 +44,6 @@ QUERY = "nasdaq_top_volume_2012"  # ground truth: Facebook
 def manifest_uri(stocks_manifest, settings) -> str:
     return storage.join(settings.artifacts, "datasets", "stocks", stocks_manifest["version"],
                         "manifest.json")
-
-
-@pytest.fixture
-def model(scripted_model):
-    """``model(srv) -> "openai:ops-m"``: a priced models-table model at the server."""
-    return scripted_model
 
 
 def _run(root: str, run_id: str, manifest_uri: str, agent: str, items: list, key: str = "b",
@@ -209,7 +202,7 @@ def _dom(page: Path, tmp_path: Path, fragment: str) -> str:
 def _browse_fragment(page: Path, tmp_path: Path, fragment: str):
     import subprocess
 
-    from tests.test_report_browser import CHROMIUM_FLAGS, chromium
+    from tests.helpers import CHROMIUM_FLAGS, chromium
 
     profile = tmp_path / f"chromium-profile-{len(list(tmp_path.iterdir()))}"
     return subprocess.run(

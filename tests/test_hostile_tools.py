@@ -30,18 +30,6 @@ MOVIES_QUERY = "spielberg_box_office"
 
 
 @pytest.fixture
-def stocks_uri(stocks_manifest, settings) -> str:
-    return storage.join(settings.artifacts, "datasets", "stocks", stocks_manifest["version"],
-                        "manifest.json")
-
-
-@pytest.fixture
-def movies_uri(movies_manifest, settings) -> str:
-    return storage.join(settings.artifacts, "datasets", "movies", movies_manifest["version"],
-                        "manifest.json")
-
-
-@pytest.fixture
 def short_limits(monkeypatch):
     monkeypatch.setenv("QUERYLAB_STATEMENT_TIMEOUT_MS", "3000")
 

@@ -18,9 +18,10 @@ import pytest
 from tasks.core import interrupt
 from tasks.core import runs
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay
-from tests.test_operations import _cli, scripted_model  # noqa: F401 - fixture
-from tests.test_operations_crash import _checkpointed
-from tests.test_resume import _turn
+from tests.helpers import checkpointed_trials, ops_cli, three_step_turn
+
+pytestmark = pytest.mark.integration  # a subprocess CLI interrupted
+
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,7 +33,7 @@ def _session_processes(sid: int) -> list[str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_the_run_and_rerun_resumes(sig, prefect_harness, tmp_path,
-                                                  scripted_model):  # noqa: F811
+                                                  scripted_model):
     from prefect.settings import PREFECT_API_URL
 
     root = str(tmp_path / "artifacts")
@@ -40,7 +41,7 @@ def test_a_signal_stops_the_run_and_rerun_resumes(sig, prefect_harness, tmp_path
     hang = {"on": True}
 
     def responder(body, index):
-        step = _turn(body)
+        step = three_step_turn(body)
         # every trial's second model call is held for two minutes while the run is signalled
         n = sum(1 for m in body["messages"] if m["role"] == "assistant")
         return delay(120, step) if hang["on"] and n == 1 else step
@@ -80,12 +81,12 @@ def test_a_signal_stops_the_run_and_rerun_resumes(sig, prefect_harness, tmp_path
         assert status.status == "failed" and "interrupted" in status.error, status
         # `runs` / `status` say interrupted, not failed (QA re-check N1)
         assert [r["status"] for r in runs.list_runs(root) if r["run_id"] == run_id] == ["interrupted"]
-        assert _checkpointed(root, run_id) == {}  # no cancelled trial counted as a result
+        assert checkpointed_trials(root, run_id) == {}  # no cancelled trial counted as a result
         time.sleep(1.0)
         assert _session_processes(child.pid) == []  # Prefect's server etc. gone with it
 
         hang["on"] = False
-        assert _cli(["rerun", "--run-id", run_id, "--artifacts", root]) == 0
+        assert ops_cli(["rerun", "--run-id", run_id, "--artifacts", root]) == 0
     trials = pl.read_parquet(Path(root, "runs", run_id, "trials", "trials.parquet"))
     assert trials.height == 4 and set(trials["terminate_reason"]) == {"return_answer"}
     assert runs.pending_stages(root, run_id) == []

@@ -5,7 +5,6 @@ stand-alone stage wrappers re-run from the run id alone."""
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import time
@@ -20,37 +19,9 @@ from tasks.core import runs
 from tasks.core import storage
 from tasks.core.progress import StageProgress, artifact_key, console_progress, count_finished_trials
 from tests.fakes.openai_server import ScriptedOpenAIServer
-from tests.test_resume import _turn  # a deterministic 3-call trajectory
+from tests.helpers import ops_cli, three_step_turn
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _cli(argv: list[str]) -> int:
-    from querylab import cmd_ops
-
-    p = argparse.ArgumentParser(prog="querylab")
-    sub = p.add_subparsers(dest="command", required=True)
-    cmd_ops.register(sub)
-    args = p.parse_args(argv)
-    return args.func(args)
-
-
-@pytest.fixture
-def scripted_model(tmp_path, monkeypatch):
-    """``make(srv) -> "openai:ops-m"``: a priced model of the models table at ``srv``."""
-
-    def make(srv) -> str:
-        path = tmp_path / "models.yaml"
-        path.write_text(
-            "models:\n"
-            f"  - {{name: ops-m, base_url: '{srv.base_url}', api_key_env: QL_OPS_KEY, "
-            "prices: {input: 1.0, cached_input: 0.1, output: 4.0}, context_window: 100000}\n"
-        )
-        monkeypatch.setenv("QUERYLAB_MODELS", str(path))
-        monkeypatch.setenv("QL_OPS_KEY", "sk-ops-SECRET")
-        return "openai:ops-m"
-
-    return make
 
 
 # -- run records (plain functions, no Prefect) -------------------------------------------------
@@ -188,7 +159,7 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
     from flows.benchmark import benchmark
 
     clean_root, root = str(tmp_path / "clean"), str(tmp_path / "flaky")
-    with ScriptedOpenAIServer(lambda body, i: _turn(body)) as srv:
+    with ScriptedOpenAIServer(lambda body, i: three_step_turn(body)) as srv:
         agent = scripted_model(srv)
         kw = {"datasets": ["stocks"], "agents": [agent], "n_trials": 2, "batch_size": 4}
         clean = benchmark(run_id="ops-clean", artifacts_root=clean_root, **kw)
@@ -199,11 +170,11 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
         assert _progress_value("ops-clean-datasets-progress") == 100.0
         # re-running a finished run does nothing: no stage is pending, and the trials stage
         # named explicitly skips every batch (no request, no file rewritten)
-        assert _cli(["rerun", "--run-id", "ops-clean", "--artifacts", clean_root]) == 0
+        assert ops_cli(["rerun", "--run-id", "ops-clean", "--artifacts", clean_root]) == 0
         assert "every stage has completed" in capsys.readouterr().out
         clean_batches = sorted(Path(clean_root, "runs", "ops-clean", "trials").glob("**/*.parquet"))
         before = [p.stat().st_mtime_ns for p in clean_batches if "batches" in p.parts]
-        assert _cli(["rerun", "--run-id", "ops-clean", "--stage", "trials",
+        assert ops_cli(["rerun", "--run-id", "ops-clean", "--stage", "trials",
                      "--artifacts", clean_root]) == 0
         assert srv.trial_request_count == n_clean
         assert [p.stat().st_mtime_ns for p in clean_batches if "batches" in p.parts] == before
@@ -244,20 +215,20 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
         assert _progress_value("ops-flaky-trials-progress") == 80.0  # 8 of 10 trials
 
         capsys.readouterr()
-        assert _cli(["status", "--run-id", "ops-flaky", "--artifacts", root]) == 0
+        assert ops_cli(["status", "--run-id", "ops-flaky", "--artifacts", root]) == 0
         out = capsys.readouterr().out
         assert "trials       failed" in out and "not completed: trials, score, report" in out
 
         # re-run the trials stage alone: only the failed batch runs, only its unfinished trials
         # call the model
-        assert _cli(["rerun", "--run-id", "ops-flaky", "--stage", "trials",
+        assert ops_cli(["rerun", "--run-id", "ops-flaky", "--stage", "trials",
                      "--artifacts", root]) == 0
         assert srv.trial_request_count - n_clean - n_first == 2 * 3
         assert {k: p.stat().st_mtime_ns for k, p in done.items() if k in mtimes} == mtimes
         assert runs.pending_stages(root, "ops-flaky") == ["score", "report"]
         # the rest of the run: score and report
         capsys.readouterr()
-        assert _cli(["rerun", "--run-id", "ops-flaky", "--artifacts", root]) == 0
+        assert ops_cli(["rerun", "--run-id", "ops-flaky", "--artifacts", root]) == 0
         out = capsys.readouterr().out
         assert "stages score, report" in out and f"| {agent} | stocks" in out
         assert runs.pending_stages(root, "ops-flaky") == []
@@ -304,7 +275,7 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
 def test_rerun_rejects_bad_input_in_one_line(tmp_path, argv, message, capsys):
     root = str(tmp_path / "art")
     runs.record_benchmark(root, "cfg", {"datasets": ["stocks"]})
-    assert _cli([*argv, "--artifacts", root]) == 2
+    assert ops_cli([*argv, "--artifacts", root]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
@@ -324,7 +295,7 @@ def test_equivalence_stage_reruns_from_the_run_id_alone(prefect_harness, tmp_pat
     assert record.benchmark is None and record.stages["equivalence"]["pairs_path"] == str(pairs)
     batches = sorted(Path(out["equivalence"]).parent.glob("batches/*.parquet"))
     mtimes = [b.stat().st_mtime_ns for b in batches]
-    assert _cli(["rerun", "--run-id", "eq-stage", "--stage", "equivalence",
+    assert ops_cli(["rerun", "--run-id", "eq-stage", "--stage", "equivalence",
                  "--artifacts", root]) == 0
     assert [b.stat().st_mtime_ns for b in batches] == mtimes
     assert pl.read_parquet(out["equivalence"]).equals(df)

@@ -13,32 +13,22 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from tasks.core import runs
 from tasks.core import storage
 from tasks.core.progress import count_finished_trials
 from tasks.trials.stage import plan_batches
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, sigkill_after_requests
-from tests.test_operations import _cli, scripted_model  # noqa: F401 - fixture
-from tests.test_resume import _turn
+from tests.helpers import checkpointed_trials, ops_cli, three_step_turn
+
+pytestmark = pytest.mark.integration  # a subprocess CLI killed with SIGKILL
+
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _checkpointed(root: str, run_id: str) -> dict[str, dict]:
-    """trial_key → trial row of every trial finished on disk (batch files and checkpoints)."""
-    prefix = Path(root, "runs", run_id, "trials", "batches")
-    rows = {}
-    for f in prefix.glob("*.trials.parquet"):
-        for r in pl.read_parquet(f).to_dicts():
-            rows[r["trial_key"]] = r
-    for f in prefix.glob("*.parts/*.json"):
-        r = storage.read_json(str(f))["trial"]
-        rows[r["trial_key"]] = r
-    return rows
-
-
-def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_model):  # noqa: F811
+def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_model):
     from prefect.settings import PREFECT_API_URL
 
     root = str(tmp_path / "artifacts")
@@ -46,7 +36,7 @@ def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_mo
     # two trials in flight: some have finished (and are checkpointed) by request 19
 
     def responder(body, index):
-        step = _turn(body)
+        step = three_step_turn(body)
         return delay(60, step) if index == hang_at else step
 
     with ScriptedOpenAIServer(responder) as srv:
@@ -63,12 +53,12 @@ def test_sigkill_during_trials_then_rerun(prefect_harness, tmp_path, scripted_mo
         n_killed = srv.trial_request_count
         assert runs.stage_status(root, "crash", "datasets").status == "completed"
         assert runs.stage_status(root, "crash", "trials").status == "running"  # cut short
-        saved = _checkpointed(root, "crash")
+        saved = checkpointed_trials(root, "crash")
         manifests = runs.load_run(root, "crash").manifests
         batches = plan_batches(manifests, [agent], 3, 4)
         assert 1 <= len(saved) < 15 and count_finished_trials(root, "crash", batches) == len(saved)
 
-        assert _cli(["rerun", "--run-id", "crash", "--artifacts", root]) == 0
+        assert ops_cli(["rerun", "--run-id", "crash", "--artifacts", root]) == 0
         rerun_requests = srv.trial_request_count - n_killed
         assert srv.preflight_count == 2  # the run and the rerun each checked the agent
 

@@ -28,9 +28,6 @@ from tests.fakes.openai_server import (
     raw_tool_calls,
     tool_calls,
 )
-from tests.test_honest_scores import model  # noqa: F401 - a fixture
-from tests.test_hostile_tools import movies_uri, stocks_uri  # noqa: F401 - fixtures
-from tests.test_operations import scripted_model  # noqa: F401 - a fixture
 
 STOCKS_Q = "nasdaq_top_volume_2012"  # ground truth: Facebook
 MOVIES_Q = "spielberg_box_office"

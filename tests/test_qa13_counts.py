@@ -20,9 +20,6 @@ from tests.fakes.openai_server import (
     message,
     tool_calls,
 )
-from tests.test_honest_scores import model  # noqa: F401 - a fixture
-from tests.test_hostile_tools import stocks_uri  # noqa: F401 - a fixture
-from tests.test_operations import scripted_model  # noqa: F401 - a fixture
 
 
 def _down(body, index):

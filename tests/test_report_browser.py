@@ -9,32 +9,15 @@ is missing, because this is an acceptance check.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import CHROMIUM_FLAGS, chromium
 from tests.test_report import make_report, write_run
 
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-dev-shm-usage",
-    "--hide-scrollbars",
-]
-
-
-def chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.fail("headless Chromium is needed: apt-get update && apt-get install -y chromium")
-    return exe
+pytestmark = pytest.mark.integration  # a headless Chromium per test
 
 
 def browse(html: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -15,26 +15,11 @@ import pytest
 from tasks.core import storage
 from tasks.scoring.stage import score_frame
 from tasks.trials.stage import batch_uri, combine_trials, plan_batches, run_trial_batch
-from tests.fakes.openai_server import (
-    ScriptedOpenAIServer,
-    delay,
-    sigkill_after_requests,
-    tool_calls,
-)
+from tests.fakes.openai_server import ScriptedOpenAIServer, delay, sigkill_after_requests
+from tests.helpers import register_model, three_step_turn
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY = "nasdaq_top_volume_2012"
-
-
-def _turn(body: dict):
-    """A deterministic 3-step trajectory chosen by how far the conversation is."""
-    n = sum(1 for m in body["messages"] if m["role"] == "assistant")
-    if n == 0:
-        return tool_calls(("list_db", {}))
-    if n == 1:
-        return tool_calls(("query_db", {"db": "listings", "query": "SELECT count(*) AS n FROM listings"}))
-    return tool_calls(("return_answer", {"answer": "Facebook"}),
-                      usage={"prompt_tokens": 100, "completion_tokens": 10, "cached_tokens": 20})
 
 
 @pytest.fixture
@@ -47,15 +32,9 @@ def manifest_uri(stocks_manifest, settings) -> str:
 @pytest.fixture
 def model_env(tmp_path, monkeypatch):
     def make(srv) -> str:
-        path = tmp_path / "models.yaml"
-        path.write_text(
-            "models:\n"
-            f"  - {{name: resume-m, base_url: '{srv.base_url}', api_key_env: QL_RESUME_KEY, "
-            "prices: {input: 1.0, cached_input: 0.1, output: 4.0}, context_window: 100000}\n"
-        )
-        monkeypatch.setenv("QUERYLAB_MODELS", str(path))
-        monkeypatch.setenv("QL_RESUME_KEY", "sk-resume")
-        return "openai:resume-m"
+        return register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="resume-m",
+                              key_env="QL_RESUME_KEY", key="sk-resume",
+                              prices="{input: 1.0, cached_input: 0.1, output: 4.0}")
 
     return make
 
@@ -68,7 +47,7 @@ def _run_all(root: str, run_id: str, batches: list[dict]) -> dict:
 
 def test_rerun_makes_no_requests_even_without_batch_artifacts(tmp_path, manifest_uri, model_env):
     root = str(tmp_path / "artifacts")
-    with ScriptedOpenAIServer(lambda body, i: _turn(body)) as srv:
+    with ScriptedOpenAIServer(lambda body, i: three_step_turn(body)) as srv:
         agent = model_env(srv)
         batches = plan_batches([manifest_uri], [agent], 2, batch_size=4)
         first = _run_all(root, "r1", batches)
@@ -97,7 +76,7 @@ def test_flow_rerun_makes_no_requests(prefect_harness, tmp_path, manifest_uri, m
     from flows.trials import run_trials
 
     root = str(tmp_path / "artifacts")
-    with ScriptedOpenAIServer(lambda body, i: _turn(body)) as srv:
+    with ScriptedOpenAIServer(lambda body, i: three_step_turn(body)) as srv:
         agent = model_env(srv)
         out = run_trials("flow-r", [manifest_uri], [agent, "oracle"], 1, 3, root)
         n = srv.request_count
@@ -133,7 +112,7 @@ def test_sigkill_midway_then_rerun(tmp_path, manifest_uri, model_env):
     hang_at = 19  # request 19 = trial 6 (second batch), turn 1: the child is killed waiting
 
     def responder(body, index):
-        step = _turn(body)
+        step = three_step_turn(body)
         return delay(60, step) if index == hang_at else step
 
     with ScriptedOpenAIServer(responder) as srv:

@@ -9,10 +9,14 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from tasks.core import runs
 from tasks.core import storage
 from tests.fakes.s3 import SECRET, moto_s3
+
+pytestmark = pytest.mark.integration  # a moto S3 server
+
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "querylab-ops"

@@ -28,6 +28,9 @@ from tasks.sandbox.session import (
 )
 from tasks.agents.tools import ToolBox, variable_name
 
+pytestmark = pytest.mark.integration  # sandboxed execute_python processes
+
+
 SECRETS = {
     "OPENAI_API_KEY": "sk-sandbox-SECRET-1",
     "QUERYLAB_OPENAI_API_KEY": "sk-sandbox-SECRET-2",

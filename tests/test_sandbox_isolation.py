@@ -26,6 +26,9 @@ from tasks.scoring.stage import score_frame
 from tasks.trials.stage import batch_uri, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, tool_calls
 
+pytestmark = pytest.mark.integration  # sandboxed processes (namespaces, cgroups)
+
+
 REPO = Path(__file__).resolve().parents[1]
 
 #: Walks / (not /proc) for querylab's answer key: manifests, scoring files, ground truth,

@@ -218,16 +218,12 @@ def register_model(server: ScriptedOpenAIServer, directory: Path,
     ``QUERYLAB_MODELS`` and its key variable are set with ``setenv`` (tests: pytest's
     ``monkeypatch.setenv``, undone after the test; default: ``os.environ``). Returns the
     agent."""
-    setenv = setenv or os.environ.__setitem__
-    path = Path(directory) / "hostile-models.yaml"
-    path.write_text(
-        "models:\n"
-        f"  - {{name: hostile-m, model: hostile-x, base_url: '{server.base_url}', "
-        "api_key_env: QL_HOSTILE_KEY, prices: {input: 1.0, output: 2.0}, context_window: 1000000}\n"
-    )
-    setenv("QUERYLAB_MODELS", str(path))
-    setenv("QL_HOSTILE_KEY", "sk-hostile-test")
-    return "openai:hostile-m"
+    from tests.helpers import register_model as register
+
+    return register(server.base_url, directory, setenv or os.environ.__setitem__,
+                    name="hostile-m", model="hostile-x", key_env="QL_HOSTILE_KEY",
+                    key="sk-hostile-test", prices="{input: 1.0, output: 2.0}",
+                    context_window=1_000_000, filename="hostile-models.yaml")
 
 
 def run_payloads(payloads: list[Payload], server: ScriptedOpenAIServer, agent: str,
