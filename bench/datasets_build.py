@@ -97,7 +97,7 @@ def _compare_pg_copy(settings, placed: list[tuple[dict, str]]) -> None:
     """Load every PostgreSQL table again into a scratch database, by the bulk CSV COPY and by
     the row-by-row typed COPY (alternated, best of two each), and print both rates (same
     tables, same run)."""
-    import tasks.db.databases as databases
+    import tasks.db.postgres as databases  # the PostgreSQL loader lives here
     from tasks.db.databases import embedded_postgres_url, load_postgres, postgres_database_dsn
     from tasks.db.engines import _placed_tables
 

@@ -444,7 +444,7 @@ def test_postgres_bulk_copy_equals_the_row_by_row_copy(pg_server_url, monkeypatc
 
     import psycopg
 
-    import tasks.db.databases as databases
+    import tasks.db.postgres as databases  # where load_postgres and its COPY helpers live
 
     t = pa.table({
         "i": pa.array([1, None, -3, 2**62], pa.int64()),

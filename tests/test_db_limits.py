@@ -20,6 +20,7 @@ import uuid
 import pyarrow as pa
 import pytest
 
+from tasks.db.results import _cap_value
 from tasks.db.databases import (
     DuckDBDatabase,
     MongoDatabase,
@@ -28,7 +29,6 @@ from tasks.db.databases import (
     QueryResult,
     ResultLimits,
     SQLiteDatabase,
-    _cap_value,
     load_duckdb,
     load_mongo,
     load_postgres,

@@ -46,13 +46,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tasks.db.databases import (
+from tasks.db.mongo import insert_batches
+from tasks.db.results import (
     ColumnInfo,
     QueryError,
     QueryResult,
     ResultLimits,
     TableInfo,
-    insert_batches,
 )
 
 #: Resident memory the SQL worker's queries may use (MiB): ``QUERYLAB_QUERY_WORKER_MEMORY_MB``.
@@ -109,7 +109,7 @@ def _recv(sock: socket.socket, deadline: float | None = None, limit: int | None 
 
 
 def _error_text(e: BaseException) -> str:
-    from tasks.db.databases import _short
+    from tasks.db.results import _short
 
     return _short(e)
 
@@ -549,7 +549,7 @@ def _watch_memory(memory_mb: int, busy: _Busy) -> None:
 
 def _serve_sql(ctrl: socket.socket, memory_mb: int) -> None:
     _limit_memory(4 * memory_mb)
-    from tasks.db import databases as d
+    from tasks.db import duckdb as d
 
     # instance-wide DuckDB settings of every file this worker opens
     d._DUCKDB_WORKER_SETTINGS.update({"memory_limit": f"{max(256, memory_mb // 3)}MB", "threads": "2"})
@@ -573,7 +573,7 @@ def _serve_sql(ctrl: socket.socket, memory_mb: int) -> None:
 
 def _mongo_child(sock: socket.socket, client: Any, memory_mb: int) -> None:
     """A forked query child of the mongomock zygote: never returns."""
-    from tasks.db import databases as d
+    from tasks.db import mongo as d
 
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)

@@ -701,7 +701,7 @@ class Sandbox:
 
                 if isinstance(exc, psycopg.errors.QueryCanceled):
                     return Outcome(error=f"timed out after {limit:.1f} s", timeout=True)
-                from tasks.db.databases import _pg_message
+                from tasks.db.postgres import _pg_message
 
                 return Outcome(error=_pg_message(exc))
             except (ValueError, OverflowError) as exc:
