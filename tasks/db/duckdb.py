@@ -14,6 +14,7 @@ import threading
 import uuid
 from typing import Any
 from tasks.db.base import _in_worker, _quote_ident, _Running, _SQLDatabase
+from tasks.db.registry import FileEngine, register_engine
 from tasks.db.loading import _tmp_sibling
 from tasks.db.results import (
     ColumnInfo,
@@ -232,3 +233,15 @@ def load_duckdb(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
     finally:
         tmp.unlink(missing_ok=True)
         pathlib.Path(str(tmp) + ".wal").unlink(missing_ok=True)
+
+
+@register_engine
+class DuckDBEngine(FileEngine):
+    """Engine ``duckdb``: the file ``<home>/build/<dataset>/<version>/<db>.duckdb``, written by
+    :func:`load_duckdb`, opened as :class:`DuckDBDatabase`."""
+
+    name = "duckdb"
+    database = DuckDBDatabase
+
+    def write(self, path: pathlib.Path, tables: dict[str, Any]) -> None:
+        load_duckdb(path, tables)

@@ -15,6 +15,7 @@ import threading
 from typing import Any, Iterable
 from tasks.db.base import Database
 from tasks.db.guard import check_read_only_mongo, parse_mongo_query
+from tasks.db.registry import Engine, physical_name, placed_tables, register_engine
 from tasks.db.results import (
     ColumnInfo,
     DatabaseUnavailable,
@@ -307,3 +308,48 @@ def insert_batches(collection: Any, docs: list[dict], batch: int = MONGO_BATCH_D
     documents per ``insert_many`` (bulk writes, bounded request size)."""
     for i in range(0, len(docs), batch):
         collection.insert_many(docs[i:i + batch], ordered=True)
+
+
+def _mongo_docs(table: Any) -> Any:
+    """Rows as BSON-encodable documents (dates become ISO strings; lists stay arrays); a
+    stream of batches stays a ``RecordBatchReader`` (its date columns cast to ISO text, batch
+    by batch)."""
+    import pyarrow as pa
+
+    if not hasattr(table, "to_pylist"):
+        def batches():
+            for batch in table:
+                yield pa.RecordBatch.from_arrays(
+                    [c.cast(pa.string()) if pa.types.is_date(c.type) else c
+                     for c in batch.columns],
+                    names=batch.schema.names)
+        schema = pa.schema([pa.field(f.name, pa.string()) if pa.types.is_date(f.type) else f
+                            for f in table.schema])
+        return pa.RecordBatchReader.from_batches(schema, batches())
+    docs = table.to_pylist()
+    for d in docs:
+        for k, v in d.items():
+            if isinstance(v, _dt.date) and not isinstance(v, _dt.datetime):
+                d[k] = v.isoformat()
+    return docs
+
+
+@register_engine
+class MongoEngine(Engine):
+    """Engine ``mongodb``: database ``ql_<dataset>_<db>_<hash>`` on ``QUERYLAB_MONGO_URI``
+    (the finished load is recorded in database ``querylab_meta``, outside the dataset's), else
+    the process's mongomock worker (:mod:`tasks.db.db_worker`), loaded on first use."""
+
+    name = "mongodb"
+
+    def load(self, manifest: dict, db: str, settings: Any) -> None:
+        client = mongo_client(settings.mongo_uri)
+        mdb = client[physical_name(manifest, db)]
+        if mongo_loaded_version(mdb) != manifest["version"]:
+            with placed_tables(manifest, db) as tables:
+                load_mongo(mdb, {n: _mongo_docs(t) for n, t in tables.items()})
+            mongo_mark_loaded(mdb, manifest["version"])
+
+    def open(self, manifest: dict, db: str, settings: Any, timeout_ms: int) -> "MongoDatabase":
+        client = mongo_client(settings.mongo_uri)
+        return MongoDatabase(db, client[physical_name(manifest, db)], timeout_ms=timeout_ms)

@@ -13,6 +13,7 @@ import threading
 import uuid
 from typing import Any
 from tasks.db.base import _quote_ident, _SQLDatabase
+from tasks.db.registry import Engine, physical_name, placed_tables, register_engine
 from tasks.db.loading import _batches, _iter_rows
 from tasks.db.results import (
     ColumnInfo,
@@ -451,3 +452,53 @@ def load_postgres(dsn: str, tables: dict[str, "pa.Table"]) -> None:
                                     row[i] = Jsonb(_json_safe(row[i]))
                         copy.write_row(row)
         conn.commit()
+
+
+@register_engine
+class PostgresEngine(Engine):
+    """Engine ``postgres``: database ``ql_<dataset>_<db>_<hash>`` on the embedded server (data
+    under ``<home>/postgres``) or on ``QUERYLAB_POSTGRES_URL``, loaded as the administrator by
+    :func:`load_postgres`; a ``querylab_meta.loaded`` marker table records a finished load.
+    Agents connect as the database's SELECT-only login role (:mod:`tasks.db.pg_roles`)."""
+
+    name = "postgres"
+
+    def load(self, manifest: dict, db: str, settings: Any) -> None:
+        from pathlib import Path
+
+        import psycopg
+
+        from tasks.db.pg_roles import ensure_agent_role
+        from tasks.db.pg_server import postgres_database_dsn, postgres_server_url
+
+        server = postgres_server_url(settings.postgres_url, Path(settings.home))
+        dsn = postgres_database_dsn(server, physical_name(manifest, db), create=True)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            done = conn.execute(
+                "SELECT to_regclass('querylab_meta.loaded') IS NOT NULL"
+            ).fetchone()[0]
+        if not done:
+            with placed_tables(manifest, db) as tables:
+                load_postgres(dsn, tables)
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CREATE SCHEMA IF NOT EXISTS querylab_meta")
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS querylab_meta.loaded (version text)"
+                )
+                conn.execute(
+                    "INSERT INTO querylab_meta.loaded VALUES (%s)", (manifest["version"],)
+                )
+        ensure_agent_role(server, physical_name(manifest, db), Path(settings.home),
+                          embedded=not settings.postgres_url, force=not done)
+
+    def open(self, manifest: dict, db: str, settings: Any, timeout_ms: int) -> "PostgresDatabase":
+        from pathlib import Path
+
+        from tasks.db.pg_roles import agent_dsn
+        from tasks.db.pg_server import postgres_server_url
+
+        server = postgres_server_url(settings.postgres_url, Path(settings.home))
+        return PostgresDatabase(
+            db, agent_dsn(server, physical_name(manifest, db), Path(settings.home)),
+            statement_timeout_ms=timeout_ms,
+        )

@@ -17,6 +17,7 @@ from typing import Any
 from tasks.db import sqlite_guard
 from tasks.db.sqlite_guard import SQLITE_MAX_LENGTH
 from tasks.db.base import _in_worker, _quote_ident, _Running, _SQLDatabase
+from tasks.db.registry import FileEngine, register_engine
 from tasks.db.loading import _iter_rows, _tmp_sibling
 from tasks.db.results import (
     ColumnInfo,
@@ -193,3 +194,15 @@ def load_sqlite(path: str | os.PathLike, tables: dict[str, "pa.Table"]) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@register_engine
+class SQLiteEngine(FileEngine):
+    """Engine ``sqlite``: the file ``<home>/build/<dataset>/<version>/<db>.sqlite``, written by
+    :func:`load_sqlite`, opened as :class:`SQLiteDatabase`."""
+
+    name = "sqlite"
+    database = SQLiteDatabase
+
+    def write(self, path: pathlib.Path, tables: dict[str, Any]) -> None:
+        load_sqlite(path, tables)
