@@ -1,0 +1,62 @@
+"""The engine registry (tasks/db/registry.py): a toy engine in one decorated class is loaded and
+opened through tasks.db.engines with no other edit; an unknown engine is a clear ValueError."""
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from schemas.settings import Settings
+from tasks.db import engines
+from tasks.db.registry import FileEngine, engine_names, get_engine, register_engine
+from tasks.db.results import QueryError
+from tasks.db.sqlite import SQLiteDatabase, load_sqlite
+
+
+@register_engine
+class ToyEngine(FileEngine):
+    """A file engine that stores its database as SQLite under its own name."""
+
+    name = "toy"
+    database = SQLiteDatabase
+
+    def write(self, path, tables):
+        self.writes = getattr(self, "writes", 0) + 1
+        load_sqlite(path, tables)
+
+
+def _manifest(tmp_path, engine):
+    uri = str(tmp_path / "t.parquet")
+    pq.write_table(pa.table({"id": [1, 2], "name": ["a", "b"]}), uri)
+    return {"name": f"regtest_{engine}", "version": "v1",
+            "databases": {"main": {"engine": engine, "tables": {"t": {"uri": uri, "rows": 2}}}}}
+
+
+def test_builtin_engines_are_registered():
+    assert {"sqlite", "duckdb", "postgres", "mongodb"} <= set(engine_names())
+
+
+def test_a_toy_engine_loads_and_opens_through_the_registry(tmp_path):
+    settings = Settings(artifacts=str(tmp_path / "art"), home=tmp_path / "home")
+    m = _manifest(tmp_path, "toy")
+    where = engines.ensure_loaded(m, "main", settings)
+    assert where.endswith("main.toy") and where.startswith(str(tmp_path / "home" / "build"))
+    assert engines.ensure_loaded(m, "main", settings) == where
+    assert get_engine("toy").writes == 1  # loaded once
+    db = engines.open_database(m, "main", settings)
+    assert isinstance(db, SQLiteDatabase)
+    assert db.query("SELECT name FROM t ORDER BY id").rows == [{"name": "a"}, {"name": "b"}]
+    with pytest.raises(QueryError):  # the SQLite adapter's read-only guards come with it
+        db.query("DELETE FROM t")
+
+
+def test_an_unknown_engine_is_a_clear_error(tmp_path):
+    settings = Settings(artifacts=str(tmp_path / "art"), home=tmp_path / "home")
+    with pytest.raises(ValueError, match="unknown engine 'nosuch'"):
+        engines.ensure_loaded(_manifest(tmp_path, "nosuch"), "main", settings)
+
+
+def test_a_name_taken_by_another_class_is_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        @register_engine
+        class Other(FileEngine):
+            name = "sqlite"
