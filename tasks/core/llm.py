@@ -61,6 +61,7 @@ from tasks.core import interrupt
 from tasks.core import storage
 from tasks.agents import tool_protocol
 from tasks.core.safe_text import terminal_text
+from tasks.core.settings import env_copy, environ
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ def load_models_config(
     ``paths`` replaces the whole list of files when given. Raises AgentConfigError naming the
     file and field for a missing file, bad YAML or an invalid entry.
     """
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     if paths is None:
         extra = [p for p in (env.get("QUERYLAB_MODELS") or "").split(os.pathsep) if p]
         paths = [MODELS_FILE, *extra]
@@ -231,7 +232,7 @@ def settings_env(settings: "Settings") -> dict[str, str]:
     """The process environment with the OpenAI endpoint variables replaced by ``settings``'
     (``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY``; the ``OPENAI_*`` fallbacks
     removed), for :func:`tasks.core.llm.resolve_model` of a model in no models file."""
-    env = dict(os.environ)
+    env = env_copy()
     for name in ("QUERYLAB_OPENAI_BASE_URL", "OPENAI_BASE_URL",
                  "QUERYLAB_OPENAI_API_KEY", "OPENAI_API_KEY"):
         env.pop(name, None)
@@ -262,7 +263,7 @@ def resolve_model(
     table's). Not in the table: ``QUERYLAB_OPENAI_API_KEY`` (or ``OPENAI_API_KEY``), prices 0
     and ``priced=False``; with neither a key nor an endpoint it raises AgentConfigError.
     """
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     config = load_models_config(env=env) if config is None else config
     if name.startswith("local:"):
         return _resolve_local(name.removeprefix("local:"), config)
@@ -788,7 +789,7 @@ def model_limit_names(name: str) -> tuple[str, str]:
 def model_limits_enabled(env: dict[str, str] | None = None) -> bool:
     """True when ``QUERYLAB_MODEL_LIMITS`` asks for Prefect limits; AgentConfigError for an
     unknown value."""
-    value = ((os.environ if env is None else env).get(MODEL_LIMITS_ENV) or "").strip().lower()
+    value = ((environ() if env is None else env).get(MODEL_LIMITS_ENV) or "").strip().lower()
     if value in ("", "0", "off", "false", "no", "none"):
         return False
     if value in ("prefect", "1", "on", "true", "yes"):

@@ -24,7 +24,6 @@ report says how to retry them. Nothing here imports Prefect unless a flow runs i
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import UTC, datetime
 
@@ -63,6 +62,7 @@ from tasks.scoring.stage import (
     summarise,
 )
 from tasks.report.tool_use import tool_use_table
+from tasks.core.settings import env_copy
 
 #: Longest table (rows) put into report.md / report.html; the Parquet always has every row.
 MAX_REPORT_ROWS = 200
@@ -387,7 +387,7 @@ def judge_failure_modes(
     from tasks.core.llm import JUDGE_CACHE, AgentConfigError, ChatModel, ResponseCache, resolve_model
 
     name = model.removeprefix("openai:")
-    env = dict(os.environ)
+    env = env_copy()
     if base_url:
         env["QUERYLAB_OPENAI_BASE_URL"] = base_url
     if api_key:

@@ -76,6 +76,7 @@ from tasks.agents.replay import (
 from tasks.sandbox.session import shared_sandbox
 from tasks.scoring.stage import is_errored, load_scoring
 from tasks.agents.tools import ToolBox
+from tasks.core.settings import env_get
 
 __all__ = [
     "AgentConfigError",
@@ -671,7 +672,7 @@ def work_root(settings: Settings) -> Path:
     """Where per-trial working directories go (scratch, removed after each trial):
     ``QUERYLAB_WORK_DIR`` when set; else ``/dev/shm/querylab-<uid>`` when ``/dev/shm`` is a
     writable RAM file system (no disk I/O for scratch files); else ``<QUERYLAB_HOME>/work``."""
-    explicit = os.environ.get("QUERYLAB_WORK_DIR")
+    explicit = env_get("QUERYLAB_WORK_DIR")
     if explicit:
         return Path(explicit)
     shm = Path("/dev/shm")
