@@ -77,6 +77,7 @@ from pathlib import Path
 from tasks.sandbox import host as sandbox_host
 from tasks.sandbox.zygote import recv_msg, send_msg
 from tasks.core.settings import env_get, env_subset
+from tasks.core.layout import RunLayout
 
 #: Environment variables the sandbox keeps (everything else, keys and URLs included, is dropped).
 SAFE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -1130,7 +1131,7 @@ def sandbox_notes(artifacts_root: str, run_id: str) -> list[str]:
     empty otherwise."""
     from tasks.core import storage
 
-    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
+    uri = RunLayout(artifacts_root, run_id).trials("agents.json")
     if not storage.exists(uri):
         return []
     notes = []
