@@ -32,6 +32,11 @@ infrastructure-only retries.
   worker sharing the Prefect server) and takes a slot of ``model-rate:<name>`` (a limit with
   slot decay: a request rate). Only limits that exist are used; cache hits take none. Unset,
   the call path does no Prefect work at all.
+
+This module holds the response cache and :class:`ChatModel`; the rest lives in
+:mod:`tasks.core.llm_models` (models table, resolution), :mod:`tasks.core.llm_calls` (call
+records, retry policy), :mod:`tasks.core.llm_limits` and :mod:`tasks.core.llm_preflight`, and is
+re-exported here, so ``from tasks.core.llm import resolve_model`` keeps working.
 """
 
 from __future__ import annotations

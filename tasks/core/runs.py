@@ -1,6 +1,7 @@
 """Run records and stage bookkeeping: re-run any stage of a run from its run id alone.
 
-Layout under the artifact root (local path or ``s3://``, always through :mod:`tasks.core.storage`):
+Layout under the artifact root (local path or ``s3://``, always through :mod:`tasks.core.storage`;
+paths from :class:`tasks.core.layout.RunLayout`):
 
 - ``runs/<run_id>/run.json`` — :class:`schemas.runs.RunRecord`: the benchmark configuration
   (datasets, agents, trials, batch size, agent options), the dataset manifests the datasets stage
@@ -9,7 +10,9 @@ Layout under the artifact root (local path or ``s3://``, always through :mod:`ta
   of the stage (``running`` / ``completed`` / ``failed``), its error and outputs, and the
   earlier attempts. Each stage writes only its own file.
 - ``runs/<run_id>/lease.json`` — who is running the run now (:func:`run_lease`): one process
-  per run id, so two ``querylab run`` / ``rerun`` of one id never both call (and pay) the model.
+  per run id, so two ``querylab run`` / ``rerun`` of one id never both call (and pay) the model
+  (:mod:`tasks.core.run_lease`, re-exported here with :mod:`tasks.core.run_ids` and
+  :mod:`tasks.core.run_batches`).
 
 Stages are idempotent on ``(run_id, stage, item)`` (trial batches, dataset versions, generation
 and equivalence batches skip finished work), so re-running a stage only does what is missing.
