@@ -83,3 +83,21 @@ def test_schemas_settings_is_the_core_definition():
     from schemas.settings import Settings
 
     assert Settings is core_settings.Settings
+
+
+def test_settings_read_querylab_variables_and_openai_fallbacks(monkeypatch):
+    monkeypatch.setenv("QUERYLAB_ARTIFACTS", "s3://bucket/prefix")
+    monkeypatch.setenv("QUERYLAB_STATEMENT_TIMEOUT_MS", "5")
+    monkeypatch.setenv("QUERYLAB_HOME", "")
+    monkeypatch.delenv("QUERYLAB_OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-fallback")
+    monkeypatch.setenv("QUERYLAB_OPENAI_BASE_URL", "")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    s = core_settings.Settings.from_env()
+    assert (s.artifacts, s.statement_timeout_ms, str(s.home)) == ("s3://bucket/prefix", 5, ".querylab")
+    assert (s.openai_api_key, s.openai_base_url) == ("sk-fallback", "http://127.0.0.1:9/v1")
+    assert "sk-fallback" not in repr(s)
+    assert core_settings.Settings(artifacts="/tmp/x", openai_api_key="k").openai_api_key == "k"
+    monkeypatch.setenv("QUERYLAB_STATEMENT_TIMEOUT_MS", "0")
+    with pytest.raises(ValueError):
+        core_settings.Settings.from_env()

@@ -14,13 +14,16 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class Settings(BaseModel):
+class Settings(BaseSettings):
     """Where querylab keeps its artifacts and local state, and which servers it talks to.
 
-    Fields map one-to-one onto environment variables (see README "Configuration"):
+    A pydantic-settings model: ``Settings()`` reads the environment (``QUERYLAB_`` prefix;
+    unset or empty variables keep the defaults); keyword arguments override it. Fields map
+    one-to-one onto environment variables (see README "Configuration"):
 
     - ``artifacts``: ``QUERYLAB_ARTIFACTS``, the artifact root, a local path (default
       ``./artifacts``) or ``s3://bucket/prefix``.
@@ -37,38 +40,29 @@ class Settings(BaseModel):
       query on any engine (default 30000); a longer query is stopped and is a tool error.
     """
 
+    model_config = SettingsConfigDict(
+        env_prefix="QUERYLAB_", case_sensitive=False, env_ignore_empty=True, extra="ignore",
+        populate_by_name=True,
+    )
+
     artifacts: str = "./artifacts"
     home: Path = Path("./.querylab")
     postgres_url: str | None = None
     mongo_uri: str | None = None
-    openai_base_url: str | None = None
-    openai_api_key: str | None = Field(default=None, repr=False)
+    openai_base_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("QUERYLAB_OPENAI_BASE_URL", "OPENAI_BASE_URL",
+                                                    "openai_base_url"))
+    openai_api_key: str | None = Field(
+        default=None, repr=False,
+        validation_alias=AliasChoices("QUERYLAB_OPENAI_API_KEY", "OPENAI_API_KEY",
+                                      "openai_api_key"))
     statement_timeout_ms: int = Field(default=30_000, ge=1)
 
     @classmethod
     def from_env(cls) -> Settings:
-        """Read settings from the environment (unset or empty variables keep the defaults)."""
-        env = os.environ
-
-        def get(*names: str) -> str | None:
-            for name in names:
-                value = env.get(name)
-                if value:
-                    return value
-            return None
-
-        values: dict = {}
-        if get("QUERYLAB_ARTIFACTS"):
-            values["artifacts"] = get("QUERYLAB_ARTIFACTS")
-        if get("QUERYLAB_HOME"):
-            values["home"] = Path(get("QUERYLAB_HOME"))
-        values["postgres_url"] = get("QUERYLAB_POSTGRES_URL")
-        values["mongo_uri"] = get("QUERYLAB_MONGO_URI")
-        values["openai_base_url"] = get("QUERYLAB_OPENAI_BASE_URL", "OPENAI_BASE_URL")
-        values["openai_api_key"] = get("QUERYLAB_OPENAI_API_KEY", "OPENAI_API_KEY")
-        if get("QUERYLAB_STATEMENT_TIMEOUT_MS"):
-            values["statement_timeout_ms"] = get("QUERYLAB_STATEMENT_TIMEOUT_MS")
-        return cls(**values)
+        """Read settings from the environment (unset or empty variables keep the defaults);
+        the same as ``Settings()``: keyword arguments override the environment."""
+        return cls()
 
 
 def environ() -> Mapping[str, str]:
