@@ -16,6 +16,7 @@ import time
 import traceback
 
 from querylab import UsageError, run_id_or_new
+from tasks.core.settings import env_setdefault
 
 
 class Parser(argparse.ArgumentParser):
@@ -69,9 +70,9 @@ class Parser(argparse.ArgumentParser):
 
 def _prefect_defaults() -> None:
     """Offline-friendly Prefect defaults (an explicit environment always wins)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    env_setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    env_setdefault("DO_NOT_TRACK", "1")
+    env_setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 class _NoTraceback(logging.Filter):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from tasks.core.settings import env_get
 
 #: ``querylab run`` flags → :class:`schemas.models.AgentOptions` fields.
 _FLAGS = [
@@ -110,7 +110,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             except AgentConfigError as exc:  # what is missing: xllamacpp, package or file
                 key = "served by querylab: " + str(exc).removeprefix(f"local:{m.name}: ")
         elif m.api_key_env:
-            have = any(os.environ.get(v) for v in m.api_key_env)
+            have = any(env_get(v) for v in m.api_key_env)
             key = ("set" if have else "missing") + f" ({' / '.join(m.api_key_env)})"
             if not have and not m.api_key_required:
                 key = "optional"

@@ -22,6 +22,7 @@ import sys
 
 from schemas.runs import STAGES
 from tasks.core.concurrency import resolve_max_trials
+from tasks.core.layout import RunLayout
 
 
 def register(subparsers) -> None:
@@ -241,7 +242,7 @@ def cmd_rescore(args: argparse.Namespace) -> int:
         before = pl.read_parquet(storage.read_bytes(scores_uri(root, args.run_id)),
                                  columns=["trial_key", "verdict"])
     record = runs.find_run(root, args.run_id)
-    if record is None and not storage.list_uris(storage.join(root, "runs", args.run_id)):
+    if record is None and not storage.list_uris(RunLayout(root, args.run_id).root):
         print(f"querylab rescore: no run {args.run_id!r} under {root}", file=sys.stderr)
         return 2
     try:  # everything checked before anything is written: a refusal records nothing

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from tasks.core.layout import RunLayout
 
 
 def print_report(rep: dict) -> int:
@@ -104,7 +105,7 @@ def _check_run(root: str, run_id: str) -> None:
     from tasks.core.runs import valid_run_id
 
     valid_run_id(run_id)
-    trials = storage.join(root, "runs", run_id, "trials", "trials.parquet")
+    trials = RunLayout(root, run_id).trials("trials.parquet")
     if not storage.exists(trials):
         raise UsageError(f"no run {run_id!r} under {root} (missing {trials})")
 

@@ -122,7 +122,7 @@ def test_interruptible_calls_end_at_once_on_a_request():
 
 _STUCK = r"""
 import sys, time
-from tasks import interrupt, runs
+from tasks.core import interrupt, runs
 
 root = sys.argv[1]
 runs.record_benchmark(root, "stuck", {"datasets": ["stocks"]})

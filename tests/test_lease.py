@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import runs
+from tasks.core import run_lease, runs
 from tasks.core import storage
 from tests.fakes.s3 import moto_s3
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 HOLDER = textwrap.dedent("""
     import sys, time
-    from tasks import runs, storage
+    from tasks.core import runs, storage
     with runs.run_lease(sys.argv[1], sys.argv[2]):
         print("held", flush=True)
         time.sleep(120)
@@ -108,7 +108,7 @@ def test_stale_leases(tmp_path):
 
 
 def test_renewal_keeps_the_lease_fresh(tmp_path, monkeypatch):
-    monkeypatch.setattr(runs, "LEASE_RENEW_S", 0.05)
+    monkeypatch.setattr(run_lease, "LEASE_RENEW_S", 0.05)
     root = str(tmp_path / "art")
     with runs.run_lease(root, "n") as lease:
         time.sleep(0.3)

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import IO, Any, Self
 
 from tasks.core import storage
+from tasks.core.layout import RunLayout
 
 log = logging.getLogger("querylab.progress")
 
@@ -264,7 +265,7 @@ def count_finished_trials(artifacts_root: str, run_id: str, batches: Sequence[di
     a batch whose ``<key>.trials.parquet`` exists, plus the checkpointed trials
     (``<key>.parts/*.json``) of unfinished batches. One listing of the run's
     ``trials/batches/`` prefix (local directory walk or S3 ``ListObjectsV2``)."""
-    prefix = storage.join(artifacts_root, "runs", run_id, "trials", "batches")
+    prefix = RunLayout(artifacts_root, run_id).batches()
     finished: set[str] = set()
     parts: dict[str, int] = {}
     for uri in storage.list_uris(prefix):

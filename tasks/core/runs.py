@@ -1,6 +1,7 @@
 """Run records and stage bookkeeping: re-run any stage of a run from its run id alone.
 
-Layout under the artifact root (local path or ``s3://``, always through :mod:`tasks.core.storage`):
+Layout under the artifact root (local path or ``s3://``, always through :mod:`tasks.core.storage`;
+paths from :class:`tasks.core.layout.RunLayout`):
 
 - ``runs/<run_id>/run.json`` — :class:`schemas.runs.RunRecord`: the benchmark configuration
   (datasets, agents, trials, batch size, agent options), the dataset manifests the datasets stage
@@ -9,11 +10,13 @@ Layout under the artifact root (local path or ``s3://``, always through :mod:`ta
   of the stage (``running`` / ``completed`` / ``failed``), its error and outputs, and the
   earlier attempts. Each stage writes only its own file.
 - ``runs/<run_id>/lease.json`` — who is running the run now (:func:`run_lease`): one process
-  per run id, so two ``querylab run`` / ``rerun`` of one id never both call (and pay) the model.
+  per run id, so two ``querylab run`` / ``rerun`` of one id never both call (and pay) the model
+  (:mod:`tasks.core.run_lease`, re-exported here with :mod:`tasks.core.run_ids` and
+  :mod:`tasks.core.run_batches`).
 
 Stages are idempotent on ``(run_id, stage, item)`` (trial batches, dataset versions, generation
 and equivalence batches skip finished work), so re-running a stage only does what is missing.
-:func:`gather` waits for every mapped item of a stage before failing, so one failed batch never
+:func:`gather` (:mod:`tasks.core.run_batches`) waits for every mapped item of a stage before failing, so one failed batch never
 throws away the work of the others, and names the failed items.
 """
 
@@ -21,11 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import secrets
-import socket
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -42,79 +40,42 @@ from schemas.runs import (
     RunRecord,
     StageAttempt,
     StageStatus,
-    check_run_id,
 )
 from tasks.core import storage
+from tasks.core.layout import RunLayout, runs_root
+
+# Re-exported: callers import these from tasks.core.runs.
+from tasks.core.run_batches import batch_key, gather, spec_fingerprint  # noqa: F401
+from tasks.core.run_ids import (  # noqa: F401
+    MAX_ERROR_CHARS,
+    LeaseHeld,
+    RunError,
+    StageFailed,
+    new_run_id,
+    now_iso,
+    valid_run_id,
+)
+from tasks.core.run_lease import (  # noqa: F401
+    LEASE_RENEW_S,
+    LEASE_TTL_S,
+    _Lease,
+    lease_alive,
+    lease_is_stale,
+    lease_uri,
+    run_lease,
+)
 
 log = logging.getLogger("querylab.runs")
 
-#: Longest error message kept in a stage record (characters).
-MAX_ERROR_CHARS = 4000
-
-
-class RunError(ValueError):
-    """A run cannot be (re-)run as asked: bad run id, no run record, a stage without the
-    parameters it needs. The message names the run and what to do."""
-
-
-class LeaseHeld(RunError):
-    """Another live process is running this run id. ``holder``: its lease record (``host``,
-    ``pid``, ``since``, ``renewed_at``)."""
-
-    def __init__(self, run_id: str, uri: str, holder: dict):
-        self.run_id, self.uri, self.holder = run_id, uri, holder
-        super().__init__(
-            f"run {run_id!r} is already running: pid {holder.get('pid')} on host "
-            f"{holder.get('host')!r} holds its lease since {holder.get('since')} (last renewed "
-            f"{holder.get('renewed_at')}); wait for it to finish, or, if that process is gone "
-            f"for good, delete {uri}"
-        )
-
-
-class StageFailed(RuntimeError):
-    """Some items of a stage failed after every item was attempted.
-
-    ``failed``: ``[(item key, error message)]``; ``total``: items in the stage. The message
-    names each failed item (first line of its error) and how to re-run the stage."""
-
-    def __init__(self, run_id: str, stage: str, failed: list[tuple[str, str]], total: int):
-        self.run_id, self.stage, self.failed, self.total = run_id, stage, failed, total
-        lines = [f"{key}: {err.splitlines()[0] if err else '?'}" for key, err in failed]
-        super().__init__(
-            f"{stage}: {len(failed)} of {total} items failed in run {run_id!r} "
-            f"(the other {total - len(failed)} finished and are kept); failed: "
-            + "; ".join(lines)
-            + f". Re-run with `querylab rerun --run-id {run_id} --stage {stage}`."
-        )
-
-
-def now_iso() -> str:
-    """The current UTC time as ISO 8601 with seconds (``2025-01-31T12:00:00Z``)."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def new_run_id() -> str:
-    """``YYYYmmdd-HHMMSS-xxxx`` (UTC time + 4 random hex digits), as ``querylab run`` makes."""
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(2)
-
-
-def valid_run_id(run_id: str) -> str:
-    """:func:`schemas.runs.check_run_id` raising :class:`RunError`."""
-    try:
-        return check_run_id(run_id)
-    except ValueError as exc:
-        raise RunError(str(exc)) from None
-
-
 def run_uri(artifacts_root: str, run_id: str) -> str:
     """URI of ``runs/<run_id>/run.json``."""
-    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "run.json")
+    return RunLayout(artifacts_root, valid_run_id(run_id)).record
 
 
 def stage_uri(artifacts_root: str, run_id: str, stage: str) -> str:
     """URI of ``runs/<run_id>/stages/<stage>.json``; RunError for an unknown stage."""
     check_stage(stage)
-    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "stages", f"{stage}.json")
+    return RunLayout(artifacts_root, valid_run_id(run_id)).stage_status(stage)
 
 
 def check_stage(stage: str) -> str:
@@ -157,7 +118,7 @@ def load_run(artifacts_root: str, run_id: str) -> RunRecord:
     record = find_run(artifacts_root, run_id)
     if record is None:
         hint = ""
-        if storage.exists(storage.join(artifacts_root, "runs", run_id, "trials", "trials.parquet")):
+        if storage.exists(RunLayout(artifacts_root, run_id).trials("trials.parquet")):
             hint = (" The run has trials but no record (it predates run records): run it again "
                     f"with `querylab run --run-id {run_id} ...` and the same options to record it.")
         raise RunError(
@@ -409,305 +370,6 @@ def _stage_attempt(artifacts_root: str, run_id: str, stage: str) -> Iterator[Sta
 
 
 # --------------------------------------------------------------------------------------------
-# Mapped items
-# --------------------------------------------------------------------------------------------
-
-
-def batch_key(label: str, index: int, material: Any) -> str:
-    """Key of one batch of a mapped stage: ``<label slug>-<index:04d>-<digest>``.
-
-    ``material``: everything the batch's output depends on, JSON-able — the items (their
-    content, not only their ids), the agent's fingerprint (:func:`spec_fingerprint`) and the
-    full stage configuration — so a re-run with any of them changed gets a new key and runs
-    again, while an unchanged one finds its finished batch. ``digest``: the first 10 hex digits
-    of SHA-256 over ``material`` as canonical JSON (sorted keys; other values via ``str``)."""
-    import hashlib
-    import re
-
-    text = json.dumps(material, sort_keys=True, default=str)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_")[:60] or "x"
-    return f"{slug}-{index:04d}-{digest}"
-
-
-def spec_fingerprint(spec: str) -> str | None:
-    """What identifies an agent / generator spec beyond its name: for ``replay:<path>`` the
-    SHA-256 (hex) of the file's bytes, or of every file of a directory (relative path and
-    bytes, in path order); None for every other spec (``oracle``, models by name). Raises
-    OSError when the replay source cannot be read."""
-    import hashlib
-    from pathlib import Path
-
-    kind, _, arg = spec.partition(":")
-    if kind != "replay" or not arg:
-        return None
-    path, h = Path(arg), hashlib.sha256()
-    if path.is_dir():
-        for f in sorted(p for p in path.rglob("*") if p.is_file()):
-            h.update(str(f.relative_to(path)).encode() + b"\0")
-            h.update(hashlib.sha256(f.read_bytes()).digest())
-    else:
-        h.update(path.read_bytes())
-    return h.hexdigest()
-
-
-def gather(futures: Sequence, keys: Sequence[str], run_id: str, stage: str) -> list:
-    """Wait for every Prefect future of a mapped stage, then return their results in order.
-
-    Unlike calling ``result()`` in a loop, no failure stops the wait: every item runs to its
-    end (so finished items are kept for the re-run), then :class:`StageFailed` names each
-    failed key with its error. ``keys``: one item key per future."""
-    from prefect.futures import wait
-
-    if len(futures) != len(keys):
-        raise ValueError(f"{len(futures)} futures but {len(keys)} keys")
-    wait(list(futures))
-    results, failed = [], []
-    for key, future in zip(keys, futures):
-        try:
-            results.append(future.result())
-        except Exception as exc:  # noqa: BLE001 - collected and reported below
-            failed.append((key, f"{type(exc).__name__}: {exc}"))
-    if failed:
-        for key, err in failed:
-            log.error("%s of run %s: item %s failed: %s", stage, run_id, key, err)
-        raise StageFailed(run_id, stage, failed, len(keys))
-    return results
-
-
-# --------------------------------------------------------------------------------------------
-# The run's lease
-# --------------------------------------------------------------------------------------------
-
-#: A lease not renewed for this long (seconds) is stale even when its holder's liveness cannot
-#: be checked (another host); holders renew every :data:`LEASE_RENEW_S`.
-LEASE_TTL_S = 300.0
-LEASE_RENEW_S = 60.0
-
-
-def lease_uri(artifacts_root: str, run_id: str) -> str:
-    """URI of ``runs/<run_id>/lease.json``."""
-    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "lease.json")
-
-
-def _process_started(pid: int) -> float | None:
-    try:
-        import psutil
-
-        return psutil.Process(pid).create_time()
-    except Exception:  # noqa: BLE001 - no such process (or no psutil)
-        return None
-
-
-def _epoch(stamp: str | None) -> float:
-    try:
-        return datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return 0.0
-
-
-def lease_is_stale(holder: dict, now: float | None = None) -> bool:
-    """True when the process named by a lease record is gone: on this host, its pid is dead
-    or belongs to a newer process (pid reuse); on another host, the lease was not renewed for
-    :data:`LEASE_TTL_S` seconds. An unreadable record is stale."""
-    now = time.time() if now is None else now
-    if not isinstance(holder, dict) or "pid" not in holder:
-        return True
-    if holder.get("host") == socket.gethostname():
-        started = _process_started(int(holder["pid"]))
-        recorded = holder.get("pid_started")
-        return started is None or (recorded is not None and abs(started - float(recorded)) > 1.0)
-    return now - _epoch(holder.get("renewed_at")) > LEASE_TTL_S
-
-
-class _Lease:
-    """A lease this process holds (re-entrant: nested :func:`run_lease` share it)."""
-
-    def __init__(self, root: str, run_id: str):
-        self.root, self.run_id, self.uri = root, run_id, lease_uri(root, run_id)
-        self.count = 0
-        self.etag: str | None = None
-        self.record = {
-            "run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(),
-            "pid_started": _process_started(os.getpid()), "since": now_iso(),
-            "renewed_at": now_iso(), "token": secrets.token_hex(16),
-        }
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    # -- local ---------------------------------------------------------------------------
-    @contextmanager
-    def _flock(self):
-        import fcntl
-
-        from tasks.core.fsperm import private_dir
-
-        path = storage._local(self.uri)
-        private_dir(storage._local(self.root))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path.with_name(".lease.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield path
-        finally:
-            os.close(fd)  # closing releases the lock
-
-    def _read_local(self, path) -> dict | None:
-        try:
-            return json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
-            return {}
-
-    # -- S3 ------------------------------------------------------------------------------
-    def _s3_put(self, **cond) -> str | None:
-        """PUT the record with a condition (``IfNoneMatch='*'`` / ``IfMatch=etag``); its ETag,
-        or None when the condition failed (412/409)."""
-        from botocore.exceptions import ClientError
-
-        bucket, key = storage._split(self.uri)
-        body = json.dumps(self.record, indent=2, sort_keys=True).encode()
-        try:
-            resp = storage._s3().put_object(Bucket=bucket, Key=key, Body=body, **cond)
-        except ClientError as exc:
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            code = exc.response.get("Error", {}).get("Code", "")
-            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
-                return None
-            raise storage.StorageError(f"{self.uri}: lease write failed: {exc}") from exc
-        return resp.get("ETag")
-
-    def _s3_get(self) -> tuple[dict | None, str | None]:
-        from botocore.exceptions import ClientError
-
-        bucket, key = storage._split(self.uri)
-        try:
-            obj = storage._s3().get_object(Bucket=bucket, Key=key)
-        except ClientError as exc:
-            if storage._is_missing(exc):
-                return None, None
-            raise storage.StorageError(f"{self.uri}: lease read failed: {exc}") from exc
-        try:
-            return json.loads(obj["Body"].read()), obj.get("ETag")
-        except ValueError:
-            return {}, obj.get("ETag")
-
-    def _s3_confirm(self, etag: str | None) -> bool:
-        """Read-after-write: the stored lease is ours (a server that ignores conditional
-        writes lets the last writer win; both writers read back and one sees the other)."""
-        if etag is None:
-            return False
-        stored, _ = self._s3_get()
-        return bool(stored) and stored.get("token") == self.record["token"]
-
-    # -- acquire / renew / release -------------------------------------------------------
-    def acquire(self) -> None:
-        """Take the lease or raise :class:`LeaseHeld` naming its live holder; a stale lease
-        (see :func:`lease_is_stale`) is taken over, with a warning."""
-        if storage.is_s3(self.uri):
-            etag = self._s3_put(IfNoneMatch="*")
-            if etag is None:
-                holder, old = self._s3_get()
-                if holder is not None and not lease_is_stale(holder):
-                    raise LeaseHeld(self.run_id, self.uri, holder)
-                log.warning("run %s: taking over the stale lease of pid %s on %s", self.run_id,
-                            (holder or {}).get("pid"), (holder or {}).get("host"))
-                etag = self._s3_put(IfMatch=old) if old else self._s3_put(IfNoneMatch="*")
-            if not self._s3_confirm(etag):
-                holder, _ = self._s3_get()
-                raise LeaseHeld(self.run_id, self.uri, holder or {})
-            self.etag = etag
-        else:
-            with self._flock() as path:
-                holder = self._read_local(path)
-                if holder is not None:
-                    if not lease_is_stale(holder):
-                        raise LeaseHeld(self.run_id, self.uri, holder)
-                    log.warning("run %s: taking over the stale lease of pid %s on %s since %s",
-                                self.run_id, holder.get("pid"), holder.get("host"),
-                                holder.get("since"))
-                storage.write_json(self.uri, self.record)
-        self._thread = threading.Thread(target=self._renew_loop, daemon=True,
-                                        name=f"lease-{self.run_id}")
-        self._thread.start()
-
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(LEASE_RENEW_S):
-            try:
-                self.renew()
-            except Exception as exc:  # noqa: BLE001 - keep running; the lease may go stale
-                log.warning("run %s: could not renew its lease: %s", self.run_id, exc)
-
-    def renew(self) -> None:
-        """Record that the holder is alive (``renewed_at``), if the lease is still ours."""
-        self.record["renewed_at"] = now_iso()
-        if storage.is_s3(self.uri):
-            etag = self._s3_put(IfMatch=self.etag) if self.etag else None
-            if etag is None:
-                log.warning("run %s: its lease was taken over by another process", self.run_id)
-            self.etag = etag or self.etag
-            return
-        with self._flock() as path:
-            current = self._read_local(path)
-            if current and current.get("token") == self.record["token"]:
-                storage.write_json(self.uri, self.record)
-
-    def release(self) -> None:
-        """Stop renewing and remove the lease if it is still ours."""
-        self._stop.set()
-        if storage.is_s3(self.uri):
-            current, etag = self._s3_get()
-            if current and current.get("token") == self.record["token"]:
-                bucket, key = storage._split(self.uri)
-                storage._s3().delete_object(Bucket=bucket, Key=key)
-            return
-        with self._flock() as path:
-            current = self._read_local(path)
-            if current and current.get("token") == self.record["token"]:
-                path.unlink(missing_ok=True)
-
-
-_LEASES: dict[tuple[str, str], _Lease] = {}
-_LEASES_LOCK = threading.Lock()
-
-
-@contextmanager
-def run_lease(artifacts_root: str, run_id: str) -> Iterator[dict]:
-    """Hold the lease on ``run_id`` for the block: ``runs/<run_id>/lease.json`` names this
-    process (``host``, ``pid``, ``since``, renewed every :data:`LEASE_RENEW_S` s).
-
-    A second process asking for a live lease gets :class:`LeaseHeld` at once (the message
-    names the holder); a stale one (its process is dead, or on another host not renewed for
-    :data:`LEASE_TTL_S` s) is taken over. Re-entrant within a process (the CLI, the benchmark
-    flow and each stage take it; one lease is shared). Local roots: an ``flock``-guarded file
-    (the root is made ``0700``); S3: conditional PUT (``If-None-Match: *`` to create,
-    ``If-Match: <etag>`` to take over or renew) plus a read-back, so a server that ignores the
-    conditions still lets only one writer believe it won. Yields the lease record."""
-    key = (artifacts_root, valid_run_id(run_id))
-    with _LEASES_LOCK:
-        lease = _LEASES.get(key)
-        if lease is None:
-            lease = _Lease(artifacts_root, run_id)
-            lease.acquire()
-            _LEASES[key] = lease
-        lease.count += 1
-    try:
-        yield dict(lease.record)
-    finally:
-        with _LEASES_LOCK:
-            lease.count -= 1
-            last = lease.count == 0
-            if last:
-                _LEASES.pop(key, None)
-        if last:
-            try:
-                lease.release()
-            except Exception as exc:  # noqa: BLE001 - the lease goes stale with this process
-                log.warning("run %s: could not release its lease: %s", run_id, exc)
-
-
-# --------------------------------------------------------------------------------------------
 # Errored trials: a run with more than it allows fails, and says how to retry
 # --------------------------------------------------------------------------------------------
 
@@ -745,7 +407,7 @@ class TrialsErrored(RuntimeError):
 
 def score_summary(artifacts_root: str, run_id: str) -> dict | None:
     """The score step's ``score/summary.json`` of ``run_id`` (None when not scored)."""
-    uri = storage.join(artifacts_root, "runs", valid_run_id(run_id), "score", "summary.json")
+    uri = RunLayout(artifacts_root, valid_run_id(run_id)).score("summary.json")
     return storage.read_json(uri) if storage.exists(uri) else None
 
 
@@ -775,7 +437,7 @@ def check_error_share(
 
 def preflight_uri(artifacts_root: str, run_id: str) -> str:
     """URI of ``runs/<run_id>/preflight.json``: every preflight check made for the run."""
-    return storage.join(artifacts_root, "runs", valid_run_id(run_id), "preflight.json")
+    return RunLayout(artifacts_root, valid_run_id(run_id)).preflight
 
 
 def record_preflight(artifacts_root: str, run_id: str, results: list) -> str | None:
@@ -837,19 +499,10 @@ def was_interrupted(status: StageStatus) -> bool:
     return status.status == "failed" and "interrupted (SIG" in (status.error or "")
 
 
-def lease_alive(artifacts_root: str, run_id: str) -> bool:
-    """True when a live process holds the run's lease (see :func:`lease_is_stale`)."""
-    uri = lease_uri(artifacts_root, run_id)
-    try:
-        return storage.exists(uri) and not lease_is_stale(storage.read_json(uri))
-    except Exception:  # noqa: BLE001 - an unreadable lease holds nothing
-        return False
-
-
 def unsafe_agents(artifacts_root: str, run_id: str) -> dict[str, list[str]]:
     """Agent → the sandbox mechanisms it ran without, for the LLM agents of the run that ran
     with ``--unsafe-sandbox`` on a machine missing some (from ``trials/agents.json``)."""
-    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
+    uri = RunLayout(artifacts_root, run_id).trials("agents.json")
     try:
         described = storage.read_json(uri) if storage.exists(uri) else []
     except Exception:  # noqa: BLE001 - no record, nothing to mark
@@ -868,7 +521,7 @@ def list_runs(artifacts_root: str) -> list[dict]:
     mean over queries — from the report's ``pass_at_k_summary.parquet``; None when missing). A
     record that cannot be read is listed with ``status`` ``unreadable``."""
     out = []
-    for run_id in storage.list_dirs(storage.join(artifacts_root, "runs")):
+    for run_id in storage.list_dirs(runs_root(artifacts_root)):
         try:
             valid_run_id(run_id)
             record = find_run(artifacts_root, run_id)
@@ -902,7 +555,7 @@ def list_runs(artifacts_root: str) -> list[dict]:
 
 
 def _pass_at_1(artifacts_root: str, run_id: str) -> dict[str, float | None]:
-    uri = storage.join(artifacts_root, "runs", run_id, "report", "pass_at_k_summary.parquet")
+    uri = RunLayout(artifacts_root, run_id).report("pass_at_k_summary.parquet")
     if not storage.exists(uri):
         return {}
     import io

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas.artifacts import check_schema
+from tasks.core.settings import env_get
 
 #: Objects larger than this (bytes) are uploaded to S3 in parts of this size.
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
@@ -62,7 +63,7 @@ def _s3():
         if _S3_CLIENT is None:
             import boto3
 
-            _S3_CLIENT = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+            _S3_CLIENT = boto3.client("s3", endpoint_url=env_get("AWS_ENDPOINT_URL") or None)
         return _S3_CLIENT
 
 
@@ -228,12 +229,12 @@ def polars_storage_options() -> dict[str, str] | None:
     ``AWS_DEFAULT_REGION``; credentials come from the usual ``AWS_*`` variables. None when
     neither is set."""
     opts = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = env_get("AWS_ENDPOINT_URL")
     if endpoint:
         opts["aws_endpoint_url"] = endpoint
         if endpoint.startswith("http://"):
             opts["aws_allow_http"] = "true"
-    region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION")
+    region = env_get("AWS_DEFAULT_REGION") or env_get("AWS_REGION")
     if region:
         opts["aws_region"] = region
     return opts or None

@@ -28,6 +28,7 @@ import os
 from typing import Any
 
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+from tasks.core.settings import environ
 
 #: The environment variable that chooses the task runner.
 TASK_RUNNER_ENV = "QUERYLAB_TASK_RUNNER"
@@ -55,7 +56,7 @@ def task_runner_spec(env: dict[str, str] | None = None) -> dict[str, Any]:
     "address": None, "n_workers": N, "threads_per_worker": T}`` (a local cluster) or
     ``{"kind": "dask", "address": "tcp://host:8786"}``. TaskRunnerConfigError for anything
     else."""
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     raw = (env.get(TASK_RUNNER_ENV) or "").strip()
     value = raw.lower()
     if value in ("", "threads", "thread", "default"):
@@ -87,7 +88,7 @@ def make_task_runner(
     ``max_trials``): the thread pool's size, and a local cluster's threads per worker
     (``ceil(concurrency / workers)``) unless ``QUERYLAB_DASK_THREADS_PER_WORKER`` is set.
     None: Prefect's default pool size, one thread per local Dask worker."""
-    env = os.environ if env is None else env
+    env = environ() if env is None else env
     spec = task_runner_spec(env)
     if spec["kind"] == "threads":
         return ThreadPoolTaskRunner(max_workers=concurrency)

@@ -45,6 +45,7 @@ from tasks.core.prefect_task import task
 from schemas.spec import ComposeOp, DatasetSpec, FormatOp, FuzzOp, SourceSpec, SplitOp
 from tasks.core import storage
 from tasks.datasets.spec import SpecError, check_sources, load_spec, template_fields
+from tasks.core.layout import DatasetLayout
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ def spec_data_version(spec_file: str | Path, source_dir: str | Path | None = Non
 
 def dataset_prefix(root: str, name: str, version: str) -> str:
     """Artifact prefix of one built dataset version."""
-    return storage.join(root, "datasets", name, version)
+    return DatasetLayout(root, name, version).root
 
 
 def _xlsx_table(path: Path, sheet: str | None) -> pa.Table:

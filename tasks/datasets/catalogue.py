@@ -9,10 +9,10 @@ the source, not importing it) with a spec ``data/<name>.yaml``.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from tasks.core.settings import env_get
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATASET_FLOWS_DIR = REPO_ROOT / "flows" / "datasets"
@@ -32,7 +32,7 @@ log = logging.getLogger("querylab.datasets")
 def shared_data_dir() -> Path:
     """The shared data directory: ``$QUERYLAB_SHARED_DATA`` when set, else ``../shared/data``
     relative to the repository root. The directory may not exist (see :func:`shared_data_available`)."""
-    env = os.environ.get(SHARED_DATA_ENV)
+    env = env_get(SHARED_DATA_ENV)
     return Path(env).expanduser().resolve() if env else (REPO_ROOT.parent / "shared" / "data")
 
 

@@ -94,6 +94,7 @@ from tasks.scoring.dab_validator import (  # noqa: F401 - re-exported (tests, ol
     scaffold_files,
 )
 from tasks.scoring.stage import is_current_dataset, split_manifest
+from tasks.core.layout import DatasetLayout, dab_import_root
 
 #: DAB ``db_type`` → querylab engine.
 DAB_ENGINES = {
@@ -444,7 +445,7 @@ def import_dab_dataset(
     dab = Path(dab_dir).expanduser().resolve()
     name, version = dataset_name(dab), dab_version(dab, scoring_only)
     check_name_free(name)
-    prefix = storage.join(artifacts_root, "datasets", name, version)
+    prefix = DatasetLayout(artifacts_root, name, version).root
     manifest_uri = storage.join(prefix, "manifest.json")
     if not force and is_current_dataset(manifest_uri):
         register_import(artifacts_root, name, manifest_uri, dab, version, scoring_only)
@@ -515,7 +516,7 @@ def import_dab_dataset(
 
 def registry_uri(artifacts_root: str, name: str | None = None) -> str:
     """``<root>/datasets/_dab`` (or one dataset's entry, ``<root>/datasets/_dab/<name>.json``)."""
-    base = storage.join(artifacts_root, "datasets", "_dab")
+    base = dab_import_root(artifacts_root)
     return base if name is None else storage.join(base, f"{name}.json")
 
 

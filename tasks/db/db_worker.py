@@ -54,14 +54,15 @@ from tasks.db.results import (
     ResultLimits,
     TableInfo,
 )
+from tasks.core.settings import env_get, env_subset
 
 #: Resident memory the SQL worker's queries may use (MiB): ``QUERYLAB_QUERY_WORKER_MEMORY_MB``.
 #: A watchdog samples the worker's RSS every few milliseconds and stops every running query
 #: past it; its address space is limited to 4× this (DuckDB reserves far more than it uses).
-SQL_WORKER_MEMORY_MB = int(os.environ.get("QUERYLAB_QUERY_WORKER_MEMORY_MB") or 1536)
+SQL_WORKER_MEMORY_MB = int(env_get("QUERYLAB_QUERY_WORKER_MEMORY_MB") or 1536)
 #: Memory a mongomock query child may add to the zygote's size (MiB):
 #: ``QUERYLAB_MONGO_QUERY_MEMORY_MB``.
-MONGO_QUERY_MEMORY_MB = int(os.environ.get("QUERYLAB_MONGO_QUERY_MEMORY_MB") or 1024)
+MONGO_QUERY_MEMORY_MB = int(env_get("QUERYLAB_MONGO_QUERY_MEMORY_MB") or 1024)
 #: Seconds past a query's time limit before querylab gives up on an SQL worker and restarts it.
 GRACE_S = 10.0
 #: Seconds a worker may take to start, or the mongomock zygote to get to a request.
@@ -120,7 +121,7 @@ def _error_text(e: BaseException) -> str:
 
 
 def _worker_env() -> dict[str, str]:
-    env = {k: os.environ[k] for k in _SAFE_ENV if k in os.environ}
+    env = env_subset(_SAFE_ENV)
     env.setdefault("PATH", "/usr/bin:/bin")
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     env["PYTHONDONTWRITEBYTECODE"] = "1"

@@ -71,6 +71,7 @@ from tasks.equivalence.instances import (
 )
 from tasks.core.prefect_task import task
 from tasks.scoring.result_match import results_match
+from tasks.core.layout import RunLayout
 
 log = logging.getLogger(__name__)
 
@@ -477,7 +478,7 @@ def _judge_row(row: dict, pair: QueryPair, method: Method, options: EquivalenceO
 
 def stage_prefix(artifacts_root: str, run_id: str) -> str:
     """``<root>/runs/<run_id>/equivalence``."""
-    return storage.join(artifacts_root, "runs", run_id, "equivalence")
+    return RunLayout(artifacts_root, run_id).path("equivalence")
 
 
 @task(name="prepare-equivalence-pairs", persist_result=False)

@@ -40,6 +40,7 @@ from tasks.lifecycle.tables import (
     variant_cv_table,
 )
 from tasks.core.runs import batch_key, spec_fingerprint
+from tasks.core.layout import RunLayout
 
 __all__ = [
     "check_phases",
@@ -58,7 +59,7 @@ __all__ = [
 
 def lifecycle_prefix(artifacts_root: str, run_id: str) -> str:
     """``<root>/runs/<run_id>/lifecycle``."""
-    return storage.join(artifacts_root, "runs", run_id, "lifecycle")
+    return RunLayout(artifacts_root, run_id).path("lifecycle")
 
 
 def check_phases(phases: list[str] | None) -> list[str]:

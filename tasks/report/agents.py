@@ -14,6 +14,7 @@ import polars as pl
 from schemas.models import AgentOptions
 from tasks.core import storage
 from tasks.report.html import Section, Table
+from tasks.core.layout import RunLayout
 
 _DEFAULTS = AgentOptions().model_dump()
 
@@ -72,7 +73,7 @@ def agent_rows(d: dict) -> list[tuple[str, str]]:
 
 def agents_section(artifacts_root: str, run_id: str) -> Section | None:
     """The *Agents* section (one table per agent), or None when the run has no agents.json."""
-    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
+    uri = RunLayout(artifacts_root, run_id).trials("agents.json")
     if not storage.exists(uri):
         return None
     tables = []

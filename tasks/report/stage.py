@@ -24,7 +24,6 @@ report says how to retry them. Nothing here imports Prefect unless a flow runs i
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import UTC, datetime
 
@@ -63,6 +62,8 @@ from tasks.scoring.stage import (
     summarise,
 )
 from tasks.report.tool_use import tool_use_table
+from tasks.core.settings import env_copy
+from tasks.core.layout import DatasetLayout, RunLayout
 
 #: Longest table (rows) put into report.md / report.html; the Parquet always has every row.
 MAX_REPORT_ROWS = 200
@@ -74,7 +75,7 @@ EXAMPLES_PER_MODE = 5
 
 def run_prefix(artifacts_root: str, run_id: str) -> str:
     """Artifact prefix of one run."""
-    return storage.join(artifacts_root, "runs", run_id)
+    return RunLayout(artifacts_root, run_id).root
 
 
 def report_uri(artifacts_root: str, run_id: str, *name: str) -> str:
@@ -209,7 +210,7 @@ def resolve_manifests(
     for name, ids in sorted(run_queries.items()):
         found = None
         for uri in storage.list_uris(
-            storage.join(artifacts_root, "datasets", name), "manifest.json"
+            DatasetLayout(artifacts_root, name).name_dir, "manifest.json"
         ):
             m = storage.read_json(uri)
             if m.get("name") == name and ids <= {q["id"] for q in m.get("queries", [])}:
@@ -387,7 +388,7 @@ def judge_failure_modes(
     from tasks.core.llm import JUDGE_CACHE, AgentConfigError, ChatModel, ResponseCache, resolve_model
 
     name = model.removeprefix("openai:")
-    env = dict(os.environ)
+    env = env_copy()
     if base_url:
         env["QUERYLAB_OPENAI_BASE_URL"] = base_url
     if api_key:

@@ -29,6 +29,7 @@ import polars as pl
 
 from schemas import report as rs
 from tasks.core import storage
+from tasks.core.layout import RunLayout
 
 #: Longest message text embedded per message (characters); longer ones say how much was cut.
 MAX_MESSAGE_CHARS = 20_000
@@ -36,7 +37,7 @@ MAX_MESSAGE_CHARS = 20_000
 
 def viewer_uri(artifacts_root: str, run_id: str) -> str:
     """URI of a run's ``report/viewer.html``."""
-    return storage.join(artifacts_root, "runs", run_id, "report", "viewer.html")
+    return RunLayout(artifacts_root, run_id).report("viewer.html")
 
 
 def _truth(value):

@@ -19,6 +19,7 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
+from tasks.core.settings import env_get
 
 #: Device nodes a cell may open.
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -215,8 +216,8 @@ def protected_paths() -> list[str]:
     except Exception:  # noqa: BLE001 - a bad setting is reported where it is used
         pass
     for var in ("PREFECT_HOME", "QUERYLAB_WORK_DIR", "QUERYLAB_SHARED_DATA", "QUERYLAB_HOME"):
-        if os.environ.get(var):
-            out.append(os.environ[var])
+        if env_get(var):
+            out.append(env_get(var))
     return sorted({os.path.realpath(os.path.expanduser(p)) for p in out})
 
 

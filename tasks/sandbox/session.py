@@ -76,6 +76,8 @@ from pathlib import Path
 
 from tasks.sandbox import host as sandbox_host
 from tasks.sandbox.zygote import recv_msg, send_msg
+from tasks.core.settings import env_get, env_subset
+from tasks.core.layout import RunLayout
 
 #: Environment variables the sandbox keeps (everything else, keys and URLs included, is dropped).
 SAFE_ENV = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
@@ -114,8 +116,8 @@ OPTIONAL_MECHANISMS = {
     "seccomp": "a seccomp system-call filter",
 }
 #: The uid / gid cells run as when querylab runs as root.
-SANDBOX_UID = int(os.environ.get("QUERYLAB_SANDBOX_UID", "61000"))
-SANDBOX_GID = int(os.environ.get("QUERYLAB_SANDBOX_GID", str(SANDBOX_UID)))
+SANDBOX_UID = int(env_get("QUERYLAB_SANDBOX_UID", "61000"))
+SANDBOX_GID = int(env_get("QUERYLAB_SANDBOX_GID", str(SANDBOX_UID)))
 
 log = logging.getLogger(__name__)
 _ZYGOTE_SOURCE = Path(__file__).with_name("zygote.py")
@@ -217,7 +219,7 @@ class Isolation:
 def sandbox_env(cpus: float = 1.0) -> dict[str, str]:
     """The environment of sandboxed code: :data:`SAFE_ENV` from ours plus :data:`SANDBOX_ENV`
     (Polars limited to ``ceil(cpus)`` threads)."""
-    env = {k: os.environ[k] for k in SAFE_ENV if k in os.environ}
+    env = env_subset(SAFE_ENV)
     env.update(SANDBOX_ENV)
     env["POLARS_MAX_THREADS"] = str(max(1, math.ceil(cpus)))
     return env
@@ -1129,7 +1131,7 @@ def sandbox_notes(artifacts_root: str, run_id: str) -> list[str]:
     empty otherwise."""
     from tasks.core import storage
 
-    uri = storage.join(artifacts_root, "runs", run_id, "trials", "agents.json")
+    uri = RunLayout(artifacts_root, run_id).trials("agents.json")
     if not storage.exists(uri):
         return []
     notes = []

@@ -40,6 +40,7 @@ import pyarrow as pa
 from schemas import artifacts
 from tasks.core import storage
 from tasks.scoring.validate import check_answer
+from tasks.core.layout import DatasetLayout, RunLayout
 
 log = logging.getLogger("querylab.scoring")
 
@@ -366,7 +367,7 @@ def scores_frame(rows: list[dict]) -> pl.DataFrame:
 
 def score_prefix(artifacts_root: str, run_id: str) -> str:
     """``runs/<run_id>/score``."""
-    return storage.join(artifacts_root, "runs", run_id, "score")
+    return RunLayout(artifacts_root, run_id).score()
 
 
 def scores_uri(artifacts_root: str, run_id: str) -> str:
@@ -386,7 +387,7 @@ def summary_uri(artifacts_root: str, run_id: str) -> str:
 
 def trials_uri(artifacts_root: str, run_id: str, name: str = "trials") -> str:
     """URI of one of a run's combined trial artifacts (``trials/<name>.parquet``)."""
-    return storage.join(artifacts_root, "runs", run_id, "trials", f"{name}.parquet")
+    return RunLayout(artifacts_root, run_id).trials(f"{name}.parquet")
 
 
 def run_manifest_uris(
@@ -398,7 +399,7 @@ def run_manifest_uris(
     the trials. ScoringError naming the datasets none of these covers."""
     if manifest_uris:
         return list(manifest_uris)
-    recorded = storage.join(artifacts_root, "runs", run_id, "trials", "manifests.json")
+    recorded = RunLayout(artifacts_root, run_id).trials("manifests.json")
     if storage.exists(recorded):
         return list(storage.read_json(recorded))
     from tasks.core import runs
@@ -408,7 +409,7 @@ def run_manifest_uris(
         return list(record.manifests)
     uris, missing = [], []
     for name, version in trials.select("dataset", "dataset_version").unique().iter_rows():
-        uri = storage.join(artifacts_root, "datasets", name, version or "?", "manifest.json")
+        uri = DatasetLayout(artifacts_root, name, version or "?").manifest
         (uris if version and storage.exists(uri) else missing).append(uri if version else name)
     if missing:
         raise ScoringError(f"run {run_id!r}: no dataset manifest found for {missing}; pass "

@@ -74,6 +74,7 @@ from tasks.text2sql.sql_features import (
     jaccard,
     prepare_schema,
 )
+from tasks.core.layout import RunLayout
 
 TPCDS_PG_DATABASE = "querylab_tpcds"
 
@@ -547,7 +548,7 @@ def generate_with_validation(
 
 def stage_prefix(artifacts_root: str, run_id: str, stage: str) -> str:
     """``<root>/runs/<run_id>/<stage>``."""
-    return storage.join(artifacts_root, "runs", run_id, stage)
+    return RunLayout(artifacts_root, run_id).path(stage)
 
 
 def plan_generation_batches(

@@ -79,6 +79,8 @@ from tasks.sandbox.session import shared_sandbox
 from tasks.scoring.stage import is_errored, load_scoring
 from tasks.agents.tools import ToolBox
 from tasks.agents.registry import agent_kind, parse_agent_spec
+from tasks.core.settings import env_get
+from tasks.core.layout import RunLayout
 
 __all__ = [
     "AgentConfigError",
@@ -482,11 +484,11 @@ def _replay_runs(agent: str, manifest: dict) -> int:
 
 def batch_uri(artifacts_root: str, run_id: str, key: str, what: str) -> str:
     """URI of one batch's ``trials``, ``tool_calls``, ``llm_calls`` or ``messages`` Parquet."""
-    return storage.join(artifacts_root, "runs", run_id, "trials", "batches", f"{key}.{what}.parquet")
+    return RunLayout(artifacts_root, run_id).batches(f"{key}.{what}.parquet")
 
 
 def _parts_uri(artifacts_root: str, run_id: str, key: str, index: int | None = None) -> str:
-    base = storage.join(artifacts_root, "runs", run_id, "trials", "batches", f"{key}.parts")
+    base = RunLayout(artifacts_root, run_id).batches(f"{key}.parts")
     return base if index is None else storage.join(base, f"{index:05d}.json")
 
 
@@ -585,8 +587,7 @@ def _journal_uri(artifacts_root: str, run_id: str, key: str, index: int) -> str:
     """The model calls of the attempt of batch item ``index`` running now (rewritten after
     every call; ``<key>.calls/`` beside the checkpoints, removed with them): what an
     interrupted attempt paid for, read back on resume."""
-    return storage.join(artifacts_root, "runs", run_id, "trials", "batches", f"{key}.calls",
-                        f"{index:05d}.json")
+    return RunLayout(artifacts_root, run_id).batches(f"{key}.calls", f"{index:05d}.json")
 
 
 def _earlier_calls(journal_uri: str, previous: list[dict]) -> tuple[list[dict], int]:
@@ -672,7 +673,7 @@ def work_root(settings: Settings) -> Path:
     """Where per-trial working directories go (scratch, removed after each trial):
     ``QUERYLAB_WORK_DIR`` when set; else ``/dev/shm/querylab-<uid>`` when ``/dev/shm`` is a
     writable RAM file system (no disk I/O for scratch files); else ``<QUERYLAB_HOME>/work``."""
-    explicit = os.environ.get("QUERYLAB_WORK_DIR")
+    explicit = env_get("QUERYLAB_WORK_DIR")
     if explicit:
         return Path(explicit)
     shm = Path("/dev/shm")
@@ -882,8 +883,7 @@ def run_batch(
         out_uri, pa.Table.from_pylist(trials, schema=artifacts.TRIALS), artifacts.TRIALS
     )
     _remove_local(_parts_uri(artifacts_root, run_id, batch["key"]))
-    _remove_local(storage.join(artifacts_root, "runs", run_id, "trials", "batches",
-                               f"{batch['key']}.calls"))
+    _remove_local(RunLayout(artifacts_root, run_id).batches(f"{batch['key']}.calls"))
     log.info(
         "batch %s: %d trials (%d run now, %d kept), %d errored, $%.4f",
         batch["key"], len(trials), len(ran), len(trials) - len(ran),
@@ -986,7 +986,7 @@ def describe_agents(
     for d in described:
         for warning in d.get("warnings", []):
             log.warning("%s", warning)
-    prefix = storage.join(artifacts_root, "runs", run_id, "trials")
+    prefix = RunLayout(artifacts_root, run_id).trials()
     storage.write_json(storage.join(prefix, "manifests.json"), list(manifest_uris))
     return storage.write_json(storage.join(prefix, "agents.json"), described)
 
@@ -1017,6 +1017,6 @@ def combine_trials(run_id: str, artifacts_root: str, batch_keys: list[str]) -> d
         table = pa.concat_tables(parts) if parts else schema.empty_table()
         table = table.sort_by(order)
         out[what] = storage.write_parquet(
-            storage.join(artifacts_root, "runs", run_id, "trials", f"{what}.parquet"), table, schema
+            RunLayout(artifacts_root, run_id).trials(f"{what}.parquet"), table, schema
         )
     return out
