@@ -406,7 +406,7 @@ def literal(value: Any, engine: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Sandbox
+# Instance databases
 # --------------------------------------------------------------------------------------------
 
 
@@ -424,7 +424,7 @@ def _pg_errors() -> tuple[type[BaseException], ...]:
     return (psycopg.Error,)
 
 
-class Sandbox:
+class InstanceDB:
     """A database holding ``tables`` of ``schema`` — in-memory DuckDB (single thread) or
     SQLite, or a schema of its own in a scratch PostgreSQL database (``pg``: a shared
     :class:`tasks.db.pg_scratch.ScratchDatabase`, else one is created and dropped on close) — to
@@ -887,7 +887,7 @@ def verify_counterexample(
         return Verification(False, error=f"cannot transpile the queries: {exc}", engine=eng)
     n_rows = sum(_insert_rows(i) for i in inserts)
     try:
-        box = Sandbox(schema, tables, eng, constraints=True, query_timeout_s=query_timeout_s,
+        box = InstanceDB(schema, tables, eng, constraints=True, query_timeout_s=query_timeout_s,
                       mysql=choice.mysql, integer_division=choice.integer_division, pg=pg)
     except SchemaError as exc:
         return Verification(False, error=str(exc), engine=eng)
