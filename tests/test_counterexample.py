@@ -17,10 +17,9 @@ from tasks.equivalence.instances import (
     RelSchema,
     SchemaError,
     parse_query,
-    render_instance,
-    verify_counterexample,
 )
 from tasks.equivalence.value_domains import _Analysis, build_domains
+from tasks.equivalence.verification import render_instance, verify_counterexample
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "equivalence"
 CLASSIC = [json.loads(x) for x in (DATA / "classic_not_equivalent.jsonl").read_text().splitlines() if x.strip()]

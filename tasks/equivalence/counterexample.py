@@ -111,17 +111,15 @@ from tasks.equivalence.instances import (
     adapt_to_schema,
     engine_for,
     enum_values,
-    instance_rows,
     one_sided_error,
     one_sided_timeout,
     prepare_query,
-    render_instance,
     separation,
-    verify_counterexample,
 )
 from tasks.equivalence.sql_dialects import read_query, sqlglot_dialect
 from tasks.equivalence.instance_generator import InstanceGenerator, cascade
 from tasks.equivalence.value_domains import ColKey, SizeHint, _Analysis, _fold, build_domains
+from tasks.equivalence.verification import instance_rows, render_instance, verify_counterexample
 
 _SIMPLE: dict[str, list[Any]] = {
     "int": [0, 1], "float": [0.0, 1.0], "decimal": [0.0, 1.0], "text": ["a"], "other": ["a"],
