@@ -39,14 +39,8 @@ import duckdb
 import sqlglot
 from sqlglot import exp
 
-from tasks.equivalence.outcomes import (
-    OutcomeSpace,
-    QueryPlan,
-    build_space,
-    certainly_differ,
-    plan_query,
-    resolve_cuts,
-)
+from tasks.equivalence.outcomes import OutcomeSpace, build_space, certainly_differ, resolve_cuts
+from tasks.equivalence.query_plan import QueryPlan, plan_query
 from tasks.equivalence.relschema import (  # noqa: F401 - re-exported
     Column,
     ForeignKey,
