@@ -458,7 +458,8 @@ def test_the_corpus_covers_every_defect_class():
 
 
 def test_sql_reading_helpers():
-    from tasks.equivalence.sql_dialects import engine_sql, read_query, split_statements
+    from tasks.equivalence.sql_ddl import split_statements
+    from tasks.equivalence.sql_dialects import engine_sql, read_query
 
     script = "CREATE TABLE `a;b` (c TEXT DEFAULT ';'); -- x; y\nINSERT INTO t VALUES ('1;2');"
     assert split_statements(script, "mysql") == ["CREATE TABLE `a;b` (c TEXT DEFAULT ';')",

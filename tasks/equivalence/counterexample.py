@@ -89,8 +89,6 @@ is the textbook algorithm (about thirty lines).
 
 from __future__ import annotations
 
-import json
-import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -118,7 +116,7 @@ from tasks.equivalence.instances import (
 )
 from tasks.equivalence.sql_dialects import read_query, sqlglot_dialect
 from tasks.equivalence.instance_generator import InstanceGenerator, cascade
-from tasks.equivalence.value_domains import ColKey, SizeHint, _Analysis, _fold, build_domains
+from tasks.equivalence.value_domains import _Analysis, build_domains
 from tasks.equivalence.verification import instance_rows, render_instance, verify_counterexample
 
 _SIMPLE: dict[str, list[Any]] = {

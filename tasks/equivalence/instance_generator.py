@@ -11,7 +11,6 @@ import datetime as dt
 import itertools
 import json
 import random
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 

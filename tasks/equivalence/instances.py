@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from typing import Any, Self
 
 import duckdb
-import sqlglot
 from sqlglot import exp
 
 from tasks.equivalence.outcomes import OutcomeSpace, build_space, certainly_differ, resolve_cuts
@@ -50,9 +49,9 @@ from tasks.equivalence.relschema import (  # noqa: F401 - re-exported
     database_engine,
     enum_values,
     load_schema,
-    type_category,
 )
 from tasks.equivalence.relschema import ident as _ident
+from tasks.equivalence.relschema_tables import type_category  # noqa: F401 - re-exported
 from tasks.scoring.result_match import compare_results, tolerance
 from tasks.equivalence.sql_dialects import (
     MYSQL_APPROXIMATION,

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import sqlglot
 from sqlglot import exp
 
 from tasks.equivalence.sql_dialects import sqlglot_dialect
@@ -32,12 +31,10 @@ from tasks.equivalence.relschema_tables import (
     ForeignKey,
     SchemaError,
     Table,
-    UniqueIndex,
     _CATEGORY_SQL,
     _FK,
     _T,
     ident,
-    type_category,
 )
 from tasks.equivalence.relschema_ddl import (
     _alter_table,
@@ -78,14 +75,15 @@ class RelSchema:
 
         Each statement is parsed with ``dialect`` (the DDL's own, when known), else with the
         dialect its text points to (backticks → MySQL, ...), else with ``query_dialect`` (the
-        queries' dialect), else with the others (:func:`tasks.equivalence.sql_dialects.read_ddl`); a
+        queries' dialect), else with the others (:func:`tasks.equivalence.sql_ddl.read_ddl`); a
         statement read in another dialect than the one given is listed in :attr:`notes`.
         Raises SchemaError naming the statement (and the clause) when one parses in no
         dialect, loses an item, holds a clause that restricts the data and is not understood,
         when an ALTER TABLE does something other than add a column or a constraint, or when
         no table is defined — a schema is never silently smaller than its DDL.
         """
-        from tasks.equivalence.sql_dialects import SQLReadError, read_ddl
+        from tasks.equivalence.sql_ddl import read_ddl
+        from tasks.equivalence.sql_dialects import SQLReadError
 
         try:
             read = read_ddl(ddl, dialect, query_dialect)

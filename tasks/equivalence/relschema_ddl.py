@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-import duckdb
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError

@@ -11,7 +11,6 @@ import decimal
 from dataclasses import dataclass, field
 from typing import Any
 
-import sqlglot
 from sqlglot import exp
 
 from tasks.equivalence.sql_dialects import sqlglot_dialect

@@ -11,7 +11,6 @@ import datetime as dt
 import itertools
 import json
 import math
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any

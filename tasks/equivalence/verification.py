@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import duckdb
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
