@@ -10,22 +10,16 @@ import duckdb
 import pytest
 
 from schemas.equivalence import FinderBudget, MatchOptions, QueryPair
-from tasks.equivalence.counterexample import (
-    InstanceGenerator,
-    _Analysis,
-    build_domains,
-    cascade,
-    ddmin,
-    find_counterexample,
-)
+from tasks.equivalence.counterexample import ddmin, find_counterexample
+from tasks.equivalence.instance_generator import InstanceGenerator, cascade
 from tasks.equivalence.instances import (
+    InstanceDB,
     RelSchema,
-    Sandbox,
     SchemaError,
     parse_query,
-    render_instance,
-    verify_counterexample,
 )
+from tasks.equivalence.value_domains import _Analysis, build_domains
+from tasks.equivalence.verification import render_instance, verify_counterexample
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "equivalence"
 CLASSIC = [json.loads(x) for x in (DATA / "classic_not_equivalent.jsonl").read_text().splitlines() if x.strip()]
@@ -192,7 +186,7 @@ def test_generated_instances_honour_keys():
     assert {4, 5, 6} <= set(qty) and {0, 1, 2} <= set(qty)  # constant neighbours + base pool
     gen = InstanceGenerator(schema, analysis.tables, domains, FinderBudget(max_instances=400))
     seen = {"null": False, "dup": False, "empty": False, "two_rows": False}
-    with Sandbox(schema, analysis.tables, "duckdb", constraints=True) as box:
+    with InstanceDB(schema, analysis.tables, "duckdb", constraints=True) as box:
         for _ in range(400):
             inst = gen.next()
             box.load(inst)  # raises on any PK / UNIQUE / NOT NULL / FK violation
@@ -343,7 +337,7 @@ def test_mysql_ddl_details_are_read_not_dropped():
     assert [(f.columns, f.ref_table) for f in emp.foreign_keys] == [(("dept_id",), "dept")]
     assert any("2 statement(s) kept as commands and ignored (LOCK, UNLOCK)" in n for n in schema.notes)
     # CHECK and ENUM are enforced by the sandbox; the generator keeps to the ENUM's values
-    with Sandbox(schema, ["emp"], "duckdb", constraints=True) as box:
+    with InstanceDB(schema, ["emp"], "duckdb", constraints=True) as box:
         for bad in ({"dept": [(1, "x", "c", 1)]}, {"dept": [(1, "x", "a", -1)]}):
             with pytest.raises(duckdb.Error):
                 box.load(bad)
@@ -477,7 +471,8 @@ def test_the_corpus_covers_every_defect_class():
 
 
 def test_sql_reading_helpers():
-    from tasks.equivalence.sql_dialects import engine_sql, read_query, split_statements
+    from tasks.equivalence.sql_ddl import split_statements
+    from tasks.equivalence.sql_dialects import engine_sql, read_query
 
     script = "CREATE TABLE `a;b` (c TEXT DEFAULT ';'); -- x; y\nINSERT INTO t VALUES ('1;2');"
     assert split_statements(script, "mysql") == ["CREATE TABLE `a;b` (c TEXT DEFAULT ';')",

@@ -18,7 +18,8 @@ import pytest
 
 from schemas.equivalence import FinderBudget, MatchOptions, QueryPair
 from tasks.equivalence.counterexample import find_counterexample
-from tasks.equivalence.instances import RelSchema, SchemaError, render_instance, verify_counterexample
+from tasks.equivalence.instances import RelSchema, SchemaError
+from tasks.equivalence.verification import render_instance, verify_counterexample
 from tasks.scoring.result_match import compare_results, results_match
 
 ROOT = Path(__file__).resolve().parents[1]

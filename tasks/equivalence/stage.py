@@ -67,8 +67,8 @@ from tasks.equivalence.instances import (
     SchemaError,
     database_engine,
     load_schema,
-    verify_counterexample,
 )
+from tasks.equivalence.verification import verify_counterexample
 from tasks.core.prefect_task import task
 from tasks.scoring.result_match import results_match
 from tasks.core.layout import RunLayout

@@ -36,6 +36,10 @@ enforced or the cell aborts before running any agent code.
 
 Only the standard library is imported here (it also runs when querylab is not importable).
 The framing helpers :func:`send_msg` / :func:`recv_msg` are shared with :mod:`tasks.sandbox.session`.
+
+This module is exempt from the ~600-line module limit (issue 16): its source is passed whole to
+``python -I -c`` and runs as one file inside the sandbox, where querylab is not importable, so it
+cannot be split into modules that import each other.
 """
 
 from __future__ import annotations
