@@ -84,7 +84,9 @@ def with_run_details(rep: dict, root: str, run_id: str) -> dict:
         .group_by("agent").agg(pl.col("error").first())
         .sort("agent")
     )
-    with pl.Config(
+    from tasks.report.html import POLARS_CONFIG_LOCK
+
+    with POLARS_CONFIG_LOCK, pl.Config(
         tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True,
         tbl_hide_dataframe_shape=True, tbl_rows=-1, float_precision=3, fmt_str_lengths=80,
     ):

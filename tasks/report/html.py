@@ -16,6 +16,7 @@ import base64
 import html
 import math
 import re
+import threading
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
@@ -79,7 +80,7 @@ def markdown_table(
     if any(dt == pl.String for dt in df.dtypes):
         df = df.with_columns(pl.col(pl.String).str.replace_all("|", "\\|", literal=True)
                              .str.replace_all("\n", " ", literal=True))
-    with pl.Config(
+    with POLARS_CONFIG_LOCK, pl.Config(
         tbl_formatting="MARKDOWN",
         tbl_hide_column_data_types=True,
         tbl_hide_dataframe_shape=True,
@@ -92,6 +93,11 @@ def markdown_table(
     ):
         return str(df)
 
+
+#: held around every ``pl.Config`` block: Polars keeps its formatting options in environment
+#: variables, and two threads setting and reading them at once race in libc's environment
+#: (a CI run segfaulted inside ``DataFrame.__str__`` while rendering a report)
+POLARS_CONFIG_LOCK = threading.Lock()
 
 _MD_SPECIAL = re.compile(r"([\\`\[\]])")
 
