@@ -45,7 +45,7 @@ from tasks.report.metrics import (
     pass_at_k_summary,
     pass_at_k_wide,
 )
-from tasks.report.tool_use import tool_use_table
+from tasks.report.tool_use import tool_calls_with_features, tool_use_table
 
 N_AGENTS, N_DATASETS, N_QUERIES = 10, 20, 50
 
@@ -355,11 +355,15 @@ def _conform(df: pl.DataFrame, schema) -> "pa.Table":
     return check_schema(table, schema, "synthetic").replace_schema_metadata(schema.metadata)
 
 
-def write_run(root: str, n_trials: int, calls_per_trial: int, chunk: int) -> None:
+def write_run(root: str, n_trials: int, calls_per_trial: int, chunk: int,
+              stored_features: bool = True) -> None:
     """Write a synthetic run ``bench`` of ``n_trials`` trials (``calls_per_trial`` tool calls
     and 2 model calls each, verdicts in ``score/scores.parquet``) under artifact root ``root``,
     ``chunk`` trials at a time (one row group each: memory stays at one chunk's), plus the
-    datasets' requirements in ``manifests.json`` beside it."""
+    datasets' requirements in ``manifests.json`` beside it. ``tool_calls`` gets its stored
+    per-call features the way the trials stage writes them
+    (:func:`tasks.report.tool_use.tool_calls_with_features`), unless ``stored_features`` is
+    False (an artifact from before them: the report then parses the calls itself)."""
     import pyarrow.parquet as pq
 
     from schemas import artifacts
@@ -391,7 +395,10 @@ def write_run(root: str, n_trials: int, calls_per_trial: int, chunk: int) -> Non
         for name, df in (("trials", trials), ("tool_calls", calls), ("llm_calls", llm),
                          ("scores", scores)):
             uri, schema = outs[name]
-            writers[uri].write_table(_conform(df, schema), row_group_size=1 << 20)
+            table = _conform(df, schema)
+            if name == "tool_calls" and stored_features:  # what the trials stage writes
+                table = tool_calls_with_features(table)
+            writers[uri].write_table(table, row_group_size=1 << 20)
         del trials, calls, llm, scores
         gc.collect()
     for w in writers.values():
@@ -405,10 +412,14 @@ def main() -> None:
     p.add_argument("--calls-per-trial", type=int, default=5)
     p.add_argument("--chunk", type=int, default=500_000, help="trials generated at a time")
     p.add_argument("--repeat", type=int, default=1, help="runs per table (best is reported)")
+    p.add_argument("--old-artifacts", action="store_true",
+                   help="write tool_calls without the stored per-call features (as before "
+                   "they existed): times the report's fallback path")
     p.add_argument("--generate", metavar="ROOT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.generate:  # the child process: write the synthetic run and exit
-        write_run(args.generate, args.trials, args.calls_per_trial, args.chunk)
+        write_run(args.generate, args.trials, args.calls_per_trial, args.chunk,
+                  stored_features=not args.old_artifacts)
         return
 
     import resource
@@ -425,7 +436,8 @@ def main() -> None:
         # written by a child process, so this process's peak RSS is the report's alone
         subprocess.run([sys.executable, __file__, "--generate", root, "--trials",
                         str(args.trials), "--calls-per-trial", str(args.calls_per_trial),
-                        "--chunk", str(args.chunk)], check=True)
+                        "--chunk", str(args.chunk),
+                        *(["--old-artifacts"] if args.old_artifacts else [])], check=True)
         size = sum(f.stat().st_size for f in Path(root).rglob("*.parquet")) / 2**30
         print(f"synthetic run: {args.trials:,} trials, {args.trials * args.calls_per_trial:,} "
               f"tool calls, {2 * args.trials:,} llm calls written in "
@@ -476,7 +488,8 @@ def main() -> None:
     slowest = max(times, key=times.get)
     print(
         f"report_scale: slowest table {times[slowest]:.2f} s ({slowest}, best of {r}) for "
-        f"{trials.height:,} trials / {args.trials * args.calls_per_trial:,} tool calls; peak "
+        f"{trials.height:,} trials / {args.trials * args.calls_per_trial:,} tool calls"
+        f"{' (old artifacts: fallback path)' if args.old_artifacts else ''}; peak "
         f"RSS {rss_gb:.2f} GB (targets: <= 3 s per table at 1M trials, <= 30 s and <= 4 GB at "
         "10M)"
     )

@@ -101,7 +101,12 @@ LLM_CALLS = artifact_schema(
 #: One row per tool call made in a trial, in call order. ``turn`` is the index of the model
 #: response that requested the call (several calls share a turn when issued in parallel);
 #: ``arguments`` is the raw JSON text the agent sent; ``result_size`` is the length in characters
-#: of the full tool result; ``duration_s`` in seconds.
+#: of the full tool result; ``duration_s`` in seconds. The columns after ``duration_s`` are typed
+#: per-call features computed once when the calls are written
+#: (:func:`tasks.report.tool_use.with_call_features`: ``db`` of list_db / query_db, ``is_mongo``,
+#: the detection booleans of the tool-use analysis and ``source_refs``, the tables / collections
+#: a query_db call references); null in artifacts written before them (the report then computes
+#: them itself).
 TOOL_CALLS = artifact_schema(
     "tool_calls",
     [
@@ -116,6 +121,11 @@ TOOL_CALLS = artifact_schema(
         pa.field("error", pa.string()),
         pa.field("result_size", pa.int64(), nullable=False),
         pa.field("duration_s", pa.float64(), nullable=False),
+        added_later(pa.field("db", pa.string())),
+        *[added_later(pa.field(f, pa.bool_())) for f in (
+            "is_mongo", "explore", "sql_pattern", "python_regex", "python_string", "model_call",
+            "key_reformat", "adj_close")],
+        added_later(pa.field("source_refs", pa.list_(pa.string()))),
     ],
 )
 

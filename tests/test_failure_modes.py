@@ -16,6 +16,7 @@ from tasks.report.failure_modes import (
     requirements_from_manifests,
     unchecked_operations,
 )
+from tasks.report.tool_use import with_call_features
 
 MANIFEST = {
     "name": "movies",
@@ -94,6 +95,9 @@ def classify(trials: list[dict], calls: list[dict], manifests=(MANIFEST,)) -> di
         )
     )
     labels = classify_failures(pl.DataFrame(trials), calls_df, reqs)
+    # the stored per-call features (written by the trials stage) give the same labels
+    stored = classify_failures(pl.DataFrame(trials), with_call_features(calls_df), reqs)
+    assert stored.equals(labels)
     return {r["trial_key"]: r for r in labels.iter_rows(named=True)}
 
 

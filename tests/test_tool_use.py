@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from schemas.report import ALL
-from tasks.report.tool_use import call_features, tool_use_table
+from tasks.report.tool_use import call_features, tool_use_table, with_call_features
 
 
 def call(key: str, i: int, tool: str, turn: int, ok: bool = True, **args) -> dict:
@@ -163,6 +163,7 @@ def test_tool_use_table_by_hand():
         ]
     )
     table = tool_use_table(trials, calls)
+    assert tool_use_table(trials, with_call_features(calls)).equals(table)  # stored features
     rows = {(r["agent"], r["dataset"]): r for r in table.iter_rows(named=True)}
     d = rows[("a", "d")]
     assert d["trials"] == 2 and d["tool_calls"] == 8 and d["calls_per_trial"] == 4.0

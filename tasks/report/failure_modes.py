@@ -54,8 +54,9 @@ from schemas.report import ALL, FAILURE_MODES
 from tasks.report.metrics import with_verdicts
 from tasks.report.tool_use import (
     EXTRACTION_METHODS,
-    ascii_regex,
     call_features,
+    features_for_report,
+    source_refs,
     trial_id_expr,
     trial_tool_stats,
 )
@@ -97,14 +98,6 @@ RULES = {
     "operations_evident": "FM4",
     "operation_missing": "FM2",
 }
-
-_SQL_FROM = (
-    r"(?i)\b(?:from|join)\s+[^\s,()]+(?:\s+(?:as\s+)?\w+)?"
-    r"(?:\s*,\s*[^\s,()]+(?:\s+(?:as\s+)?\w+)?)*"
-)
-#: The table name of one ``FROM``/``JOIN`` item: keyword, schema qualifiers and quotes dropped.
-_SQL_NAME = r'^\s*(?:(?i:from|join)\s+)?(?:[^\s.]+\.)*["`]?([^\s."`]+)'
-_MONGO_SOURCE = r'"(?:collection|from)"\s*:\s*"[^"]+"'
 
 REQUIREMENTS_SCHEMA = {
     "dataset": pl.String,
@@ -160,27 +153,15 @@ def requirements_from_manifests(manifests: list[dict]) -> pl.DataFrame:
 def touched_sources(features: pl.LazyFrame) -> pl.LazyFrame:
     """Distinct (tid, source) pairs a trajectory touched with ``query_db``, ``source`` as
     ``"<db>.<table>"`` (table lower-cased for SQL). Input: :func:`tasks.report.tool_use.call_features`
-    output with a ``tid`` column. One regex extraction pass per call, whatever the number of
-    tables; see the module docstring for what counts as touching."""
-    q = features.filter(pl.col("tool") == "query_db", pl.col("db").is_not_null())
-    sql = (
-        q.filter(~pl.col("is_mongo"))
-        .select("tid", "db", pl.col("sql").str.extract_all(ascii_regex(_SQL_FROM)).alias("ref"))
-        .explode("ref")
-        .drop_nulls("ref")
-        .with_columns(pl.col("ref").str.split(","))
-        .explode("ref")
-        .with_columns(pl.col("ref").str.extract(_SQL_NAME, 1).str.to_lowercase())
-    )
-    mongo = (
-        q.filter(pl.col("is_mongo"))
-        .select("tid", "db", pl.col("query").str.extract_all(_MONGO_SOURCE).alias("ref"))
-        .explode("ref")
-        .drop_nulls("ref")
-        .with_columns(pl.col("ref").str.extract(r'"([^"]+)"\s*$', 1))
-    )
+    output with a ``tid`` column, or stored per-call columns (db, source_refs); see the module
+    docstring for what counts as touching."""
+    names = features.collect_schema().names()
+    if "source_refs" not in names:
+        features = features.with_columns(source_refs())
     return (
-        pl.concat([sql, mongo])
+        features.filter(pl.col("tool") == "query_db", pl.col("db").is_not_null())
+        .select("tid", "db", pl.col("source_refs").alias("ref"))
+        .explode("ref")
         .drop_nulls("ref")
         .select("tid", (pl.col("db") + "." + pl.col("ref")).alias("source"))
         .unique()
@@ -221,19 +202,32 @@ def _trajectory_evidence(
     and is parsed eagerly (:func:`call_features`, both cores); the slices' partial results are
     merged (sums, any-ofs, distinct databases and pairs), so a trial whose calls straddle two
     slices gets the same figures as in one pass."""
+    tool_calls, stored = features_for_report(tool_calls, "failure modes")
     lf = tool_calls.select("trial_key", "turn", "tool", "arguments", "success")
-    n = lf.select(pl.len()).collect().item()
+
+    def slices():
+        if stored:  # typed columns only: one streaming pass, no parsing
+            yield (
+                tool_calls.select("trial_key", "turn", "tool", "success", "db", "source_refs",
+                                  *_FM_FEATURES)
+                .with_columns(tid)
+                .join(bad.lazy(), on="tid", how="semi")
+                .drop("trial_key")
+            )
+            return
+        n = lf.select(pl.len()).collect().item()
+        for offset in range(0, n, CALLS_PER_SLICE):
+            calls = (
+                lf.slice(offset, CALLS_PER_SLICE)
+                .with_columns(tid)
+                .join(bad.lazy(), on="tid", how="semi")
+                .drop("trial_key")
+                .collect(engine="streaming")
+            )
+            yield call_features(calls, _FM_FEATURES, with_db=True).lazy()
+
     parts, dbs, touched = [], [], []
-    for offset in range(0, n, CALLS_PER_SLICE):
-        calls = (
-            lf.slice(offset, CALLS_PER_SLICE)
-            .with_columns(tid)
-            .join(bad.lazy(), on="tid", how="semi")
-            .drop("trial_key")
-            .collect(engine="streaming")
-        )
-        features = call_features(calls, _FM_FEATURES, with_db=True).lazy()
-        del calls
+    for features in slices():
         st, db, pairs = pl.collect_all(
             [
                 trial_tool_stats(features, per_turn=False),
@@ -241,7 +235,8 @@ def _trajectory_evidence(
                 .select("tid", "db")
                 .unique(),
                 touched_sources(features).join(codes.lazy(), on="source").select("tid", "sid"),
-            ]
+            ],
+            engine="streaming",
         )
         parts.append(st)
         dbs.append(db)

@@ -45,6 +45,8 @@ Everything is vectorised Polars string expressions; no Python loop runs over cal
 
 from __future__ import annotations
 
+import logging
+
 import polars as pl
 
 from schemas.report import ALL
@@ -108,6 +110,16 @@ ADJ_CLOSE = r"(?i)adj(?:usted)?[_ ]?close"
 
 
 _DB_FIRST = r'^\{\s*"db"\s*:\s*"([^"\\]*)"'
+
+#: One SQL ``FROM`` / ``JOIN`` clause with its comma-separated items (see
+#: :mod:`tasks.report.failure_modes` for what counts as touching a source).
+SQL_FROM = (
+    r"(?i)\b(?:from|join)\s+[^\s,()]+(?:\s+(?:as\s+)?\w+)?"
+    r"(?:\s*,\s*[^\s,()]+(?:\s+(?:as\s+)?\w+)?)*"
+)
+#: The table name of one ``FROM``/``JOIN`` item: keyword, schema qualifiers and quotes dropped.
+SQL_NAME = r'^\s*(?:(?i:from|join)\s+)?(?:[^\s.]+\.)*["`]?([^\s."`]+)'
+MONGO_SOURCE = r'"(?:collection|from)"\s*:\s*"[^"]+"'
 
 
 def _split(lf: pl.LazyFrame) -> list[pl.LazyFrame]:
@@ -244,6 +256,97 @@ def call_features(
     return _fill_db(out) if with_db else out
 
 
+def source_refs() -> pl.Expr:
+    """Per call, the tables / collections a ``query_db`` call references (``List[String]``:
+    SQL table names lower-cased, schema qualifiers and quotes dropped; MongoDB ``"collection"``
+    and ``$lookup`` ``"from"``), empty for every other call and for a call without ``db``.
+    Needs :func:`call_features` columns (tool, db, is_mongo, sql, query)."""
+    sql = (
+        pl.col("sql").str.extract_all(ascii_regex(SQL_FROM))
+        .list.eval(pl.element().str.split(",").explode())
+        .list.eval(pl.element().str.extract(SQL_NAME, 1).str.to_lowercase())
+    )
+    mongo = pl.col("query").str.extract_all(MONGO_SOURCE).list.eval(
+        pl.element().str.extract(r'"([^"]+)"\s*$', 1)
+    )
+    refs = pl.when(pl.col("is_mongo")).then(mongo).otherwise(sql).list.drop_nulls()
+    empty = pl.lit([], dtype=pl.List(pl.String))
+    touched = (pl.col("tool") == "query_db") & pl.col("db").is_not_null()
+    return pl.when(touched).then(refs.fill_null(empty)).otherwise(empty).alias("source_refs")
+
+
+#: The typed per-call columns stored in ``tool_calls.parquet`` beside the raw ones
+#: (``schemas.artifacts.TOOL_CALLS``), computed once when the tool calls are written
+#: (:func:`with_call_features`): ``db``, ``is_mongo``, the :data:`FEATURES` booleans and
+#: ``source_refs``. The report reads them instead of parsing arguments JSON and running regexes.
+STORED_FEATURES = ("db", "is_mongo", *FEATURES, "source_refs")
+STORED_FEATURE_TYPES = {"db": pl.String, "is_mongo": pl.Boolean,
+                        **{f: pl.Boolean for f in FEATURES}, "source_refs": pl.List(pl.String)}
+
+log = logging.getLogger(__name__)
+
+
+def with_call_features(tool_calls: pl.DataFrame) -> pl.DataFrame:
+    """``tool_calls`` (``TOOL_CALLS`` rows, at least tool and arguments) with the
+    :data:`STORED_FEATURES` columns added (replaced when present), same rows in the same order.
+
+    The trials stage calls this when it writes a batch's tool calls, the report's fallback
+    (:func:`features_for_report`) computes the same columns for artifacts written before, so
+    both give identical tables. Malformed argument JSON gives null db, false features and no
+    source references, never an error."""
+    base = tool_calls.drop([c for c in STORED_FEATURES if c in tool_calls.columns])
+    if base.height == 0:
+        return base.with_columns(
+            *[pl.lit(None, t).alias(c) for c, t in STORED_FEATURE_TYPES.items()])
+    parsed = call_features(
+        base.select("tool", "arguments").with_row_index("_row"), FEATURES, with_db=True
+    )
+    feats = (
+        parsed.lazy().with_columns(source_refs())
+        .sort("_row")
+        .select([pl.col(c).cast(t) for c, t in STORED_FEATURE_TYPES.items()])
+        .collect()
+    )
+    return base.hstack(feats)
+
+
+def tool_calls_with_features(table):
+    """A ``TOOL_CALLS`` pyarrow Table with its stored feature columns filled
+    (:func:`with_call_features`), cast to ``schemas.artifacts.TOOL_CALLS``: what the trials
+    stage writes. The raw columns and their values are unchanged."""
+    from schemas.artifacts import TOOL_CALLS, check_schema
+
+    df = with_call_features(pl.from_arrow(table.select(
+        [c for c in table.column_names if c not in STORED_FEATURES])))
+    return check_schema(df.to_arrow(), TOOL_CALLS, "tool_calls").replace_schema_metadata(
+        TOOL_CALLS.metadata)
+
+
+def has_stored_features(tool_calls: pl.LazyFrame) -> bool:
+    """Whether every row of ``tool_calls`` carries the stored per-call columns (an artifact
+    written by a querylab that computes them at write time: :func:`with_call_features`). One
+    streaming pass over one column."""
+    names = tool_calls.collect_schema().names()
+    if any(c not in names for c in STORED_FEATURES):
+        return False
+    return tool_calls.select(pl.col("explore").null_count() == 0).collect(
+        engine="streaming").item()
+
+
+def features_for_report(tool_calls: pl.DataFrame | pl.LazyFrame, table: str
+                        ) -> tuple[pl.LazyFrame, bool]:
+    """``(calls, stored)``: ``tool_calls`` as a LazyFrame and whether it carries the stored
+    per-call columns. When it does not (an artifact written before they existed, or rows of
+    another writer), the report computes them the slower way (:func:`call_features`) and logs
+    it once per table (``table`` names it)."""
+    lf = tool_calls.lazy()
+    stored = has_stored_features(lf)
+    if not stored:
+        log.warning("%s: tool_calls without stored per-call features (an older artifact): "
+                    "parsing arguments JSON and matching patterns at report time", table)
+    return lf, stored
+
+
 def trial_id_expr(trials: pl.DataFrame) -> pl.Expr:
     """The expression that turns ``trial_key`` into the grouping id ``tid`` for this run.
 
@@ -326,9 +429,14 @@ def tool_use_table(trials: pl.DataFrame, tool_calls: pl.DataFrame | pl.LazyFrame
     ``python_string``, ``model_call``).
     """
     tid = trial_id_expr(trials)
+    calls, stored = features_for_report(tool_calls, "tool use")
+    cols = ["trial_key", "turn", "tool", "success"]
     # one streaming pass over the calls: only the flags and counts per trial are kept
-    features = call_features(tool_calls.lazy().with_columns(tid), TOOL_USE_FEATURES,
-                             with_db=False, lazy=True)
+    if stored:
+        features = calls.select(*cols, *TOOL_USE_FEATURES).with_columns(tid)
+    else:
+        features = call_features(calls.select(*cols, "arguments").with_columns(tid),
+                                 TOOL_USE_FEATURES, with_db=False, lazy=True)
     per_trial = trial_tool_stats(
         features.select("tid", "turn", "tool", "success", *TOOL_USE_FEATURES)
     ).collect(engine="streaming").lazy()

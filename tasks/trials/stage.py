@@ -874,10 +874,11 @@ def run_batch(
     parts = [done[i] for i in sorted(done)]
     for what, schema in _BATCH_PARTS:
         rows = [r for p in parts for r in p.get(what, [])]
-        storage.write_parquet(
-            batch_uri(artifacts_root, run_id, batch["key"], what),
-            pa.Table.from_pylist(rows, schema=schema), schema,
-        )
+        table = pa.Table.from_pylist(rows, schema=schema)
+        if what == "tool_calls":  # typed per-call features, computed once (the report reads them)
+            from tasks.report.tool_use import tool_calls_with_features
+            table = tool_calls_with_features(table)
+        storage.write_parquet(batch_uri(artifacts_root, run_id, batch["key"], what), table, schema)
     trials = [p["trial"] for p in parts]
     uri = storage.write_parquet(
         out_uri, pa.Table.from_pylist(trials, schema=artifacts.TRIALS), artifacts.TRIALS
