@@ -76,6 +76,11 @@ def test_multi_step_trajectory_cost_and_llm_calls(tmp_path, manifest_uri, priced
     assert t["is_correct"] and t["terminate_reason"] == "return_answer"
     assert (t["n_llm_calls"], t["n_tool_calls"]) == (4, 4)
     assert calls["turn"].to_list() == [0, 1, 2, 3] and calls["success"].all()
+    # the trials stage stores the typed per-call features the report reads
+    assert calls["db"].to_list() == ["listings", "listings", "market", None]
+    assert calls["explore"].to_list() == [True, False, False, False]
+    assert calls["sql_pattern"].to_list() == [False, True, False, False]
+    assert calls["source_refs"].to_list() == [[], ["listings"], ["fb"], []]
     assert llm["call_index"].to_list() == [0, 1, 2, 3]
     assert llm["cached_tokens"].to_list() == [0, 1000, 1500, 2000]
     assert llm["n_tool_calls"].to_list() == [1, 1, 1, 1]
