@@ -134,3 +134,14 @@ def test_partly_stored_artifact_falls_back_for_every_row():
         .alias("explore"))
     assert has_stored_features(calls.lazy()) and not has_stored_features(mixed.lazy())
     assert tool_use_table(_trials(), mixed).equals(tool_use_table(_trials(), calls))
+
+
+def test_batch_and_large_write_paths_agree(monkeypatch):
+    """A trials batch (one lazy plan) and a large artifact (parallel eager parse) get the
+    same stored columns."""
+    from tasks.report import tool_use
+
+    raw = pa.Table.from_pylist(_calls().to_dicts(), schema=artifacts.TOOL_CALLS)
+    small = tool_calls_with_features(raw)
+    monkeypatch.setattr(tool_use, "SMALL_WRITE", 0)
+    assert tool_calls_with_features(raw).equals(small)

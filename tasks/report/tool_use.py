@@ -284,6 +284,9 @@ STORED_FEATURE_TYPES = {"db": pl.String, "is_mongo": pl.Boolean,
                         **{f: pl.Boolean for f in FEATURES}, "source_refs": pl.List(pl.String)}
 
 log = logging.getLogger(__name__)
+#: Below this many calls :func:`with_call_features` runs one lazy plan (a trials batch), above
+#: it the parallel eager parse of :func:`call_features` (a large artifact).
+SMALL_WRITE = 50_000
 
 
 def with_call_features(tool_calls: pl.DataFrame) -> pl.DataFrame:
@@ -298,11 +301,19 @@ def with_call_features(tool_calls: pl.DataFrame) -> pl.DataFrame:
     if base.height == 0:
         return base.with_columns(
             *[pl.lit(None, t).alias(c) for c, t in STORED_FEATURE_TYPES.items()])
-    parsed = call_features(
-        base.select("tool", "arguments").with_row_index("_row"), FEATURES, with_db=True
-    )
+    calls = base.select("tool", "arguments").with_row_index("_row")
+    if base.height < SMALL_WRITE:  # one plan: a batch's calls are parsed in a few ms
+        args = pl.col("arguments")
+        db = pl.when(pl.col("tool").is_in(DB_TOOLS)).then(pl.coalesce(
+            args.str.extract(_DB_FIRST, 1),
+            pl.when(args.str.contains('"db"', literal=True)).then(args.str.json_path_match("$.db")),
+        ))  # what call_features(with_db=True) gives, as one expression
+        parsed = calls.lazy().with_columns(db.alias("db"))
+        parsed = call_features(parsed, FEATURES, with_db=False, lazy=True)
+    else:
+        parsed = call_features(calls, FEATURES, with_db=True).lazy()
     feats = (
-        parsed.lazy().with_columns(source_refs())
+        parsed.with_columns(source_refs())
         .sort("_row")
         .select([pl.col(c).cast(t) for c, t in STORED_FEATURE_TYPES.items()])
         .collect()
