@@ -53,7 +53,7 @@ CHILD_IMPORT = HWM + """
 import json, sys, time
 from pathlib import Path
 from schemas.settings import Settings
-from tasks import storage
+from tasks.core import storage
 from tasks.datasets.dab_import import import_dab_dataset
 from tasks.db.engines import ensure_loaded
 t0 = time.perf_counter()
@@ -72,7 +72,7 @@ print(json.dumps({"rss_kib": _hwm_kib(), "import_kib": import_kib,
 CHILD_IDLE = HWM + """
 import json
 from schemas.settings import Settings
-from tasks import storage
+from tasks.core import storage
 from tasks.datasets.dab_import import import_dab_dataset
 from tasks.db.engines import ensure_loaded
 print(json.dumps({"rss_kib": _hwm_kib()}))

@@ -166,7 +166,7 @@ import pytest
 import yaml
 
 from schemas.settings import Settings
-from tasks import storage
+from tasks.core import storage
 from tasks.agents.react import run_oracle
 from tasks.datasets.build import build_dataset_artifacts
 from tasks.db.engines import ensure_loaded, open_databases

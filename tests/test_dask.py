@@ -16,7 +16,7 @@ from tasks.core import storage
 from tests.fakes.openai_server import ScriptedOpenAIServer, raw_tool_calls
 
 #: Columns that hold wall-clock timings or the run id (everything else must be equal).
-VOLATILE = {"latency_s", "duration_s", "run_id"}
+VOLATILE = {"latency_s", "queue_s", "duration_s", "run_id"}
 
 
 def _call(n: int, name: str, arguments: dict):

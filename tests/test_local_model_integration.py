@@ -282,7 +282,7 @@ def test_server_exits_when_its_parent_is_killed(tmp_path):
     code = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-        from tasks import local_model
+        from tasks.agents import local_model
         from tasks.core.llm import load_models_config
         entry = load_models_config().get({NAME!r})
         s = local_model.ensure_server({NAME!r}, entry.local, 2048)
