@@ -152,7 +152,7 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
                     "concurrency": conc, "max_trials": admitted, "wall": wall,
                     "trials": trials_df.height,
                     "pss_mb": mem.peak_kb / 1024, "procs": mem.peak_procs,
-                    "call_s": llm["latency_s"].mean(),
+                    "call_s": llm["latency_s"].mean(), "queue_s": llm["queue_s"].mean(),
                     "tool_ms": 1000 * calls["duration_s"].mean(),
                     "by_tool": dict(calls.group_by("tool").agg(
                         (1000 * pl.col("duration_s").mean()).round(1)).iter_rows()),
