@@ -222,3 +222,27 @@ def test_check_agents_fails_before_any_trial(manifest_uri, monkeypatch, tmp_path
     desc = check_agents(["openai:unlisted-model"], [manifest_uri],
                         env={"QUERYLAB_OPENAI_BASE_URL": "http://127.0.0.1:1/v1"})
     assert desc[0]["priced"] is False and desc[0]["options"]["max_iterations"] == 100
+
+
+def test_a_failure_of_the_per_call_features_keeps_the_paid_batch(tmp_path, manifest_uri,
+                                                                  priced_model, monkeypatch):
+    """If computing the stored per-call features fails (here: made to panic as Polars can),
+    the batch is still written, without the features, and the trials keep their verdicts."""
+    from polars.exceptions import PanicException
+
+    from tasks.report import tool_use
+
+    def panics(table):
+        raise PanicException("simulated panic")
+
+    monkeypatch.setattr(tool_use, "tool_calls_with_features", panics)
+    script = [
+        tool_calls(("list_db", {"db": "listings"})),
+        tool_calls(("return_answer", {"answer": "Facebook"})),
+    ]
+    with ScriptedOpenAIServer(script) as srv:
+        trials, calls, llm, _ = _run(tmp_path, manifest_uri, priced_model(srv), [[QUERY, 0]])
+    assert trials.height == 1 and trials.row(0, named=True)["is_correct"]
+    assert calls["tool"].to_list() == ["list_db", "return_answer"]
+    assert "db" not in calls.columns or calls["db"].is_null().all()  # no stored features
+    assert llm.height == 2

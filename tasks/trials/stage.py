@@ -876,8 +876,17 @@ def run_batch(
         rows = [r for p in parts for r in p.get(what, [])]
         table = pa.Table.from_pylist(rows, schema=schema)
         if what == "tool_calls":  # typed per-call features, computed once (the report reads them)
+            from polars.exceptions import PanicException
+
             from tasks.report.tool_use import tool_calls_with_features
-            table = tool_calls_with_features(table)
+            try:
+                table = tool_calls_with_features(table)
+            except (Exception, PanicException) as exc:  # noqa: BLE001 - model output is hostile
+                # the paid trials are kept: written without the features, which the report
+                # then computes from the arguments (its logged fallback for such artifacts)
+                log.warning("batch %s: tool calls written without their per-call features "
+                            "(%s: %s); the report parses their arguments instead",
+                            batch["key"], type(exc).__name__, str(exc)[:200])
         storage.write_parquet(batch_uri(artifacts_root, run_id, batch["key"], what), table, schema)
     trials = [p["trial"] for p in parts]
     uri = storage.write_parquet(
