@@ -46,6 +46,51 @@ def test_a_kind_name_cannot_be_taken_twice_or_be_malformed():
         agentkind("a:b")(type("Bad", (AgentKind,), {}))
 
 
+def test_a_plugin_class_of_a_built_in_name_and_class_name_cannot_replace_it():
+    """Same qualified name, another module: still another class (a plugin cannot take over)."""
+    from tasks.agents.kinds import OpenAIKind
+    from tasks.scoring.registry import validator
+
+    impostor = type(OpenAIKind.__name__, (AgentKind,), {"__module__": "evil_plugin"})
+    impostor.__qualname__ = OpenAIKind.__qualname__
+    with pytest.raises(ValueError, match=r"'openai' is already registered \(tasks\.agents\.kinds"):
+        agentkind("openai")(impostor)
+    from tasks.scoring.registry import get_validator
+
+    builtin = type(get_validator("number"))
+    fake = type(builtin.__name__, (), {"__module__": "evil_plugin"})
+    fake.__qualname__ = builtin.__qualname__
+    with pytest.raises(ValueError, match="validator kind 'number' is already registered"):
+        validator("number")(fake)
+    assert parse_agent_spec("openai:m") == ("openai", "m")  # the built-in still answers
+
+
+def test_threads_asking_at_once_all_see_the_built_in_kinds():
+    """A fresh process whose threads all parse a spec at once (as a Dask worker's do): before
+    the registry held a lock while importing, the others saw it empty (IndexError in a CI run)."""
+    script = (
+        "import threading\n"
+        "from tasks.agents.registry import parse_agent_spec\n"
+        "b = threading.Barrier(8); errs = []\n"
+        "def go():\n"
+        "    b.wait()\n"
+        "    try:\n"
+        "        assert parse_agent_spec('oracle', 'trials') == ('oracle', None)\n"
+        "    except Exception as e:\n"
+        "        errs.append(repr(e))\n"
+        "ts = [threading.Thread(target=go) for _ in range(8)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print(len(errs), errs[:1])\n"
+    )
+    import subprocess
+    import sys
+
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=120, cwd=Path(__file__).resolve().parents[1], check=True)
+        assert out.stdout.strip() == "0 []", out.stdout + out.stderr
+
+
 def test_the_toy_validator_is_looked_up_by_kind():
     assert check_answer("toy yes", 3, {"kind": "toy_yes"}).ok
     v = check_answer("toy no", 3, {"kind": "toy_yes"})

@@ -28,12 +28,14 @@ unknown agent there, with the same one-line message listing what that suite acce
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
 from tasks.core.llm import AgentConfigError
+from tasks.core.registries import check_unclaimed
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -56,6 +58,10 @@ SUITES = frozenset({"trials", "text2sql", "lifecycle"})
 
 _KINDS: dict[str, type[AgentKind]] = {}
 _loaded = False
+_loading = False
+#: Held while the built-ins and plugins are imported: another thread asking meanwhile waits
+#: instead of seeing an empty registry (a Dask worker's threads all start at once).
+_load_lock = threading.RLock()
 
 
 class AgentKind:
@@ -101,9 +107,7 @@ def agentkind(name: str) -> Callable[[type[AgentKind]], type[AgentKind]]:
             raise ValueError(f"agent kind name {name!r}: use letters, digits, '_' or '-'")
         if cls.__module__ != "tasks.agents.kinds":
             import_module("tasks.agents.kinds")  # built-ins first: messages list them first
-        known = _KINDS.get(name)
-        if known is not None and known.__qualname__ != cls.__qualname__:
-            raise ValueError(f"agent kind {name!r} is already registered ({known.__module__})")
+        check_unclaimed(_KINDS.get(name), cls, "agent kind", name)
         cls.name = name
         _KINDS[name] = cls
         return cls
@@ -115,16 +119,24 @@ def load_plugins() -> None:
     """Register the built-in kinds and validators, then import every module of the ``querylab``
     entry-point group (once per process). A plugin that fails to import is logged and
     skipped (its kinds stay unknown, which the spec error then says)."""
-    global _loaded
+    global _loaded, _loading
     if _loaded:
         return
-    _loaded = True
-    import_module("tasks.agents.kinds")
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    with _load_lock:
+        if _loaded or _loading:  # done by another thread, or a plugin of this one asking
+            return
+        _loading = True
         try:
-            ep.load()
-        except Exception as exc:  # a broken plugin must not break the built-in kinds
-            log.warning("querylab plugin %s (%s) failed to load: %s", ep.name, ep.value, exc)
+            import_module("tasks.agents.kinds")
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                try:
+                    ep.load()
+                except Exception as exc:  # a broken plugin must not break the built-in kinds
+                    log.warning("querylab plugin %s (%s) failed to load: %s",
+                                ep.name, ep.value, exc)
+            _loaded = True
+        finally:
+            _loading = False
 
 
 def kind_names(suite: str | None = None) -> list[str]:
@@ -137,6 +149,8 @@ def kind_names(suite: str | None = None) -> list[str]:
 def usage(suite: str) -> str:
     """The spec forms ``suite`` accepts, e.g. ``'oracle', 'openai:<model>' or 'replay:<path>'``."""
     forms = [f"'{_KINDS[n]().usage_for(suite)}'" for n in kind_names(suite)]
+    if not forms:
+        return f"an agent kind of the {suite} suite (none is registered)"
     return forms[0] if len(forms) == 1 else ", ".join(forms[:-1]) + " or " + forms[-1]
 
 

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tasks.core.registries import check_unclaimed
+
 if TYPE_CHECKING:  # pragma: no cover
     from schemas.settings import Settings
     from tasks.db.base import Database
@@ -100,8 +102,7 @@ def register_engine(cls: type[Engine]) -> type[Engine]:
         raise ValueError(f"engine class {cls.__name__} has no name")
     with _lock:
         have = _ENGINES.get(cls.name)
-        if have is not None and type(have).__qualname__ != cls.__qualname__:
-            raise ValueError(f"engine {cls.name!r} is already registered by {type(have).__name__}")
+        check_unclaimed(None if have is None else type(have), cls, "engine", cls.name)
         _ENGINES[cls.name] = cls()
     return cls
 

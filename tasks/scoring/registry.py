@@ -21,6 +21,8 @@ from collections.abc import Callable
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from tasks.core.registries import check_unclaimed
+
 if TYPE_CHECKING:
     from tasks.scoring.validate import Verdict
 
@@ -47,9 +49,7 @@ def validator(name: str) -> Callable[[type[Validator]], type[Validator]]:
     another class already has it."""
 
     def register(cls: type[Validator]) -> type[Validator]:
-        known = _VALIDATORS.get(name)
-        if known is not None and known.__qualname__ != cls.__qualname__:
-            raise ValueError(f"validator kind {name!r} is already registered ({known.__module__})")
+        check_unclaimed(_VALIDATORS.get(name), cls, "validator kind", name)
         cls.name = name
         _VALIDATORS[name] = cls
         return cls
