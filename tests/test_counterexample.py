@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 from schemas.equivalence import FinderBudget, MatchOptions, QueryPair
-from tasks.equivalence.counterexample import ddmin, find_counterexample
+from tasks.equivalence.counterexample import find_counterexample
 from tasks.equivalence.instance_generator import InstanceGenerator, cascade
 from tasks.equivalence.instances import (
     InstanceDB,
@@ -18,6 +18,7 @@ from tasks.equivalence.instances import (
     SchemaError,
     parse_query,
 )
+from tasks.equivalence.shrinking import ddmin
 from tasks.equivalence.value_domains import _Analysis, build_domains
 from tasks.equivalence.verification import render_instance, verify_counterexample
 
