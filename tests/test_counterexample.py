@@ -12,8 +12,8 @@ import pytest
 from schemas.equivalence import FinderBudget, MatchOptions, QueryPair
 from tasks.equivalence.counterexample import find_counterexample
 from tasks.equivalence.instance_generator import InstanceGenerator, cascade
+from tasks.equivalence.instance_db import InstanceDB
 from tasks.equivalence.instances import (
-    InstanceDB,
     RelSchema,
     SchemaError,
     parse_query,

@@ -99,7 +99,6 @@ from tasks.equivalence.instances import (
     EngineChoice,
     EngineQuery,
     Instance,
-    InstanceDB,
     Outcome,
     RelSchema,
     SchemaError,
@@ -112,6 +111,7 @@ from tasks.equivalence.instances import (
 )
 from tasks.equivalence.sql_dialects import read_query, sqlglot_dialect
 from tasks.equivalence.finder_result import FinderResult
+from tasks.equivalence.instance_db import InstanceDB
 from tasks.equivalence.instance_generator import InstanceGenerator
 from tasks.equivalence.shrinking import _instance_key, _shrink
 from tasks.equivalence.value_domains import _Analysis, build_domains
