@@ -16,7 +16,7 @@ Artifacts of one built dataset live under ``<root>/datasets/<name>/<version>/``:
 - ``scoring.json`` — the **private scoring file**, read only by scorer-side code
   (:mod:`tasks.scoring.stage`: validators, failure modes, the report) and the trusted oracle:
   per query its ground truth, validator, reference solution and ``requires`` annotation, plus
-  the canonical table URIs and the spec file name (see :func:`tasks.scoring.stage.scoring_uri`);
+  the canonical table URIs and the spec file name (see :func:`tasks.scoring.scoring_file.scoring_uri`);
   ``scoring/<digest>.json`` the content-addressed copies of every scoring the data version
   had (the manifest's ``scoring_digest`` names the current one).
 
@@ -550,7 +550,7 @@ def build_dataset_artifacts(
     exact version exist in the current layout (and not ``force``) nothing is rebuilt. Raises
     SpecError naming file and field for a broken spec or a missing source file.
     """
-    from tasks.scoring.stage import is_current_dataset, replace_scoring, split_manifest
+    from tasks.scoring.scoring_file import is_current_dataset, replace_scoring, split_manifest
 
     spec, version, canonical = extract_canonical(spec_file, source_dir)
     prefix = dataset_prefix(artifacts_root, spec.name, version)

@@ -18,15 +18,9 @@ from tasks.text2sql.sql_feature_types import SchemaIndex, SQLFeatureError, SQLFe
 
 
 _RENDER = {"dialect": "postgres", "normalize_functions": "lower"}
-
-
 # Func subclasses that are not function calls: CASE, EXISTS, AND/OR/XOR, COLLATE
 _NOT_FUNCTIONS = (exp.Case, exp.Exists, exp.Connector, exp.Collate)
-
-
 _SUBQUERY_PLACEHOLDER = "(subquery)"
-
-
 # comparison flipped when its sides are swapped into canonical order
 _FLIP = {
     exp.EQ: exp.EQ,
