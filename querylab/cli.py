@@ -482,7 +482,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from schemas.artifacts import ArtifactSchemaError
     from tasks.core.llm import AgentConfigError
     from tasks.core.runs import RunError
-    from tasks.scoring.stage import ScoringError
+    from tasks.scoring.scoring_file import ScoringError
     from tasks.datasets.spec import SpecError
     from tasks.core.storage import StorageError
 

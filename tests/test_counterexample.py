@@ -10,14 +10,15 @@ import duckdb
 import pytest
 
 from schemas.equivalence import FinderBudget, MatchOptions, QueryPair
-from tasks.equivalence.counterexample import ddmin, find_counterexample
+from tasks.equivalence.counterexample import find_counterexample
 from tasks.equivalence.instance_generator import InstanceGenerator, cascade
+from tasks.equivalence.instance_db import InstanceDB
 from tasks.equivalence.instances import (
-    InstanceDB,
     RelSchema,
     SchemaError,
     parse_query,
 )
+from tasks.equivalence.shrinking import ddmin
 from tasks.equivalence.value_domains import _Analysis, build_domains
 from tasks.equivalence.verification import render_instance, verify_counterexample
 

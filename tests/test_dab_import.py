@@ -29,7 +29,8 @@ from tasks.datasets.dab_import import (
     run_validate_script,
 )
 from tasks.db.engines import open_databases
-from tasks.scoring.stage import load_scoring, score_rows, summarise, scores_frame
+from tasks.scoring.scoring_file import load_scoring
+from tasks.scoring.stage import score_rows, summarise, scores_frame
 from tests.fakes.dab import make_dab_checkout, make_dab_suite
 
 

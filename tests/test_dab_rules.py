@@ -27,7 +27,8 @@ from tasks.scoring.dab_rules import (
     pass_at_k,
 )
 from tasks.agents.replay import ReplayError, answers_for, load_answers
-from tasks.scoring.stage import load_scoring, score_rows
+from tasks.scoring.scoring_file import load_scoring
+from tasks.scoring.stage import score_rows
 from tasks.trials.stage import AgentConfigError, agent_options, check_agents, plan_batches
 from tests.fakes.dab import make_dab_suite, scoring_only_copy, write_answer_file
 from tests.fakes.hostile import register_model

@@ -20,7 +20,7 @@ from tasks.datasets.build import build_dataset_artifacts, dataset_prefix
 from tasks.db.engines import ensure_loaded, open_databases
 from tasks.datasets.spec import load_spec, spec_path
 from tasks.agents.tools import ToolBox
-from tasks.scoring.stage import full_manifest
+from tasks.scoring.scoring_file import full_manifest
 from tasks.scoring.validate import check_answer, is_correct, normalise
 from tests.conftest import SHARED_DATA
 

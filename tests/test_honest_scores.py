@@ -20,13 +20,8 @@ from schemas import artifacts
 from tasks.core import storage
 from tasks.core.llm import preflight, resolve_model
 from tasks.report.stage import report_run
-from tasks.scoring.stage import (
-    PRIVATE_QUERY_KEYS,
-    full_manifest,
-    load_scoring,
-    score_run,
-    scoring_uri,
-)
+from tasks.scoring.scoring_file import PRIVATE_QUERY_KEYS, full_manifest, load_scoring, scoring_uri
+from tasks.scoring.stage import score_run
 from tasks.trials.stage import combine_trials, run_trial_batch
 from tests.fakes.openai_server import (
     ScriptedOpenAIServer,

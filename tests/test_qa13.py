@@ -542,7 +542,7 @@ def test_scoring_is_tamper_evident_and_rescore_follows_the_spec(tmp_path, own_st
     import tasks.datasets.spec
     from querylab.cli import main
     from tasks.core import runs
-    from tasks.scoring.stage import load_scoring, pinned_scoring_uri, scoring_uri
+    from tasks.scoring.scoring_file import load_scoring, pinned_scoring_uri, scoring_uri
     from tasks.report.viewer import viewer_data
     from tests.test_honest_scores import fixed_ground_truth
 

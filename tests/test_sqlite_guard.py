@@ -1,7 +1,7 @@
 """The one guarded SQLite executor (:mod:`tasks.db.sqlite_guard`) under hostile SQL, on every path
 that runs untrusted SQL on SQLite: the lifecycle suite (``run_readonly``, and a model's answer
 through the real lifecycle runner over HTTP), Spider EX (``run_sqlite``), the equivalence
-instance databases (``instances.InstanceDB``) and the agents' query tool (``SQLiteDatabase``)."""
+instance databases (``instance_db.InstanceDB``) and the agents' query tool (``SQLiteDatabase``)."""
 
 from __future__ import annotations
 
@@ -125,7 +125,8 @@ def test_agent_query_tool_is_the_same_guard(db, tmp_path):
 
 
 def test_instance_sandbox_runs_queries_read_only_and_still_loads(tmp_path):
-    from tasks.equivalence.instances import InstanceDB, RelSchema
+    from tasks.equivalence.instance_db import InstanceDB
+    from tasks.equivalence.instances import RelSchema
 
     schema = RelSchema.from_ddl("CREATE TABLE t (a INT PRIMARY KEY, b INT)", "sqlite")
     with InstanceDB(schema, ["t"], "sqlite", query_timeout_s=0.2) as box:
@@ -197,7 +198,8 @@ def test_model_answer_over_http_cannot_touch_the_lifecycle_database(tmp_path, mo
 def test_duckdb_instances_refuse_files_extensions_and_settings(tmp_path):
     """The finder's DuckDB instances run a pair's (possibly a model's) SQL with no file,
     extension or network access, and the SQL cannot turn that back on."""
-    from tasks.equivalence.instances import InstanceDB, RelSchema
+    from tasks.equivalence.instance_db import InstanceDB
+    from tasks.equivalence.instances import RelSchema
 
     schema = RelSchema.from_ddl("CREATE TABLE t (a INT PRIMARY KEY, b INT)", "duckdb")
     out_file, db_file = tmp_path / "out.csv", tmp_path / "x.db"

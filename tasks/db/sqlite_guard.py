@@ -3,7 +3,7 @@
 Every place that runs such SQL on SQLite goes through :func:`guarded` (the agents' query tool,
 :func:`tasks.db.databases.sqlite_run_local`; Spider EX, :func:`tasks.text2sql.spider.run_sqlite`; the
 lifecycle suite, :func:`tasks.lifecycle.schema.run_readonly`; the equivalence instance
-databases, :meth:`tasks.equivalence.instances.InstanceDB.run`, through a :class:`ReadGate`). For the
+databases, :meth:`tasks.equivalence.instance_db.InstanceDB.run`, through a :class:`ReadGate`). For the
 duration of one query it puts on the connection:
 
 - an authorizer that allows only reads (``SELECT``, reading a column, calling a function, a

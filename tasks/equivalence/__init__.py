@@ -1,1 +1,1 @@
-"""SQL equivalence: LLM judges, the counterexample finder (small database instances, relational schemas from DDL, dialects, result outcomes) and the equivalence stage."""
+"""SQL equivalence: LLM judges, the counterexample finder (its search, shrinking and result; small database instances and the instance databases they load into; relational schemas from DDL, dialects; the arbitrary choices a query's SQL leaves to the engine, its query plan and result outcomes) and the equivalence stage."""

@@ -1,1 +1,1 @@
-"""Text-to-SQL: generation with database validation and error-feedback retries, SQL corpora (TPC-DS, Spider, BIRD), Spider execution accuracy (EX) and SQL structural features."""
+"""Text-to-SQL: generation with database validation and error-feedback retries, SQL corpora (TPC-DS, Spider, BIRD), Spider execution accuracy (EX) and SQL structural features (their extraction and value types)."""
