@@ -124,7 +124,7 @@ def db_path(databases: dict, db_id: str, variant: str = "original") -> Path:
 
 
 def _extract_sql(text: str | None) -> str:
-    from tasks.text2sql.stage import extract_sql
+    from tasks.text2sql.generators import extract_sql
 
     return extract_sql(text)
 
