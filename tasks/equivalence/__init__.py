@@ -1,1 +1,1 @@
-"""SQL equivalence: LLM judges, the counterexample finder (small database instances, relational schemas from DDL, dialects, result outcomes) and the equivalence stage."""
+"""SQL equivalence: LLM judges (``judges``), the counterexample finder (``counterexample``: small database instances, relational schemas from DDL, dialects, result outcomes, verification) and the equivalence stage — query pairs (``pairs``), the methods and one row per pair × method (``methods``), the mapped batches (``stage``) and the tables (``tables``)."""
