@@ -31,7 +31,7 @@ BUDGET = FinderBudget(max_instances=300, time_limit_s=120)
 
 def _schema(pair: dict) -> RelSchema:
     p = QueryPair.model_validate(pair)
-    from tasks.equivalence.stage import pair_schema
+    from tasks.equivalence.pairs import pair_schema
 
     return pair_schema(p)
 

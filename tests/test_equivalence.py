@@ -14,17 +14,13 @@ import polars as pl
 import pytest
 
 from schemas.equivalence import EquivalenceOptions, MatchOptions, QueryPair
-from tasks.equivalence.stage import (
-    PairsError,
+from tasks.equivalence.methods import evaluate, execution_match, parse_method
+from tasks.equivalence.pairs import PairsError, load_pairs, resolve_db
+from tasks.equivalence.stage import plan_equivalence_batches
+from tasks.equivalence.tables import (
     accuracy_table,
     agreement_table,
     counterexample_table,
-    evaluate,
-    execution_match,
-    load_pairs,
-    parse_method,
-    plan_equivalence_batches,
-    resolve_db,
     time_table,
 )
 from tests.fakes.openai_server import ScriptedOpenAIServer, message
@@ -441,7 +437,7 @@ def test_execution_match_warns_when_every_result_is_empty(tmp_path, caplog):
     assert details["all_empty"] is True and "every compared result is empty" in details["warnings"][0]
     assert "WARNING" in row["explanation"] and "every compared result is empty" in caplog.text
     df = pl.DataFrame([{**row, "run_id": "r"}])
-    from tasks.equivalence.stage import empty_result_pairs
+    from tasks.equivalence.tables import empty_result_pairs
 
     assert empty_result_pairs(df) == ["p"]
 

@@ -125,7 +125,7 @@ def test_every_spelling_of_now_is_the_same_instant(tmp_path):
     con = duckdb.connect(str(db))
     con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1), (2)")
     con.close()
-    from tasks.equivalence.stage import execution_match
+    from tasks.equivalence.methods import execution_match
 
     row = execution_match(QueryPair(id="now", sql1="SELECT id, current_timestamp FROM t",
                                     sql2="SELECT id, get_current_timestamp() FROM t", dialect="duckdb", db=str(db)))
@@ -512,12 +512,12 @@ def _row(pair_id, method, verdict, label=None, error=None, notion="semantic", **
 def test_tables_name_errors_skips_and_count_exec_match_databases(tmp_path):
     from schemas import equivalence as eqs
     from tasks.core import storage
-    from tasks.equivalence.stage import (
-        SKIPPED_NO_DB,
+    from tasks.equivalence.methods import SKIPPED_NO_DB
+    from tasks.equivalence.stage import stage_prefix
+    from tasks.equivalence.tables import (
         counterexample_table,
         equivalence_tables,
         label_agreement_table,
-        stage_prefix,
     )
 
     rows = [
@@ -546,7 +546,7 @@ def test_tables_name_errors_skips_and_count_exec_match_databases(tmp_path):
 def test_execution_match_shows_the_differing_rows(tmp_path):
     import sqlite3
 
-    from tasks.equivalence.stage import execution_match
+    from tasks.equivalence.methods import execution_match
 
     db = tmp_path / "hr.sqlite"
     con = sqlite3.connect(db)
@@ -588,7 +588,7 @@ def test_render_instance_emits_enum_types_for_postgres():
 def test_execution_match_does_not_call_a_tie_a_counterexample(tmp_path):
     import sqlite3
 
-    from tasks.equivalence.stage import execution_match
+    from tasks.equivalence.methods import execution_match
 
     db = tmp_path / "ties.sqlite"
     con = sqlite3.connect(db)

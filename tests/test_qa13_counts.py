@@ -452,7 +452,8 @@ def test_text2sql_validation_runs_as_the_read_only_role(pg_server_url, monkeypat
     the cast error would show the file) is refused before PostgreSQL sees it, a plain call of
     pg_read_file is denied, and a real query still validates."""
     from schemas.settings import Settings
-    from tasks.text2sql.stage import PostgresValidator, generate_with_validation, tpcds_validator_dsn
+    from tasks.text2sql.generators import generate_with_validation
+    from tasks.text2sql.validation import PostgresValidator, tpcds_validator_dsn
     from tests.test_text2sql import VALID, _generator, price_model
 
     leak = "ANALYZE SELECT CAST(pg_read_file('/etc/os-release') AS int)"

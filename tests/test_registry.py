@@ -21,7 +21,7 @@ from tasks.scoring.validate import check_answer
 
 def test_every_suite_parses_specs_through_one_registry():
     from tasks.lifecycle.agents import check_agent_spec
-    from tasks.text2sql.stage import GeneratorConfigError, check_generator_spec
+    from tasks.text2sql.generators import GeneratorConfigError, check_generator_spec
     from tasks.trials.stage import parse_agent
 
     assert kind_names()[:4] == ["oracle", "openai", "local", "replay"]

@@ -18,7 +18,7 @@ text, PAD SPACE, ``/`` scale), other dialects on DuckDB — every such reading i
 
 Used by the counterexample finder (:mod:`tasks.equivalence.counterexample`), by the LLM judges
 (:mod:`tasks.equivalence.judges`, to execute a counterexample a model proposes) and by the equivalence
-tasks (:mod:`tasks.equivalence.stage`).
+methods (:mod:`tasks.equivalence.methods`).
 
 An *instance* is ``{table_name_lowercase: [row_tuple, ...]}`` with values in the table's column
 order: ``None`` for NULL, ``int``/``float``/``str``/``bool``; dates and timestamps are ISO strings
