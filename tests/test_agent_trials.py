@@ -99,6 +99,7 @@ def test_multi_step_trajectory_cost_and_llm_calls(tmp_path, manifest_uri, priced
     assert t["cached_tokens"] == 4500 and t["prompt_tokens"] == 7200 and t["completion_tokens"] == 210
 
 
+@pytest.mark.slow
 def test_parallel_calls_malformed_json_and_unknown_tool(tmp_path, manifest_uri, priced_model):
     script = [
         tool_calls(

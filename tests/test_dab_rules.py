@@ -104,6 +104,7 @@ def test_leaderboard_figure_averages_queries_then_datasets():
 # -- scoring rules --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dab_scoring_rules(imported):
     scoring = load_scoring(imported["tinyshop"])
     base = {"run_id": "r", "agent": "a", "dataset": "tinyshop", "query_id": "query1",

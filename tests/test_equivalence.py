@@ -461,6 +461,7 @@ def test_finder_rows_carry_readings_type_errors_and_error_on_instance():
     assert details["one_sided_errors"] > 0 and "Conversion Error" in row["error"]
 
 
+@pytest.mark.slow
 def test_cli_find_acceptance_commands(capsys):
     argv = ["equivalence", "find", "--schema",
             ("CREATE TABLE `emp` (`empno` int primary key not null, `deptno` int not null); "

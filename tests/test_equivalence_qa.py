@@ -49,6 +49,7 @@ def find(sql1, sql2, ddl=T, dialect="duckdb", budget=FAST, **kw):
     ("SELECT id FROM t ORDER BY a LIMIT 3", "SELECT id FROM t ORDER BY a, id DESC LIMIT 3"),
     ("SELECT b FROM t ORDER BY a LIMIT 2", "SELECT b FROM t ORDER BY a, b DESC LIMIT 2"),
 ])
+@pytest.mark.slow
 def test_ties_under_order_by_are_no_counterexample(dialect, sql1, sql2):
     res = find(sql1, sql2, dialect=dialect)
     assert res.verdict == "nondeterministic", res.summary()
@@ -81,6 +82,7 @@ def test_the_reported_tie_databases_do_not_verify():
     ("SELECT id FROM t ORDER BY a LIMIT 2",
      "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (ORDER BY a, b) rn FROM t) z WHERE rn <= 2", T, "duckdb"),
 ])
+@pytest.mark.slow
 def test_arbitrary_choices_are_no_counterexample(sql1, sql2, ddl, dialect):
     res = find(sql1, sql2, ddl, dialect)
     assert res.verdict != "not_equivalent", res.summary()
@@ -104,6 +106,7 @@ def test_deterministic_parts_still_separate():
 # -- C3 / C4: volatile functions, floats ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_now_is_one_instant_for_both_queries():
     res = find("SELECT id, now() FROM t", "SELECT id, now() FROM t", budget=SMALL)
     assert res.verdict == "no_counterexample_within_budget", res.summary()
@@ -115,6 +118,7 @@ def test_now_is_one_instant_for_both_queries():
     assert res.verdict == "not_equivalent"  # a frozen now() still has a boundary
 
 
+@pytest.mark.slow
 def test_every_spelling_of_now_is_the_same_instant(tmp_path):
     """DuckDB's ``get_current_timestamp()`` / ``current_localtimestamp()`` are ``now()`` too,
     in the finder and in execution match."""
@@ -191,6 +195,7 @@ def test_postgres_schema_clauses_on_the_server(pg_server_url):
     ("SELECT id FROM t WHERE s = 'ab'", "SELECT id FROM t WHERE s = 'ab '"),
     ("SELECT a / 3 FROM t", "SELECT ROUND(a / 3, 4) FROM t"),
 ])
+@pytest.mark.slow
 def test_mysql_approximation_is_stated_and_hides_no_known_difference(sql1, sql2):
     res = find(sql1, sql2, TM, "mysql", budget=SMALL)
     assert res.verdict != "not_equivalent", res.summary()
@@ -277,6 +282,7 @@ def test_key_syntax_of_every_dialect_is_read():
     assert dump.table("emp").primary_key == ("id",)
 
 
+@pytest.mark.slow
 def test_declared_types_bound_the_values():
     schema = RelSchema.from_ddl("CREATE TABLE `t` (`id` int PRIMARY KEY, `tags` set('x','y'), "
                                 "`e` enum('a','b'), `s` varchar(1), `u` tinyint unsigned, `m` decimal(3,1))",
@@ -294,6 +300,7 @@ def test_declared_types_bound_the_values():
         assert res.verdict == "no_counterexample_within_budget", (sql1, res.summary())
 
 
+@pytest.mark.slow
 def test_generated_columns_keep_their_expression():
     for ddl in (("CREATE TABLE `t` (`id` int NOT NULL, `a` int NOT NULL, `b` int NOT NULL, `c` int "
                 "GENERATED ALWAYS AS (`a` + `b`) STORED, PRIMARY KEY (`id`))"),
@@ -370,6 +377,7 @@ def test_wide_results_compare_without_walking_every_permutation():
     assert res.verdict == "not_equivalent"
 
 
+@pytest.mark.slow
 def test_a_query_timeout_is_a_timeout_not_an_error():
     res = find("SELECT COUNT(*) FROM t t1, t t2, t t3, t t4, t t5, t t6, t t7",
                "SELECT COUNT(*) * COUNT(*) * COUNT(*) * COUNT(*) * COUNT(*) * COUNT(*) * COUNT(*) FROM t",
@@ -387,6 +395,7 @@ def test_a_run_that_hits_its_time_limit_says_so():
     assert any("stopped at its time limit" in n for n in res.notes)
 
 
+@pytest.mark.slow
 def test_foreign_key_cycles_and_self_references():
     cycle = ("CREATE TABLE dept (deptno INT PRIMARY KEY, mgr INT REFERENCES emp(empno)); "
              "CREATE TABLE emp (empno INT PRIMARY KEY, deptno INT REFERENCES dept(deptno), sal INT);")
@@ -427,6 +436,7 @@ def test_foreign_key_cycles_verify_on_sqlite_and_postgres(pg_server_url):
     ("SELECT id FROM t WHERE length(s) > 5", "SELECT id FROM t WHERE length(s) > 6", T),
     ("SELECT id FROM t WHERE trim(s) = 'a'", "SELECT id FROM t WHERE s = 'a'", T),
 ])
+@pytest.mark.slow
 def test_boundaries_that_were_missed(sql1, sql2, ddl):
     res = find(sql1, sql2, ddl)
     assert res.verdict == "not_equivalent" and res.verified, res.summary()
@@ -456,6 +466,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=300, env={**os.environ}, check=False)
 
 
+@pytest.mark.slow
 def test_cli_long_schema_bad_json_and_statements_are_one_line_errors():
     long_ddl = "CREATE TABLE t (id INTEGER PRIMARY KEY, " + ", ".join(f"c{i} INT" for i in range(60)) + ")"
     out = _cli("equivalence", "find", "--schema", long_ddl, "--sql1", "SELECT id FROM t",
@@ -467,6 +478,7 @@ def test_cli_long_schema_bad_json_and_statements_are_one_line_errors():
     assert "is a DELETE statement, not a query" in out.stdout
 
 
+@pytest.mark.slow
 def test_find_does_not_import_prefect():
     code = ("import sys\nfrom querylab.cli import main\n"
             "for argv in (['equivalence', 'find', '--help'], ['equivalence', 'find', '--schema', "

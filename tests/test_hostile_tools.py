@@ -77,6 +77,7 @@ def test_rerun_of_a_hostile_batch_replays_the_cache_and_finishes(tmp_path, stock
     assert after == before
 
 
+@pytest.mark.slow
 def test_sqlite_and_duckdb_attacks_are_blocked(tmp_path, stocks_uri, monkeypatch, short_limits):
     payloads = hostile.sqlite_payloads() + hostile.duckdb_payloads()
     verdicts, _ = _run(payloads, stocks_uri, STOCKS_QUERY, tmp_path, "sql", monkeypatch)

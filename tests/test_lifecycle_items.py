@@ -84,6 +84,7 @@ def test_databases_manifest(databases):
             assert run_sqlite(path, f'SELECT count(*) FROM "{t.name}"') == n_o, (v, t.name)
 
 
+@pytest.mark.slow
 def test_design_items_from_real_schemas(items, databases):
     design, manifest = items["design"]
     # k = 1..5 tables for 4 databases, but pets_1 has 3 tables and concert_singer 4
@@ -236,6 +237,7 @@ def test_reasoning_graph_shape():
     assert "[n1]" in sub[1]["description"] and sub[-1]["depends_on"] == ["n2"]
 
 
+@pytest.mark.slow
 def test_perturbation_levels_reproducible_from_seed(items, databases, config):
     prog, _ = items["progressive"]
     again, _ = generate_phase_items("progressive", databases, config)
@@ -278,6 +280,7 @@ def test_every_debug_item_fails_before_and_its_reference_executes(items, databas
         run_sqlite(path, ref["sql"])  # the reference correction executes
 
 
+@pytest.mark.slow
 def test_dml_items_are_checked_by_state(items, databases):
     dml, _ = items["dml"]
     assert {it["reference"]["template"] for it in dml} >= {"update_by_key", "delete_by_value"}

@@ -54,6 +54,7 @@ def setup(tmp_path_factory):
     return cfg, dbs, items
 
 
+@pytest.mark.slow
 def test_oracle_scores_one_on_every_phase(setup):
     cfg, dbs, items = setup
     ctx = RunContext(dbs, cfg)

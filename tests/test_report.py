@@ -327,6 +327,7 @@ def test_report_from_artifacts_alone(tmp_path):
     assert out["prefect_artifacts"] == []  # not inside a flow run
 
 
+@pytest.mark.slow
 def test_llm_calls_feed_cache_and_retries(tmp_path):
     root = str(tmp_path)
     write_run(root, llm_calls=True)
@@ -369,6 +370,7 @@ def test_parse_judge_reply():
     assert "Q?" in prompt and "42" in prompt and "(no tool calls)" in prompt and "a.b" in prompt
 
 
+@pytest.mark.slow
 def test_judge_stage_over_http(tmp_path):
     root = str(tmp_path)
     write_run(root)

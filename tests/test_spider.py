@@ -35,6 +35,7 @@ def gold():
     return load_corpus(SPIDER_GOLD)
 
 
+@pytest.mark.slow
 def test_builds_the_20_dev_databases_with_their_data(spider_dbs):
     assert len(spider_dbs) == 20
     conn = sqlite3.connect(spider_dbs["world_1"])
@@ -86,6 +87,7 @@ def test_bad_sources_are_clear_errors(tmp_path):
         build_spider_databases(tmp_path, tmp_path / "out", ["nope"])
 
 
+@pytest.mark.slow
 def test_gold_predictions_score_one_minus_missing_data(spider_dbs, gold):
     scores = score_execution_accuracy([q.sql for q in gold], gold, spider_dbs)
     summary = execution_accuracy_summary(scores)
