@@ -133,6 +133,7 @@ def test_parallel_calls_malformed_json_and_unknown_tool(tmp_path, manifest_uri, 
     assert stdout["stdout"].split()[1] == "True"
 
 
+@pytest.mark.slow
 def test_429_then_success_and_500_forever_in_one_batch(tmp_path, manifest_uri, priced_model):
     script = [
         # trial 0: rate limited once, then answers

@@ -446,6 +446,7 @@ def test_execution_match_warns_when_every_result_is_empty(tmp_path, caplog):
     assert empty_result_pairs(df) == ["p"]
 
 
+@pytest.mark.slow
 def test_finder_rows_carry_readings_type_errors_and_error_on_instance():
     pair = QueryPair.model_validate({
         "id": "dname", "dialect": "mysql",

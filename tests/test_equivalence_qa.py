@@ -89,6 +89,7 @@ def test_arbitrary_choices_are_no_counterexample(sql1, sql2, ddl, dialect):
     assert res.verdict == "nondeterministic" and res.choices, res.summary()
 
 
+@pytest.mark.slow
 def test_deterministic_parts_still_separate():
     # the COUNT column differs whatever order STRING_AGG concatenates in
     res = find("SELECT COUNT(*) AS n, STRING_AGG(s, ',') AS l FROM t",
@@ -136,11 +137,13 @@ def test_every_spelling_of_now_is_the_same_instant(tmp_path):
     assert row["verdict"] == "equivalent", row
 
 
+@pytest.mark.slow
 def test_random_is_never_a_counterexample():
     res = find("SELECT id, random() FROM t", "SELECT id, random() FROM t", budget=SMALL)
     assert res.verdict != "not_equivalent"
 
 
+@pytest.mark.slow
 def test_floats_one_ulp_apart_are_equal():
     assert results_match([(0.050001500000000004,)], [(0.0500015,)])
     assert not results_match([(1.0,)], [(1.0000001,)])
@@ -208,6 +211,7 @@ def test_mysql_binary_collation_is_case_sensitive():
     assert res.verdict == "not_equivalent"
 
 
+@pytest.mark.slow
 def test_mysql_pipes_between_numbers_is_or():
     ddl = "CREATE TABLE `u` (`id` int PRIMARY KEY, `a` int, `b` int)"
     res = find("SELECT a || b FROM u", "SELECT a OR b FROM u", ddl, "mysql", budget=SMALL)
@@ -318,6 +322,7 @@ def test_generated_columns_keep_their_expression():
     ("mysql", ("CREATE TABLE `t` (`id` int PRIMARY KEY, `a` int NOT NULL, `b` int NOT NULL, "
                "`c` int GENERATED ALWAYS AS (`a` + `b`))")),
 ])
+@pytest.mark.slow
 def test_generated_columns_without_virtual_or_stored_keep_their_expression(dialect, ddl):
     """``GENERATED ALWAYS AS (expr)`` with neither VIRTUAL nor STORED (DuckDB's usual form,
     MySQL's default VIRTUAL) is a generated column, not an identity clause to skip."""
@@ -354,6 +359,7 @@ def test_unique_indexes_on_expressions_and_partial_ones_bind_the_instances(diale
         RelSchema.from_ddl("CREATE TABLE t (a int); CREATE UNIQUE INDEX u ON t (lower(z))", dialect)
 
 
+@pytest.mark.slow
 def test_a_check_the_engine_cannot_evaluate_certifies_no_counterexample():
     """A CHECK the engine cannot create (a function it lacks) is not enforced: a database the
     queries differ on may break it, so it is no counterexample — the verdict is an error naming
@@ -622,6 +628,7 @@ def test_execution_match_does_not_call_a_tie_a_counterexample(tmp_path):
     assert out["verdict"] == "not_equivalent" and out["verified"]
 
 
+@pytest.mark.slow
 def test_mysql_prefix_keys_bind_the_prefix():
     schema = RelSchema.from_ddl("CREATE TABLE `t` (`id` int PRIMARY KEY, `ename` varchar(20), "
                                 "UNIQUE KEY uk (`ename`(3)))")

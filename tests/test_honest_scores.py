@@ -490,6 +490,7 @@ def test_unreachable_endpoint_run_fails_fast_before_building(tmp_path):
     assert not (tmp_path / "artifacts").exists() and not (tmp_path / "home").exists()
 
 
+@pytest.mark.slow
 def test_named_endpoint_overrides_the_models_table(tmp_path, manifest_uri, monkeypatch, caplog):
     from tasks.core.llm import endpoint_warning
     from tasks.trials.stage import check_agents

@@ -49,6 +49,7 @@ def _stop(child: subprocess.Popen) -> None:
     child.wait(10)
 
 
+@pytest.mark.slow
 def test_a_live_holder_is_refused_at_once_and_named(tmp_path):
     root = str(tmp_path / "art")
     child = _hold(root, "r1")

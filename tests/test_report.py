@@ -237,6 +237,7 @@ def make_report(root: str, run_id: str = "hand") -> tuple[dict, dict]:
     return tables, render_report.fn(run_id, root, tables)
 
 
+@pytest.mark.slow
 def test_report_from_artifacts_alone(tmp_path):
     root = str(tmp_path)
     write_run(root)
@@ -345,6 +346,7 @@ def test_llm_calls_feed_cache_and_retries(tmp_path):
     assert m_all["prompt_cache_share"] == pytest.approx(0.4)
 
 
+@pytest.mark.slow
 def test_missing_manifest_and_missing_run(tmp_path):
     root = str(tmp_path)
     write_run(root, manifest=False)
@@ -438,6 +440,7 @@ def test_judge_stage_over_http(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_report_cli_with_judge_needs_no_prefect(tmp_path, capsys, monkeypatch):
     from querylab.cmd_report import register
 

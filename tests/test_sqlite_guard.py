@@ -185,6 +185,7 @@ def test_instance_sandbox_runs_queries_read_only_and_still_loads(tmp_path):
     assert not (tmp_path / "attached.db").exists()
 
 
+@pytest.mark.slow
 def test_model_answer_over_http_cannot_touch_the_lifecycle_database(tmp_path, monkeypatch):
     """A model's Text2SQL answers (real HTTP, the scripted server) attack the database; each is
     a wrong answer with SQLite's refusal, and the database file is unchanged."""
