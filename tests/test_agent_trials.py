@@ -161,6 +161,7 @@ def test_429_then_success_and_500_forever_in_one_batch(tmp_path, manifest_uri, p
     assert llm["cost_usd"][1] == 0 and llm["cost_usd"][0] > 0
 
 
+@pytest.mark.slow
 def test_slow_response_past_the_timeout(tmp_path, manifest_uri, priced_model):
     script = [delay(2.0, tool_calls(("return_answer", {"answer": "Apple"}))),
               tool_calls(("return_answer", {"answer": "Facebook"}))]

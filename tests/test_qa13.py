@@ -450,6 +450,7 @@ def test_network_and_process_attempts_are_seen_at_run_time(tmp_path, stocks_uri,
 # -- C5: shotgun answers -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shotgun_answers_are_wrong_and_flagged(tmp_path, stocks_uri, model):
     """C5: "Candidates: 0.0 0.5 … 100.0" used to be correct for a number query (one of them
     was within the tolerance) and "Apple, Facebook, Google, IBM, Microsoft" for a which-company

@@ -490,6 +490,7 @@ def test_report_flow_publishes_prefect_artifacts(tmp_path, prefect_harness):
     assert kinds["querylab-errored-trials-flow-hand"] == "table"
 
 
+@pytest.mark.slow
 def test_empty_run_still_reports(tmp_path):
     root = str(tmp_path)
     storage.write_parquet(
