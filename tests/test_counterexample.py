@@ -118,6 +118,7 @@ def test_arbitrary_choice_among_ties_is_not_a_counterexample():
     assert res.verdict == "no_counterexample_within_budget", res.summary()
 
 
+@pytest.mark.slow
 def test_budget_is_respected_and_reported():
     pair = REWRITES[0]
     res = find_counterexample(pair["sql1"], pair["sql2"], _schema(pair),

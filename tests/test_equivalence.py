@@ -442,6 +442,7 @@ def test_execution_match_warns_when_every_result_is_empty(tmp_path, caplog):
     assert empty_result_pairs(df) == ["p"]
 
 
+@pytest.mark.slow
 def test_finder_rows_carry_readings_type_errors_and_error_on_instance():
     pair = QueryPair.model_validate({
         "id": "dname", "dialect": "mysql",
@@ -457,6 +458,7 @@ def test_finder_rows_carry_readings_type_errors_and_error_on_instance():
     assert details["one_sided_errors"] > 0 and "Conversion Error" in row["error"]
 
 
+@pytest.mark.slow
 def test_cli_find_acceptance_commands(capsys):
     argv = ["equivalence", "find", "--schema",
             ("CREATE TABLE `emp` (`empno` int primary key not null, `deptno` int not null); "

@@ -65,6 +65,7 @@ def test_a_plugin_class_of_a_built_in_name_and_class_name_cannot_replace_it():
     assert parse_agent_spec("openai:m") == ("openai", "m")  # the built-in still answers
 
 
+@pytest.mark.slow
 def test_threads_asking_at_once_all_see_the_built_in_kinds():
     """A fresh process whose threads all parse a spec at once (as a Dask worker's do): before
     the registry held a lock while importing, the others saw it empty (IndexError in a CI run)."""
@@ -118,6 +119,7 @@ def toy_specs(tmp_path, monkeypatch):
     return data
 
 
+@pytest.mark.slow
 def test_toy_agent_and_toy_validator_run_end_to_end(toy_specs, tmp_path, capsys):
     from querylab.cli import main
 
