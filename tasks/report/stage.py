@@ -24,7 +24,6 @@ report says how to retry them. Nothing here imports Prefect unless a flow runs i
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 
 import polars as pl
@@ -51,7 +50,15 @@ from tasks.report.metrics import (
     pass_at_k_wide,
 )
 from tasks.core.prefect_task import task
-from tasks.report.html import Figure, Section, Table, markdown_table, render_html, render_markdown
+from tasks.report.html import (
+    Figure,
+    Section,
+    Table,
+    markdown_table,
+    render_html,
+    render_markdown,
+    slug,
+)
 from tasks.scoring.dab_rules import condition_notes
 from tasks.sandbox.session import sandbox_notes
 from tasks.scoring.stage import (
@@ -451,10 +458,6 @@ def _capped(df: pl.DataFrame, what: str) -> tuple[pl.DataFrame, str]:
     )
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:60] or "run"
-
-
 #: Longest question / answer / ground truth shown in a report example (characters).
 EXAMPLE_CHARS = 240
 #: The viewer's file name beside report.html (report examples link to ``viewer.html#trial=``).
@@ -834,8 +837,9 @@ def publish_prefect_artifacts(run_id: str, markdown: str, sections: list[Section
 
     if FlowRunContext.get() is None and TaskRunContext.get() is None:
         return []
-    slug = _slug(run_id)
-    key = f"querylab-report-{slug}"
+    # ids cut to 60 characters: the run's part survives the 100-character key limit
+    run_slug = slug(run_id, "run")[:60]
+    key = f"querylab-report-{run_slug}"
     create_markdown_artifact(
         markdown=markdown, key=key, description=f"querylab report for run {run_id}"
     )
@@ -843,7 +847,7 @@ def publish_prefect_artifacts(run_id: str, markdown: str, sections: list[Section
     for sec in sections:
         for block in sec.blocks:
             if isinstance(block, Table) and block.frame.height:
-                tkey = f"querylab-{_slug(block.title)}-{slug}"[:100].rstrip("-")
+                tkey = f"querylab-{slug(block.title)[:60]}-{run_slug}"[:100].rstrip("-")
                 rows = block.frame.with_columns(
                     pl.col(c).list.join(", ")
                     for c, t in block.frame.schema.items()
