@@ -373,7 +373,7 @@ def write_run(root: str, n_trials: int, calls_per_trial: int, chunk: int,
 
     from schemas import artifacts
     from tasks.core import storage
-    from tasks.report.stage import _trials_uri
+    from tasks.report.loaders import _trials_uri
     from tasks.scoring.stage import scores_uri
 
     outs = {
@@ -437,7 +437,7 @@ def main() -> None:
     import tempfile
 
     from tasks.core import storage
-    from tasks.report.stage import load_scored_trials, scan_llm_calls, scan_tool_calls
+    from tasks.report.loaders import load_scored_trials, scan_llm_calls, scan_tool_calls
 
     keep = args.data_dir is not None
     root = args.data_dir or tempfile.mkdtemp(prefix="querylab-bench-report-")

@@ -18,11 +18,11 @@ from schemas import artifacts
 from schemas import report as rs
 from tasks.core import storage
 from tasks.report.failure_judge import judge_prompt, parse_judge_reply
+from tasks.report.loaders import report_uri
 from tasks.report.stage import (
     compute_report_tables,
     judge_failure_modes,
     render_report,
-    report_uri,
 )
 from tests.fakes.openai_server import ScriptedOpenAIServer, error, message
 
