@@ -441,7 +441,7 @@ def classify_failures(
         "missing_sources",
         "missing_operations",
     )
-    return out.collect().sort("trial_key")
+    return out.sort("trial_key").collect(engine="streaming")
 
 
 def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
