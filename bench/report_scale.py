@@ -13,7 +13,8 @@ streaming scan, ``llm_calls`` scanned for the cost table, ``tool_calls`` never l
 table streams a lazy scan of it). Times include the reads; the peak RSS is this process's
 (generation excluded).
 
-Usage: ``.venv/bin/python bench/report_scale.py [--trials N] [--calls-per-trial 5]``. The last line
+Usage: ``.venv/bin/python bench/report_scale.py [--trials N] [--calls-per-trial 5]
+[--data-dir DIR]`` (``--data-dir`` keeps the generated run and reuses it next time). The last line
 is the figure: the slowest table's seconds, and the peak RSS.
 """
 
@@ -330,8 +331,12 @@ def _timed(label: str, fn, repeat: int) -> tuple[float, object]:
         out = fn()
         walls.append(time.perf_counter() - w)
         cpus.append(time.process_time() - c)
+    import resource
+
     runs = ", ".join(f"{w:.2f}" for w in walls)
-    print(f"{label:<24} best {min(walls):5.2f} s  (runs: {runs}; CPU {min(cpus):.2f} s)")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"{label:<24} best {min(walls):5.2f} s  (runs: {runs}; CPU {min(cpus):.2f} s; "
+          f"peak RSS so far {peak:.2f} GB)", flush=True)
     return min(walls), out
 
 
@@ -368,7 +373,7 @@ def write_run(root: str, n_trials: int, calls_per_trial: int, chunk: int,
 
     from schemas import artifacts
     from tasks.core import storage
-    from tasks.report.stage import _trials_uri
+    from tasks.report.loaders import _trials_uri
     from tasks.scoring.stage import scores_uri
 
     outs = {
@@ -415,6 +420,10 @@ def main() -> None:
     p.add_argument("--old-artifacts", action="store_true",
                    help="write tool_calls without the stored per-call features (as before "
                    "they existed): times the report's fallback path")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="keep the synthetic run in DIR and reuse it on later runs with the same "
+                   "--trials / --calls-per-trial / --old-artifacts (generating 10M trials takes "
+                   "minutes); without it a temporary directory is written and removed")
     p.add_argument("--generate", metavar="ROOT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.generate:  # the child process: write the synthetic run and exit
@@ -428,20 +437,32 @@ def main() -> None:
     import tempfile
 
     from tasks.core import storage
-    from tasks.report.stage import load_scored_trials, scan_llm_calls, scan_tool_calls
+    from tasks.report.loaders import load_scored_trials, scan_llm_calls, scan_tool_calls
 
-    root = tempfile.mkdtemp(prefix="querylab-bench-report-")
+    keep = args.data_dir is not None
+    root = args.data_dir or tempfile.mkdtemp(prefix="querylab-bench-report-")
+    # what the kept run was generated with: reused only when it matches
+    params = {"trials": args.trials, "calls_per_trial": args.calls_per_trial,
+              "old_artifacts": args.old_artifacts}
+    marker = Path(root) / "bench-params.json"
     try:
         start = time.perf_counter()
-        # written by a child process, so this process's peak RSS is the report's alone
-        subprocess.run([sys.executable, __file__, "--generate", root, "--trials",
-                        str(args.trials), "--calls-per-trial", str(args.calls_per_trial),
-                        "--chunk", str(args.chunk),
-                        *(["--old-artifacts"] if args.old_artifacts else [])], check=True)
+        if keep and marker.exists() and json.loads(marker.read_text()) == params:
+            verb = "reused from " + root
+        else:
+            if keep:
+                shutil.rmtree(root, ignore_errors=True)
+                Path(root).mkdir(parents=True)
+            # written by a child process, so this process's peak RSS is the report's alone
+            subprocess.run([sys.executable, __file__, "--generate", root, "--trials",
+                            str(args.trials), "--calls-per-trial", str(args.calls_per_trial),
+                            "--chunk", str(args.chunk),
+                            *(["--old-artifacts"] if args.old_artifacts else [])], check=True)
+            marker.write_text(json.dumps(params))
+            verb = f"written in {time.perf_counter() - start:.1f} s"
         size = sum(f.stat().st_size for f in Path(root).rglob("*.parquet")) / 2**30
         print(f"synthetic run: {args.trials:,} trials, {args.trials * args.calls_per_trial:,} "
-              f"tool calls, {2 * args.trials:,} llm calls written in "
-              f"{time.perf_counter() - start:.1f} s ({size:.2f} GiB of Parquet)")
+              f"tool calls, {2 * args.trials:,} llm calls {verb} ({size:.2f} GiB of Parquet)")
         manifests = storage.read_json(str(Path(root) / "manifests.json"))
         requirements = requirements_from_manifests(manifests)
         r = args.repeat
@@ -470,7 +491,8 @@ def main() -> None:
         times["failure modes"], (labels, fm) = _timed("failure modes", failures, r)
         times["tool use"], tu = _timed("tool use", lambda: tool_use_table(trials, calls), r)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
     print(
         f"rows: pass@k {per_query.height:,}, cost {cost.height}, failure labels "
         f"{labels.height:,}, tool use {tu.height}"

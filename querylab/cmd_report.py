@@ -68,7 +68,7 @@ def with_run_details(rep: dict, root: str, run_id: str) -> dict:
     error of an errored trial to a report."""
     import polars as pl
 
-    from tasks.report.stage import load_scored_trials
+    from tasks.report.loaders import load_scored_trials
 
     trials = load_scored_trials(root, run_id)
     scored = pl.col("verdict") != "errored"

@@ -278,6 +278,49 @@ def test_mongo_touch_by_collection_or_lookup_and_failed_attempts_count():
         assert got[key]["missing_sources"] == [], key
 
 
+def test_source_touch_with_dots_in_database_or_collection_names():
+    """A source is touched when ``db + "." + ref`` is its normalised name, wherever the dots
+    fall (a manifest without ``databases`` may name any database)."""
+    manifest = {
+        "name": "movies",
+        "queries": [{"id": "q", "requires": {"sources": ["mg.v2.films"], "operations": []}}],
+    }
+    keys = [k("q", n) for n in range(4)]
+    calls = [
+        call(keys[0], 0, "query_db", db="mg.v2", query='{"collection": "films"}'),
+        call(keys[1], 0, "query_db", db="mg", query='{"collection": "v2.films"}'),
+        call(keys[2], 0, "query_db", db="mg", query='{"collection": "films"}'),
+        call(keys[3], 0, "query_db", db="mg.v2", query="SELECT * FROM Films"),
+    ]
+    got = classify([trial(x) for x in keys], calls, manifests=(manifest,))
+    assert [got[x]["missing_sources"] for x in keys] == [[], [], ["mg.v2.films"], []]
+
+
+def test_sliced_old_artifact_equals_one_pass(monkeypatch):
+    """An artifact without stored features is parsed in slices; a trial whose calls straddle
+    slices gets the same label as from the stored features' single streaming pass."""
+    from tasks.report import failure_modes
+
+    keys = [k("oscars", n) for n in range(3)] + [k("vol", 3)]
+    calls = []
+    for n, key in enumerate(keys):
+        calls += [
+            call(key, 0, "query_db", db="catalog", query=MONGO_FIND),
+            call(key, 1, "list_db", db="boxoffice"),
+            call(key, 2, "query_db", db="boxoffice",
+                 query="SELECT split_part(omdb_key, ':', 2) FROM revenue" if n else "SELECT 1"),
+            call(key, 3, "query_db", db="boxoffice", query="SELECT adj_close FROM prices"),
+        ][: 2 + n]
+    calls_df = pl.DataFrame(calls)
+    trials = pl.DataFrame([trial(x) for x in keys])
+    reqs = requirements_from_manifests([MANIFEST])
+    whole = classify_failures(trials, with_call_features(calls_df), reqs)
+    monkeypatch.setattr(failure_modes, "CALLS_PER_SLICE", 3)
+    sliced = classify_failures(trials, calls_df.sample(fraction=1.0, shuffle=True, seed=3), reqs)
+    assert sliced.equals(whole)
+    assert whole["failure_mode"].to_list() == ["FM3", "FM4", "FM4", "FM4"]
+
+
 def test_operation_evidence_rules():
     key_ok, key_one_db, key_adj, key_raw = k("oscars", 0), k("oscars", 1), k("vol", 2), k("vol", 3)
     calls = [

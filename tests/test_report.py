@@ -18,11 +18,11 @@ from schemas import artifacts
 from schemas import report as rs
 from tasks.core import storage
 from tasks.report.failure_judge import judge_prompt, parse_judge_reply
+from tasks.report.loaders import report_uri
 from tasks.report.stage import (
     compute_report_tables,
     judge_failure_modes,
     render_report,
-    report_uri,
 )
 from tests.fakes.openai_server import ScriptedOpenAIServer, error, message
 
@@ -502,3 +502,17 @@ def test_empty_run_still_reports(tmp_path):
     assert any("tool_calls.parquet" in n for n in tables["notes"])
     assert "0 trials" in Path(out["markdown"]).read_text()
     assert all(Path(u).read_bytes()[:4] == b"\x89PNG" for u in out["plots"].values())
+
+
+def test_one_slug_rule_for_html_ids_and_prefect_keys():
+    """Section anchors, table ids and Prefect artifact keys use one rule (issue 16): a table's
+    artifact key carries its HTML id byte for byte."""
+    from tasks.report.html import render_html, slug
+    from tasks.report.html import Section as S, Table as T
+
+    assert slug("Pass^k -- per query (k = 1, 3)") == "pass-k-per-query-k-1-3"
+    assert slug("  --  ") == "section" and slug("--", "run") == "run"
+    title = "Failure modes -- of incorrect trials (count & share)"
+    page = render_html("t", "", [S(title, "", [T(title, pl.DataFrame({"a": [1]}))])])
+    assert f'id="{slug(title)}"' in page
+    assert slug(title) == "failure-modes-of-incorrect-trials-count-share"

@@ -13,7 +13,7 @@ import pyarrow as pa
 from schemas import artifacts
 from tasks.core import storage
 from tasks.report.failure_modes import classify_failures, requirements_from_manifests
-from tasks.report.stage import _trials_uri, scan_tool_calls
+from tasks.report.loaders import _trials_uri, scan_tool_calls
 from tasks.report.tool_use import (
     STORED_FEATURES,
     has_stored_features,

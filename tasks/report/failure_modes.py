@@ -53,12 +53,12 @@ import polars as pl
 from schemas.report import ALL, FAILURE_MODES
 from tasks.report.metrics import with_verdicts
 from tasks.report.tool_use import (
+    DATA_TOOLS,
     EXTRACTION_METHODS,
     call_features,
     features_for_report,
     source_refs,
     trial_id_expr,
-    trial_tool_stats,
 )
 
 #: Terminate reasons that are runtime failures (FM5).
@@ -150,118 +150,132 @@ def requirements_from_manifests(manifests: list[dict]) -> pl.DataFrame:
     )
 
 
-def touched_sources(features: pl.LazyFrame) -> pl.LazyFrame:
-    """Distinct (tid, source) pairs a trajectory touched with ``query_db``, ``source`` as
-    ``"<db>.<table>"`` (table lower-cased for SQL). Input: :func:`tasks.report.tool_use.call_features`
-    output with a ``tid`` column, or stored per-call columns (db, source_refs); see the module
-    docstring for what counts as touching."""
-    names = features.collect_schema().names()
-    if "source_refs" not in names:
-        features = features.with_columns(source_refs())
-    return (
-        features.filter(pl.col("tool") == "query_db", pl.col("db").is_not_null())
-        .select("tid", "db", pl.col("source_refs").alias("ref"))
-        .explode("ref")
-        .drop_nulls("ref")
-        .select("tid", (pl.col("db") + "." + pl.col("ref")).alias("source"))
-        .unique()
-    )
-
-
 def _evidence(stats: pl.LazyFrame) -> pl.LazyFrame:
-    """(tid, operation) pairs with evidence, from :func:`trial_tool_stats` output."""
-    ev = stats.select(
+    """(tid, evident_ops) from :func:`_trajectory_evidence` stats: a UInt8 bit mask, bit ``i``
+    set when ``CHECKED_OPERATIONS[i]`` is evident in the trajectory."""
+    evident = {
+        "join_reformatted_key": (pl.col("first_db") != pl.col("last_db")).fill_null(False)
+        & pl.col("key_reformat"),
+        "extract_from_text": pl.any_horizontal(*EXTRACTION_METHODS),
+        "use_adjusted_close": pl.col("adj_close"),
+    }
+    return stats.select(
         "tid",
-        ((pl.col("query_dbs") >= 2) & pl.col("key_reformat")).alias("join_reformatted_key"),
-        pl.any_horizontal(*EXTRACTION_METHODS).alias("extract_from_text"),
-        pl.col("adj_close").alias("use_adjusted_close"),
-    )
-    return (
-        ev.unpivot(index="tid", variable_name="operation", value_name="evident")
-        .filter(pl.col("evident"))
-        .select("tid", "operation")
+        pl.sum_horizontal(
+            evident[op].cast(pl.UInt8) * (1 << i) for i, op in enumerate(CHECKED_OPERATIONS)
+        ).cast(pl.UInt8).alias("evident_ops"),
     )
 
 
-#: Tool calls parsed per slice by the classifier: bounds its memory (about 200 bytes a call)
-#: whatever the size of the run.
+#: Tool calls parsed per slice by the classifier when ``tool_calls`` lacks the stored per-call
+#: features (an older artifact): bounds its memory (about 200 bytes a call) whatever the size
+#: of the run. With the stored features the calls are streamed in one pass instead.
 CALLS_PER_SLICE = 2_000_000
 
 _FM_FEATURES = (*EXTRACTION_METHODS, "key_reformat", "adj_close")
 
 
+def _split_sources(codes: pl.DataFrame) -> pl.DataFrame:
+    """``codes`` (normalised ``source`` → ``sid``) as (db, ref, sid) rows, one per way of
+    cutting ``source`` at a dot: a call on database ``db`` referencing ``ref`` touches ``sid``
+    exactly when ``db + "." + ref`` is its source (a database or collection name may hold
+    dots), so the calls are joined on two columns without building a string per call."""
+    rows = [
+        (source[:i], source[i + 1:], sid)
+        for source, sid in codes.select("source", "sid").iter_rows()
+        for i, ch in enumerate(source)
+        if ch == "."
+    ]
+    return pl.DataFrame(rows, schema={"db": pl.String, "ref": pl.String, "sid": pl.UInt32},
+                        orient="row")
+
+
+def _call_evidence(features: pl.LazyFrame, split: pl.DataFrame) -> list[pl.LazyFrame]:
+    """Lazy per-trial evidence of ``features`` (per-call rows with tid, tool, db,
+    source_refs and the :data:`_FM_FEATURES` booleans): [stats (tid, data_calls, one any-of
+    column per feature, first_db / last_db: the least and greatest database queried with
+    ``query_db``, so that two or more were queried exactly when they differ), pairs
+    (distinct tid, sid touched; ``split``: :func:`_split_sources`)]."""
+    tool = pl.col("tool")
+    queried = (tool == "query_db") & pl.col("db").is_not_null()
+    stats = features.with_columns(pl.when(queried).then(pl.col("db")).alias("qdb")).group_by(
+        "tid"
+    ).agg(
+        tool.is_in(DATA_TOOLS).sum().cast(pl.Int64).alias("data_calls"),
+        *[pl.col(f).any() for f in _FM_FEATURES],
+        pl.col("qdb").min().alias("first_db"),
+        pl.col("qdb").max().alias("last_db"),
+    )
+    pairs = (
+        features.filter(queried)
+        .select("tid", "db", pl.col("source_refs").alias("ref"))
+        .explode("ref")
+        .join(split.lazy(), on=["db", "ref"])
+        .select("tid", "sid")
+        .unique()
+    )
+    return [stats, pairs]
+
+
 def _trajectory_evidence(
     tool_calls: pl.LazyFrame, tid: pl.Expr, bad: pl.DataFrame, codes: pl.DataFrame
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The incorrect trials' per-trial stats (:func:`trial_tool_stats` with ``query_dbs``,
-    one row per ``tid`` with calls) and touched (tid, sid) pairs (``codes``: normalised
-    ``source`` → ``sid``).
+    """The incorrect trials' per-trial stats (:func:`_call_evidence`: tid, data_calls, the
+    :data:`_FM_FEATURES` any-ofs, first_db and last_db; one row per ``tid`` with calls) and
+    touched (tid, sid) pairs (``codes``: normalised ``source`` → ``sid``).
 
-    ``tool_calls`` (possibly a scanned artifact, never loaded whole) is read
-    :data:`CALLS_PER_SLICE` rows at a time (5× that when it carries the stored per-call
-    features: only their small typed columns are read); each slice keeps the calls of the
-    trials in ``bad`` and, for an older artifact, is parsed eagerly (:func:`call_features`, both
-    cores); the slices' partial results are
-    merged (sums, any-ofs, distinct databases and pairs), so a trial whose calls straddle two
-    slices gets the same figures as in one pass."""
+    ``tool_calls`` (possibly a scanned artifact, never loaded whole) carrying the stored
+    per-call features is streamed once (only their small typed columns and trial_key are
+    read; the calls of trials not in ``bad`` are dropped in the scan, the rest reduced per
+    trial as they stream). An older artifact is read :data:`CALLS_PER_SLICE` rows at a time,
+    each slice's calls of ``bad`` trials parsed eagerly (:func:`call_features`, both cores);
+    the slices' partial results are merged (sums, any-ofs, least / greatest database, distinct
+    pairs), so a trial whose calls straddle two slices gets the same figures as in one pass."""
     tool_calls, stored = features_for_report(tool_calls, "failure modes")
-    lf = tool_calls.select("trial_key", "turn", "tool", "arguments", "success")
-    raw_schema = lf.collect_schema()
-    if stored:  # typed columns only: no parsing, and slices 5× larger for the same memory
-        lf = tool_calls.select("trial_key", "turn", "tool", "success", "db", "source_refs",
-                               *_FM_FEATURES)
-    step = CALLS_PER_SLICE * (5 if stored else 1)
-
-    def slices():
+    split = _split_sources(codes)
+    cols = ("tid", "tool", "db", "source_refs", *_FM_FEATURES)
+    if stored:
+        calls = (
+            tool_calls.select("trial_key", *cols[1:])
+            .with_columns(tid)
+            .join(bad.lazy(), on="tid", how="semi")
+            .select(cols)
+        )
+        parts = [pl.collect_all(_call_evidence(calls, split), engine="streaming")]
+    else:
+        lf = tool_calls.select("trial_key", "turn", "tool", "arguments", "success")
         n = lf.select(pl.len()).collect().item()
-        for offset in range(0, n, step):
+        parts = []
+        for offset in range(0, n, CALLS_PER_SLICE):
             calls = (
-                lf.slice(offset, step)
+                lf.slice(offset, CALLS_PER_SLICE)
                 .with_columns(tid)
                 .join(bad.lazy(), on="tid", how="semi")
                 .drop("trial_key")
                 .collect(engine="streaming")
             )
-            yield (calls if stored else call_features(calls, _FM_FEATURES, with_db=True)).lazy()
-
-    parts, dbs, touched = [], [], []
-    for features in slices():
-        st, db, pairs = pl.collect_all(
-            [
-                trial_tool_stats(features, per_turn=False),
-                features.filter(pl.col("tool") == "query_db", pl.col("db").is_not_null())
-                .select("tid", "db")
-                .unique(),
-                touched_sources(features).join(codes.lazy(), on="source").select("tid", "sid"),
-            ]
+            features = call_features(calls, _FM_FEATURES, with_db=True).lazy()
+            features = features.with_columns(source_refs()).select(cols)
+            parts.append(pl.collect_all(_call_evidence(features, split)))
+            del calls, features
+    tid_type = bad.schema["tid"]
+    empty = _call_evidence(
+        pl.LazyFrame(schema={"tid": tid_type, "tool": pl.String, "db": pl.String,
+                             "source_refs": pl.List(pl.String),
+                             **{f: pl.Boolean for f in _FM_FEATURES}}),
+        split,
+    )
+    stats, pairs = (
+        pl.concat([e.collect(), *[p[i] for p in parts]]) for i, e in enumerate(empty)
+    )
+    if len(parts) > 1:  # merge the slices' partial results
+        stats = stats.group_by("tid").agg(
+            pl.col("data_calls").sum(),
+            *[pl.col(f).any() for f in _FM_FEATURES],
+            pl.col("first_db").min(),
+            pl.col("last_db").max(),
         )
-        parts.append(st)
-        dbs.append(db)
-        touched.append(pairs)
-        del features
-    empty = trial_tool_stats(
-        call_features(pl.DataFrame(schema=raw_schema).with_columns(tid).drop("trial_key"),
-                      _FM_FEATURES, with_db=True).lazy(),
-        per_turn=False,
-    ).collect()
-    stats = pl.concat([empty, *parts])
-    flags = [c for c in stats.columns if stats.schema[c] == pl.Boolean]
-    sums = [c for c in stats.columns if c != "tid" and c not in flags]
-    query_dbs = (
-        pl.concat([pl.DataFrame(schema={"tid": stats.schema["tid"], "db": pl.String}), *dbs])
-        .unique()
-        .group_by("tid")
-        .agg(pl.len().cast(pl.Int64).alias("query_dbs"))
-    )
-    stats = (
-        stats.group_by("tid")
-        .agg(*[pl.col(c).sum() for c in sums], *[pl.col(c).any() for c in flags])
-        .join(query_dbs, on="tid", how="left")
-        .with_columns(pl.col("query_dbs").fill_null(0))
-    )
-    pairs = pl.concat(
-        [pl.DataFrame(schema={"tid": stats.schema["tid"], "sid": pl.UInt32}), *touched]
-    ).unique()
+        pairs = pairs.unique()
     return stats, pairs
 
 
@@ -321,7 +335,7 @@ def classify_failures(
         .drop_nulls("source")
         .unique()
     )
-    parts = pl.col("source").str.split_exact(".", 1)
+    parts = pl.col("source").str.splitn(".", 2)  # db, then the rest (may hold dots)
     codes = (
         req_src.select("source")
         .unique()
@@ -336,41 +350,54 @@ def classify_failures(
         )
     )
     req_src = req_src.join(codes.select("source", "sid"), on="source").select("qid", "sid")
-    op_enum = pl.Enum(CHECKED_OPERATIONS)
+    # checked operations as bit masks: bit i is CHECKED_OPERATIONS[i]
+    op_bit = pl.col("operation").replace_strict(
+        {op: 1 << i for i, op in enumerate(CHECKED_OPERATIONS)}, return_dtype=pl.UInt8)
     req_ops = (
         req.select("qid", pl.col("operations").alias("operation"))
         .explode("operation")
         .filter(pl.col("operation").is_in(CHECKED_OPERATIONS))
         .unique()
-        .with_columns(pl.col("operation").cast(op_enum))
+        .group_by("qid")
+        .agg(op_bit.sum().alias("required_ops"))
+    )
+    ops_of_mask = pl.DataFrame(
+        {
+            "missing_ops": list(range(1 << len(CHECKED_OPERATIONS))),
+            "missing_operations": [
+                sorted(op for i, op in enumerate(CHECKED_OPERATIONS) if m >> i & 1)
+                for m in range(1 << len(CHECKED_OPERATIONS))
+            ],
+        },
+        schema={"missing_ops": pl.UInt8, "missing_operations": pl.List(pl.String)},
     )
 
     stats, touched = _trajectory_evidence(
         tool_calls.lazy(), tid, bad.select("tid"), codes.select(pl.col("norm").alias("source"), "sid")
     )
     need_src = bad.select("tid", "qid").join(req_src, on="qid")
+    # sid order is source order: the ids' lists, sorted, map to sorted source lists
     missing_src = (
         need_src.join(touched, on=["tid", "sid"], how="anti")
-        .join(codes.select("sid", "source"), on="sid")
         .group_by("tid")
-        .agg(pl.col("source").sort().alias("missing_sources"))
-    )
-    need_ops = bad.select("tid", "qid").join(req_ops, on="qid")
-    missing_ops = (
-        need_ops.join(
-            _evidence(stats.lazy()).with_columns(pl.col("operation").cast(op_enum)).collect(),
-            on=["tid", "operation"],
-            how="anti",
+        .agg(
+            pl.col("sid").sort().replace_strict(codes["sid"], codes["source"])
+            .alias("missing_sources")
         )
-        .group_by("tid")
-        .agg(pl.col("operation").cast(pl.String).sort().alias("missing_operations"))
     )
+    evident_ops = _evidence(stats.lazy()).collect()
     empty = pl.lit([], dtype=pl.List(pl.String))
     lf = (
         bad.lazy()
         .join(stats.lazy().select("tid", "data_calls"), on="tid", how="left")
+        .join(evident_ops.lazy(), on="tid", how="left")
+        .join(req_ops.lazy(), on="qid", how="left")
+        .with_columns(
+            (pl.col("required_ops").fill_null(0) & ~pl.col("evident_ops").fill_null(0))
+            .alias("missing_ops")
+        )
+        .join(ops_of_mask.lazy(), on="missing_ops", how="left")
         .join(missing_src.lazy(), on="tid", how="left")
-        .join(missing_ops.lazy(), on="tid", how="left")
         .with_columns(
             pl.col("data_calls").fill_null(0),
             pl.col("qid").is_not_null().alias("known"),
@@ -414,7 +441,7 @@ def classify_failures(
         "missing_sources",
         "missing_operations",
     )
-    return out.collect().sort("trial_key")
+    return out.sort("trial_key").collect(engine="streaming")
 
 
 def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:

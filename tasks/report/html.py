@@ -256,14 +256,19 @@ window.addEventListener("load", function () {
 """
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "section"
+def slug(text: str, fallback: str = "section") -> str:
+    """``text`` as an id: lower-cased, each run of characters other than ``a-z`` / ``0-9``
+    replaced by one ``-``, none leading or trailing; ``fallback`` when nothing is left. The
+    report's section anchors and table ids and the Prefect artifact keys of its tables
+    (:func:`tasks.report.stage.publish_prefect_artifacts`) all use it, so a table's artifact
+    key carries its HTML id."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or fallback
 
 
 def render_html(title: str, intro: str, sections: list[Section]) -> str:
     """The document as one self-contained HTML page (figures embedded as base64 PNG)."""
     nav = "".join(
-        f'<li><a href="#{_slug(s.title)}">{html.escape(s.title)}</a></li>' for s in sections
+        f'<li><a href="#{slug(s.title)}">{html.escape(s.title)}</a></li>' for s in sections
     )
     parts = [
         "<!DOCTYPE html>",
@@ -276,7 +281,7 @@ def render_html(title: str, intro: str, sections: list[Section]) -> str:
         f"<nav><ul>{nav}</ul></nav>",
     ]
     for sec in sections:
-        parts.append(f'<section id="{_slug(sec.title)}"><h2>{html.escape(sec.title)}</h2>')
+        parts.append(f'<section id="{slug(sec.title)}"><h2>{html.escape(sec.title)}</h2>')
         if sec.text.strip():
             parts.append(_paragraphs(sec.text))
         for block in sec.blocks:
@@ -286,7 +291,7 @@ def render_html(title: str, intro: str, sections: list[Section]) -> str:
                     parts.append(f'<p class="note">{_inline(block.note)}</p>')
                 parts.append(
                     '<div class="scroll">'
-                    + html_table(block.frame, _slug(block.title), block.float_precision,
+                    + html_table(block.frame, slug(block.title), block.float_precision,
                                  block.wrap, block.links)
                     + "</div>"
                 )

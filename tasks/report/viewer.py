@@ -59,13 +59,13 @@ def viewer_data(run_id: str, artifacts_root: str, manifest_uris: list[str] | Non
     {trial_key: [...]}}`` from the run's artifacts (scored trials, transcripts, failure labels
     — the report's, or computed by the same rules —, audit findings, the datasets' questions
     and ground truths). ScoringError when the run is not scored."""
-    from tasks.report.stage import (
+    from tasks.report.loaders import (
         load_audit,
         load_llm_calls,
         load_messages,
         load_scored_trials,
-        resolve_manifests,
     )
+    from tasks.report.stage import resolve_manifests
     from tasks.scoring.stage import run_full_manifests
 
     trials = load_scored_trials(artifacts_root, run_id)
@@ -132,7 +132,7 @@ def _labels(run_id: str, artifacts_root: str, trials: pl.DataFrame,
     (one label per incorrect trial), else computed here by the same rules
     (:func:`tasks.report.failure_modes.classify_failures`)."""
     from tasks.report.failure_modes import classify_failures, requirements_from_manifests
-    from tasks.report.stage import load_tool_calls, report_uri
+    from tasks.report.loaders import load_tool_calls, report_uri
     from tasks.scoring.stage import run_full_manifests
 
     uri = report_uri(artifacts_root, run_id, "failure_labels.parquet")
