@@ -129,3 +129,33 @@ def test_combine_names_a_missing_or_foreign_batch(tmp_path):
                                   GENERATIONS.empty_table(), GENERATIONS)
     with pytest.raises(ArtifactSchemaError):
         batching.combine([other], SCHEMA, ["k"], str(tmp_path / "out.parquet"))
+
+
+def test_a_killed_equivalence_batch_resumes_with_its_unjudged_pairs(tmp_path, monkeypatch):
+    import json
+
+    import tasks.equivalence.stage as eq
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"id": f"p{i}", "sql1": "SELECT 1", "sql2": "SELECT 1"})
+                             + "\n" for i in range(3)))
+    root = str(tmp_path / "artifacts")
+    prepared = eq.prepare_pairs.fn(str(pairs), "r", root)
+    batch = eq.plan_equivalence_batches(prepared["ids"], ["finder"], 3)[0]
+    real, judged, killed = eq.evaluate, [], []
+
+    def evaluate(pair, *args):
+        judged.append(pair.id)
+        if pair.id == "p1" and not killed:
+            killed.append(pair.id)
+            raise RuntimeError("killed")
+        return real(pair, *args)
+
+    monkeypatch.setattr(eq, "evaluate", evaluate)
+    with pytest.raises(RuntimeError, match="killed"):
+        eq.run_equivalence_batch.fn("r", root, prepared["pairs_uri"], batch)
+    judged.clear()
+    uri = eq.run_equivalence_batch.fn("r", root, prepared["pairs_uri"], batch)
+    assert judged == ["p1", "p2"]  # p0 was checkpointed by the killed attempt
+    assert storage.read_parquet(uri).column("pair_id").to_pylist() == ["p0", "p1", "p2"]
+    assert not Path(eq.equivalence_batches().checkpoints(root, "r", batch["key"]).prefix).exists()

@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +40,8 @@ from schemas.models import AgentOptions
 from schemas.settings import Settings
 from tasks.core import interrupt
 from tasks.core import storage
+from tasks.core import batching
+from tasks.core.batching import BatchedStage, label_slug, remove_local, spec_fingerprint
 from tasks.scoring.dab_rules import agent_options_for
 from tasks.agents.react import (
     Transcript,
@@ -347,14 +348,13 @@ def model_agent_defaults(agents: list[str], config=None) -> dict[str, dict]:
 
 
 def _fingerprint(agent: str) -> str | None:
-    """Content that identifies an agent beyond its name (a replay file's hash)."""
+    """Content that identifies an agent beyond its name (a replay file's hash,
+    :func:`tasks.core.batching.spec_fingerprint`); AgentConfigError when it cannot be read."""
     kind, arg = parse_agent(agent)
-    if kind == "replay":
-        try:
-            return hashlib.sha256(Path(arg).read_bytes()).hexdigest()
-        except OSError as exc:
-            raise AgentConfigError(f"{arg}: cannot read answer file: {exc}") from None
-    return None
+    try:
+        return spec_fingerprint(agent) if kind == "replay" else None
+    except OSError as exc:
+        raise AgentConfigError(f"{arg}: cannot read answer file: {exc}") from None
 
 
 def select_queries(
@@ -454,25 +454,36 @@ def plan_batches(
                         else plan.get("n_trials") or n_trials)
                 queries = select_queries(manifest, query_ids, limit)
                 items = [[q["id"], t] for q in queries for t in range(runs)]
-                for start in range(0, len(items), batch_size):
-                    chunk = items[start : start + batch_size]
-                    material: list = [agent, manifest["version"], chunk]
-                    if opts:
-                        material.append(opts)
-                    if fingerprints[agent]:
-                        material.append(fingerprints[agent])
-                    if hint == "on":
-                        material.append({"hints": hint})
-                    digest = hashlib.sha256(
-                        json.dumps(material, sort_keys=True).encode()
-                    ).hexdigest()
-                    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60]
-                    key = f"{slug}-{manifest['name']}-{start // batch_size:04d}-{digest[:10]}"
+                material = _material(agent, manifest["version"], opts, fingerprints[agent], hint)
+                # these keys predate tasks.core.batching: the label's slug is not stripped and
+                # the dataset name follows it
+                slug = f"{label_slug(label, strip=False)}-{manifest['name']}"
+                for key, chunk in batching.plan(label, items, batch_size, material, slug=slug):
                     batches.append(
                         {"key": key, "agent": agent, "hints": hint, "manifest_uri": uri,
                          "items": chunk, "options": opts}
                     )
     return batches
+
+
+def _material(agent: str, version: str, opts: dict, fingerprint: str | None,
+              hint: str | None) -> Callable[[list], list]:
+    """What a trial batch's key digests, for its chunk of ``[query_id, trial]`` items: the
+    agent, the dataset version, the items, then only what is set — the options that differ
+    from the defaults, the replay file's hash, the hint condition when on (so keys of runs
+    from before options / hints existed are unchanged)."""
+
+    def material(chunk: list) -> list:
+        out: list = [agent, version, chunk]
+        if opts:
+            out.append(opts)
+        if fingerprint:
+            out.append(fingerprint)
+        if hint == "on":
+            out.append({"hints": hint})
+        return out
+
+    return material
 
 
 def _replay_runs(agent: str, manifest: dict) -> int:
@@ -482,14 +493,21 @@ def _replay_runs(agent: str, manifest: dict) -> int:
     return 1 + max((run for _, run in answers), default=-1)
 
 
+#: The trial batches: ``trials/batches/<key>.<part>.parquet`` for the tool-call, model-call and
+#: message rows, then the trial rows (written last: the batch is finished); per-trial
+#: checkpoints ``<key>.parts/<index:05d>.json`` (each ``{"trial", "tool_calls", "llm_calls",
+#: "messages"}``).
+TRIAL_BATCHES = BatchedStage("trials", (
+    ("tool_calls", artifacts.TOOL_CALLS),
+    ("llm_calls", artifacts.LLM_CALLS),
+    ("messages", artifacts.MESSAGES),
+    ("trials", artifacts.TRIALS),
+))
+
+
 def batch_uri(artifacts_root: str, run_id: str, key: str, what: str) -> str:
     """URI of one batch's ``trials``, ``tool_calls``, ``llm_calls`` or ``messages`` Parquet."""
-    return RunLayout(artifacts_root, run_id).batches(f"{key}.{what}.parquet")
-
-
-def _parts_uri(artifacts_root: str, run_id: str, key: str, index: int | None = None) -> str:
-    base = RunLayout(artifacts_root, run_id).batches(f"{key}.parts")
-    return base if index is None else storage.join(base, f"{index:05d}.json")
+    return TRIAL_BATCHES.uri(artifacts_root, run_id, key, what)
 
 
 # --------------------------------------------------------------------------------------------
@@ -690,18 +708,9 @@ def scratch_dir(settings: Settings, artifacts_root: str, run_id: str) -> Path:
     return work_root(settings) / f"{run_id}-{digest}"
 
 
-def _remove_local(uri: str) -> None:
-    if "://" not in uri or uri.startswith("file://"):
-        shutil.rmtree(uri.removeprefix("file://"), ignore_errors=True)
-
-
 #: The per-batch artifacts besides ``trials`` (written first; ``trials`` last marks the batch
 #: finished), with their schemas.
-_BATCH_PARTS = (
-    ("tool_calls", artifacts.TOOL_CALLS),
-    ("llm_calls", artifacts.LLM_CALLS),
-    ("messages", artifacts.MESSAGES),
-)
+_BATCH_PARTS = TRIAL_BATCHES.parts[:-1]
 
 
 def _finished_rows(artifacts_root: str, run_id: str, key: str) -> dict[str, dict]:
@@ -792,17 +801,17 @@ def run_batch(
     runner = _Agent(batch["agent"], batch["manifest_uri"], manifest, options, artifacts_root,
                     hints == "on")
     batch_dir = scratch_dir(settings, artifacts_root, run_id) / batch["key"]
+    checkpoints = TRIAL_BATCHES.checkpoints(artifacts_root, run_id, batch["key"])
     done: dict[int, dict] = {}
 
-    def todo() -> Iterator[tuple[int, str, int, str, str]]:
+    def todo() -> Iterator[tuple[int, str, int, str, int, list[dict]]]:
         """The trials to run, found as they are handed out (rows of finished ones go to
         ``done``)."""
         for index, (query_id, trial) in enumerate(batch["items"]):
-            part_uri = _parts_uri(artifacts_root, run_id, batch["key"], index)
             key = trial_key(label, manifest["name"], query_id, trial)
             previous: list[dict] = []  # the llm_calls rows of the errored attempt re-run now
-            if storage.exists(part_uri):
-                part = storage.read_json(part_uri)
+            part = checkpoints.read(index)
+            if part is not None:
                 if not (retry_errors and is_errored(part["trial"]["terminate_reason"])):
                     done[index] = part
                     continue
@@ -812,9 +821,9 @@ def run_batch(
                     done[index] = finished[key]
                     continue
                 previous = finished[key]["llm_calls"]
-            yield index, query_id, trial, part_uri, key, index, previous
+            yield index, query_id, trial, key, index, previous
 
-    def run_one(query_id: str, trial: int, part_uri: str, key: str, index: int = 0,
+    def run_one(query_id: str, trial: int, key: str, index: int = 0,
                 previous: list[dict] | None = None) -> dict:
         journal = _journal_uri(artifacts_root, run_id, batch["key"], index)
         earlier, attempt = _earlier_calls(journal, previous or [])
@@ -856,7 +865,7 @@ def run_batch(
         rows = _with_earlier_calls(_rows(
             run_id, key, label, runner.model, manifest, query, trial, outcome, hints, attempt
         ), earlier)
-        storage.write_bytes(part_uri, json.dumps(rows, default=str).encode())
+        checkpoints.write(index, rows)
         return rows
 
     ran: dict[int, dict] = {}
@@ -872,28 +881,30 @@ def run_batch(
             pass
     done.update(ran)
     parts = [done[i] for i in sorted(done)]
-    for what, schema in _BATCH_PARTS:
-        rows = [r for p in parts for r in p.get(what, [])]
-        table = pa.Table.from_pylist(rows, schema=schema)
-        if what == "tool_calls":  # typed per-call features, computed once (the report reads them)
-            from polars.exceptions import PanicException
-
-            from tasks.report.tool_use import tool_calls_with_features
-            try:
-                table = tool_calls_with_features(table)
-            except (Exception, PanicException) as exc:  # noqa: BLE001 - model output is hostile
-                # the paid trials are kept: written without the features, which the report
-                # then computes from the arguments (its logged fallback for such artifacts)
-                log.warning("batch %s: tool calls written without their per-call features "
-                            "(%s: %s); the report parses their arguments instead",
-                            batch["key"], type(exc).__name__, str(exc)[:200])
-        storage.write_parquet(batch_uri(artifacts_root, run_id, batch["key"], what), table, schema)
     trials = [p["trial"] for p in parts]
-    uri = storage.write_parquet(
-        out_uri, pa.Table.from_pylist(trials, schema=artifacts.TRIALS), artifacts.TRIALS
-    )
-    _remove_local(_parts_uri(artifacts_root, run_id, batch["key"]))
-    _remove_local(RunLayout(artifacts_root, run_id).batches(f"{batch['key']}.calls"))
+    rows = {what: [r for p in parts for r in p.get(what, [])] for what, _ in _BATCH_PARTS}
+
+    def with_features(what: str, table: pa.Table) -> pa.Table:
+        """Tool calls with their typed per-call features, computed once (the report reads
+        them)."""
+        if what != "tool_calls":
+            return table
+        from polars.exceptions import PanicException
+
+        from tasks.report.tool_use import tool_calls_with_features
+        try:
+            return tool_calls_with_features(table)
+        except (Exception, PanicException) as exc:  # noqa: BLE001 - model output is hostile
+            # the paid trials are kept: written without the features, which the report
+            # then computes from the arguments (its logged fallback for such artifacts)
+            log.warning("batch %s: tool calls written without their per-call features "
+                        "(%s: %s); the report parses their arguments instead",
+                        batch["key"], type(exc).__name__, str(exc)[:200])
+            return table
+
+    uri = TRIAL_BATCHES.write(artifacts_root, run_id, batch["key"], {**rows, "trials": trials},
+                              transform=with_features)
+    remove_local(RunLayout(artifacts_root, run_id).batches(f"{batch['key']}.calls"))
     log.info(
         "batch %s: %d trials (%d run now, %d kept), %d errored, $%.4f",
         batch["key"], len(trials), len(ran), len(trials) - len(ran),
@@ -906,8 +917,8 @@ def _run_concurrently(
     run_id: str, todo: Iterator[tuple], most: int, run_one: Callable[..., dict],
     max_concurrency: int, max_trials: int, runner: _Agent,
 ) -> dict[int, dict]:
-    """Run ``run_one(query_id, trial, part_uri, key)`` for every item of ``todo`` (``(index,
-    query_id, trial, part_uri, key)``, at most ``most`` of them), each inside its
+    """Run ``run_one(query_id, trial, key, index, previous)`` for every item of ``todo``
+    (``(index, query_id, trial, key, index, previous)``, at most ``most`` of them), each inside its
     :func:`tasks.core.concurrency.trial_slot` (at most ``max_trials`` trials of the stage at
     once), each of their model calls inside a :func:`tasks.core.concurrency.call_slot` (at most
     ``max_concurrency`` calls of the stage, and the model's cap, in flight); returns index →
@@ -1010,23 +1021,17 @@ def combine_trials(run_id: str, artifacts_root: str, batch_keys: list[str]) -> d
     "tool_calls": uri, "llm_calls": uri, "messages": uri}``. Raises StorageError naming a batch
     whose trials artifact is missing (a batch from before transcripts adds no messages).
     """
-    by_call = [("trial_key", "ascending"), ("call_index", "ascending")]
-    by_attempt = [("trial_key", "ascending"), ("trial_attempt", "ascending"),
-                  ("call_index", "ascending")]
     out = {}
     for what, schema, order in (
-        ("trials", artifacts.TRIALS, [("trial_key", "ascending")]),
-        ("tool_calls", artifacts.TOOL_CALLS, by_call),
-        ("llm_calls", artifacts.LLM_CALLS, by_attempt),
-        ("messages", artifacts.MESSAGES, [("trial_key", "ascending"), ("index", "ascending")]),
+        ("trials", artifacts.TRIALS, ["trial_key"]),
+        ("tool_calls", artifacts.TOOL_CALLS, ["trial_key", "call_index"]),
+        ("llm_calls", artifacts.LLM_CALLS, ["trial_key", "trial_attempt", "call_index"]),
+        ("messages", artifacts.MESSAGES, ["trial_key", "index"]),
     ):
         uris = [batch_uri(artifacts_root, run_id, k, what) for k in batch_keys]
         if what == "messages":
             uris = [u for u in uris if storage.exists(u)]
-        parts = [storage.read_parquet(u, schema) for u in uris]
-        table = pa.concat_tables(parts) if parts else schema.empty_table()
-        table = table.sort_by(order)
-        out[what] = storage.write_parquet(
-            RunLayout(artifacts_root, run_id).trials(f"{what}.parquet"), table, schema
-        )
+        out[what] = batching.combine(  # nulls last: pyarrow's order, as before
+            uris, schema, order, RunLayout(artifacts_root, run_id).trials(f"{what}.parquet"),
+            nulls_last=True)
     return out
