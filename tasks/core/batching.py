@@ -14,7 +14,8 @@ A suite's mapped stage (trials, text-to-SQL generation, equivalence judging, lif
    items only; then the batch's Parquet artifacts are written, the one that marks it finished
    last;
 3. **gather** (:func:`gather`): wait for every mapped batch, then fail naming each failed one;
-4. **combine** (:func:`combine`): the batch artifacts streamed into one sorted artifact.
+4. **combine** (:func:`combine`): the batch artifacts into one sorted artifact, streamed out row
+   group by row group.
 
 A suite supplies its per-item function and its schemas; anything else it needs (the trials'
 concurrency, journals and ``retry_errors``) stays in the suite, built on the same pieces.
@@ -30,7 +31,7 @@ import json
 import logging
 import re
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ __all__ = [
     "gather",
     "label_slug",
     "plan",
+    "remove_local",
     "spec_fingerprint",
 ]
 
@@ -259,36 +261,37 @@ def combine(uris: Sequence[str], schema: pa.Schema, order: Sequence, out_uri: st
             nulls_last: bool = False) -> str:
     """Concatenate the batch artifacts ``uris`` (each checked against ``schema``) into one
     Parquet artifact at ``out_uri``, sorted by ``order`` (column names or Polars
-    expressions; a stable sort, nulls first unless ``nulls_last``); returns ``out_uri``.
+    expressions over the columns; a stable sort, nulls first unless ``nulls_last``); returns
+    ``out_uri``.
 
-    Streaming: the batches are scanned in place (never read into memory as bytes), and the
-    sorted rows are written row group by row group (:data:`COMBINE_ROW_GROUP` rows each;
-    :func:`tasks.core.storage.write_parquet_batches`), never as one in-memory file. No
-    ``uris``: an empty artifact. Raises StorageError naming a batch artifact that is missing,
-    ArtifactSchemaError for one of another schema."""
-    import polars as pl
-
-    if not uris:
+    The rows are held once (the batches' tables, concatenated without a copy) plus their
+    sorted copy: the sort order is computed over the key columns alone, and the sorted rows
+    are streamed out row group by row group (:data:`COMBINE_ROW_GROUP` rows each, so equal
+    inputs give equal bytes; :func:`tasks.core.storage.write_parquet_batches`), never built
+    as one in-memory file. No ``uris``: an empty artifact. Raises StorageError naming a batch
+    artifact that is missing, ArtifactSchemaError for one of another schema."""
+    tables = [storage.read_parquet(u, schema) for u in uris]
+    if not tables:
         return storage.write_parquet(out_uri, schema.empty_table(), schema)
-    frame = pl.concat([storage.scan_parquet(u, schema) for u in uris], how="vertical")
-    frame = frame.sort(list(order), nulls_last=nulls_last, maintain_order=True)
-    storage.write_parquet_batches(out_uri, schema, _row_groups(frame.collect_batches(), schema))
+    table = pa.concat_tables(tables)
+    del tables
+    table = table.take(_sort_indices(table, order, nulls_last)).combine_chunks()
+    storage.write_parquet_batches(out_uri, schema,
+                                  table.to_batches(max_chunksize=COMBINE_ROW_GROUP))
     return out_uri
 
 
-def _row_groups(frames, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    """Polars frames as record batches of ``schema`` of exactly :data:`COMBINE_ROW_GROUP`
-    rows (the last one: what is left)."""
-    pending: list[pa.Table] = []
-    held = 0
-    for frame in frames:
-        table = frame.to_arrow().select(schema.names).cast(schema)
-        pending.append(table)
-        held += table.num_rows
-        while held >= COMBINE_ROW_GROUP:
-            whole = pa.concat_tables(pending)
-            yield from whole.slice(0, COMBINE_ROW_GROUP).combine_chunks().to_batches()
-            rest = whole.slice(COMBINE_ROW_GROUP)
-            pending, held = [rest], rest.num_rows
-    if held:
-        yield from pa.concat_tables(pending).combine_chunks().to_batches()
+def _sort_indices(table: pa.Table, order: Sequence, nulls_last: bool) -> pa.Array:
+    """Row indices of ``table`` in ``order`` (stable): by pyarrow for column names, else by
+    Polars over the columns the expressions read."""
+    if all(isinstance(o, str) for o in order):
+        import pyarrow.compute as pc
+
+        nulls = "at_end" if nulls_last else "at_start"
+        return pc.sort_indices(table, sort_keys=[(o, "ascending", nulls) for o in order])
+    import polars as pl
+
+    exprs = [pl.col(o) if isinstance(o, str) else o for o in order]
+    names = sorted({n for e in exprs for n in e.meta.root_names()})
+    keys = pl.from_arrow(table.select(names)).with_row_index("__row")
+    return keys.sort(exprs, nulls_last=nulls_last, maintain_order=True)["__row"].to_arrow()
