@@ -33,6 +33,7 @@ def _prepare(root: str, home: str) -> str:
     from schemas.settings import Settings
     from tasks.core import runs
     from tasks.core import storage
+    from tasks.core.layout import RunLayout
     from tasks.datasets.build import build_dataset_artifacts
     from tasks.db.engines import ensure_loaded
     from tasks.report.stage import report_run
@@ -53,7 +54,7 @@ def _prepare(root: str, home: str) -> str:
     for b in batches:
         run_batch(run_id, root, b)
     combine_trials.fn(run_id, root, [b["key"] for b in batches])
-    storage.write_json(storage.join(root, "runs", run_id, "trials", "manifests.json"), [uri])
+    storage.write_json(RunLayout(root, run_id).trials("manifests.json"), [uri])
     score_run(run_id, root)
     report_run(run_id, root)
     return run_id

@@ -56,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 
 from schemas.equivalence import FinderBudget, QueryPair
 from tasks.equivalence.counterexample import find_counterexample
-from tasks.equivalence.stage import pair_schema
+from tasks.equivalence.pairs import pair_schema
 from tasks.equivalence.instances import SchemaError
 
 DATA = ROOT / "data" / "equivalence"

@@ -116,6 +116,8 @@ def rescore(checkout: Path, path: Path, work: Path, env: dict) -> dict:
     """One submission: querylab's run and the direct judgement (see the module docstring)."""
     import polars as pl
 
+    from tasks.core.layout import RunLayout
+
     folders = dab_folders(checkout)
     entries = json.loads(path.read_text(encoding="utf-8"))
     kept, dropped = keep_entries(entries, folders)
@@ -134,7 +136,7 @@ def rescore(checkout: Path, path: Path, work: Path, env: dict) -> dict:
     if done.returncode or not m:
         raise SystemExit(f"querylab import-dab failed on {path} ({done.returncode}): "
                          f"{(done.stderr or done.stdout).strip()[-1500:]}")
-    scores = pl.read_parquet(art / "runs" / run_id / "score" / "scores.parquet")
+    scores = pl.read_parquet(RunLayout(str(art), run_id).score("scores.parquet"))
     ours = {(r["dataset"].lower(), r["query_id"].removeprefix("query"), r["trial"]):
             r["is_correct"] for r in scores.iter_rows(named=True)}
     direct = judge_directly(kept, folders)

@@ -99,10 +99,16 @@ def _compare_pg_copy(settings, placed: list[tuple[dict, str]]) -> None:
     tables, same run)."""
     import tasks.db.postgres as databases  # the PostgreSQL loader lives here
     from tasks.db.databases import embedded_postgres_url, load_postgres, postgres_database_dsn
-    from tasks.db.engines import _placed_tables
+    from tasks.core import storage
+    from tasks.db.registry import placed_tables
 
-    tables = {f"t{i}": tbl for i, tbl in enumerate(
-        tbl for m, db in placed for tbl in _placed_tables(m, db).values())}
+    tables = {}  # every table whole in memory: each of the four loads below reads it again
+    for m, db in placed:
+        with placed_tables(m, db) as placed_db:
+            for tbl in placed_db.values():
+                if isinstance(tbl, storage.ParquetStream):
+                    tbl = storage.read_parquet(tbl.uri)
+                tables[f"t{len(tables)}"] = tbl
     rows = sum(t.num_rows for t in tables.values())
     dsn = postgres_database_dsn(embedded_postgres_url(Path(settings.home)), "ql_bench_copy",
                                 create=True)

@@ -36,7 +36,7 @@ from sqlglot import exp
 
 from schemas.equivalence import FinderBudget, QueryPair
 from tasks.equivalence.counterexample import find_counterexample
-from tasks.equivalence.stage import pair_schema
+from tasks.equivalence.pairs import pair_schema
 from tasks.equivalence.instances import RelSchema
 
 SPIDER = Path(os.environ.get("QUERYLAB_SHARED_DATA", ROOT.parent / "shared" / "data")) / "spider"

@@ -8,11 +8,11 @@ from schemas.equivalence import EquivalenceOptions
 from schemas.settings import Settings
 from tasks.equivalence.stage import (
     combine_equivalence,
-    equivalence_tables,
     plan_equivalence_batches,
     prepare_pairs,
     run_equivalence_batch,
 )
+from tasks.equivalence.tables import equivalence_tables
 from tasks.core.runs import gather
 from tasks.core.task_runners import EnvTaskRunner
 

@@ -1,6 +1,7 @@
 """Text-to-SQL on complex workloads: SQL complexity of corpora, TPC-DS generation with
 validation and retries, and Spider execution accuracy. Flows compose tasks of
-:mod:`tasks.text2sql.stage`; every path is a parameter (nothing is copied into the repository)."""
+:mod:`tasks.text2sql.stage`, :mod:`~tasks.text2sql.analysis`, :mod:`~tasks.text2sql.validation`
+and :mod:`~tasks.text2sql.spider_ex`; every path is a parameter (nothing is copied into the repository)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,14 @@ from schemas.text2sql import CorpusSpec, GenerationConfig
 from tasks.text2sql.corpora import tpcds_gold_queries
 from tasks.core.runs import gather
 from tasks.core.task_runners import EnvTaskRunner
+from tasks.text2sql.analysis import analyse_generations, complexity_report, corpus_features
+from tasks.text2sql.spider_ex import spider_execution_accuracy
 from tasks.text2sql.stage import (
-    analyse_generations,
     combine_generations,
-    complexity_report,
-    corpus_features,
     plan_generation_batches,
-    prepare_tpcds_postgres,
     run_generation_batch,
-    spider_execution_accuracy,
 )
+from tasks.text2sql.validation import prepare_tpcds_postgres
 
 
 @flow(name="sql-complexity")
@@ -32,7 +31,7 @@ def sql_complexity(
     """Features of every query of every corpus (one mapped task per corpus), then the complexity
     table and the six histograms. ``corpora``: :class:`schemas.text2sql.CorpusSpec` dicts, e.g.
     ``[{"name": "tpcds"}, {"name": "spider", "path": ".../spider_dev_gold.sql"}]``.
-    Returns the URIs of :func:`tasks.text2sql.stage.complexity_report` plus ``"features"``."""
+    Returns the URIs of :func:`tasks.text2sql.analysis.complexity_report` plus ``"features"``."""
     root = artifacts_root or Settings.from_env().artifacts
     specs = [CorpusSpec.model_validate(c).model_dump() for c in corpora]
     if not specs:
@@ -62,7 +61,7 @@ def text2sql_generation(
     the same ``run_id`` and inputs skips finished batches (a changed ``config``, description or
     replay source generates again); every batch runs to its end even when another fails, then
     :class:`tasks.core.runs.StageFailed` names each failed one. Returns ``{"generations": uri,
-    ...}`` (see :func:`tasks.text2sql.stage.analyse_generations`)."""
+    ...}`` (see :func:`tasks.text2sql.analysis.analyse_generations`)."""
     root = artifacts_root or Settings.from_env().artifacts
     cfg = GenerationConfig.model_validate(config or {}).model_dump(mode="json")
     gold_ids = list(tpcds_gold_queries())
@@ -88,6 +87,6 @@ def spider_ex(
     artifacts_root: str | None = None,
 ) -> dict:
     """Execution accuracy of a Spider predictions file (see
-    :func:`tasks.text2sql.stage.spider_execution_accuracy`)."""
+    :func:`tasks.text2sql.spider_ex.spider_execution_accuracy`)."""
     root = artifacts_root or Settings.from_env().artifacts
     return spider_execution_accuracy(run_id, root, predictions_path, gold_path, spider_dir, db_dir)

@@ -324,7 +324,9 @@ def _remove_lease_only_root(root: str, run_id: str) -> None:
     import shutil
     from pathlib import Path
 
-    run_dir = Path(root, "runs", run_id)
+    from tasks.core.layout import RunLayout
+
+    run_dir = Path(RunLayout(root, run_id).root)
     left = [p for p in Path(root).rglob("*") if p.is_file()]
     if all(p.parent == run_dir and p.name.startswith(".lease") for p in left):
         shutil.rmtree(root, ignore_errors=True)
@@ -482,7 +484,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from schemas.artifacts import ArtifactSchemaError
     from tasks.core.llm import AgentConfigError
     from tasks.core.runs import RunError
-    from tasks.scoring.stage import ScoringError
+    from tasks.scoring.scoring_file import ScoringError
     from tasks.datasets.spec import SpecError
     from tasks.core.storage import StorageError
 

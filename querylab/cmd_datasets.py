@@ -170,7 +170,7 @@ from tasks.core import storage
 from tasks.agents.react import run_oracle
 from tasks.datasets.build import build_dataset_artifacts
 from tasks.db.engines import ensure_loaded, open_databases
-from tasks.scoring.stage import full_manifest
+from tasks.scoring.scoring_file import full_manifest
 from tasks.agents.tools import ToolBox
 from tasks.scoring.validate import is_correct
 

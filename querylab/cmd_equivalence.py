@@ -56,7 +56,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.equivalence import DEFAULT_METHODS, equivalence
     from querylab import run_id_or_new
     from schemas.settings import Settings
-    from tasks.equivalence.stage import PairsError, load_pairs, parse_method
+    from tasks.equivalence.methods import parse_method
+    from tasks.equivalence.pairs import PairsError, load_pairs
 
     methods = args.method or DEFAULT_METHODS
     try:
@@ -81,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from schemas.settings import Settings
-    from tasks.equivalence.stage import equivalence_tables
+    from tasks.equivalence.tables import equivalence_tables
     from tasks.core.storage import StorageError
 
     root = args.artifacts or Settings.from_env().artifacts
@@ -120,7 +121,7 @@ def cmd_find(args: argparse.Namespace) -> int:
 
     from schemas.equivalence import EquivalenceOptions, QueryPair
     from tasks.equivalence.counterexample import find_counterexample
-    from tasks.equivalence.stage import PairsError, load_pairs, pair_schema
+    from tasks.equivalence.pairs import PairsError, load_pairs, pair_schema
     from tasks.equivalence.instances import SchemaError
 
     options = EquivalenceOptions.model_validate(_options(args))

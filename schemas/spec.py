@@ -13,7 +13,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Engine = Literal["postgres", "mongodb", "sqlite", "duckdb"]
+#: An engine name: any engine registered with :func:`tasks.db.registry.register_engine`, checked
+#: when a spec is validated (:meth:`DatabaseSpec._registered_engine`), so a new engine needs no
+#: edit here.
+Engine = str
+#: The order the built-in engines are listed in messages (as in the docs); engines registered
+#: beyond them follow, sorted. Presentation only: what is accepted is the registry.
+LISTED_ENGINES = ("postgres", "mongodb", "sqlite", "duckdb")
 ColumnType = Literal["int64", "float64", "string", "bool", "date", "list[string]"]
 
 
@@ -48,11 +54,31 @@ class TableSpec(_Strict):
     columns: dict[str, ColumnType]
 
 
+def engine_choices() -> list[str]:
+    """Every registered engine name (:func:`tasks.db.registry.engine_names`; imported here, when
+    a spec is validated, so importing this module stays free of the engine code):
+    :data:`LISTED_ENGINES` first, then the others sorted."""
+    from tasks.db.registry import engine_names
+
+    known = engine_names()
+    return [e for e in LISTED_ENGINES if e in known] + [e for e in known
+                                                         if e not in LISTED_ENGINES]
+
+
 class DatabaseSpec(_Strict):
-    """A logical database an agent sees (``list_db``), placed on one engine."""
+    """A logical database an agent sees (``list_db``), placed on one engine (a name in the
+    engine registry, :func:`engine_choices`)."""
 
     engine: Engine
     description: str = ""
+
+    @field_validator("engine")
+    @classmethod
+    def _registered_engine(cls, engine: str) -> str:
+        known = engine_choices()
+        if engine not in known:
+            raise ValueError(f"unknown engine {engine!r}; fix: use one of {', '.join(known)}")
+        return engine
 
 
 class FormatOp(_Strict):

@@ -87,7 +87,7 @@ def _build(name: str, settings) -> dict:
     from tasks.core import storage
     from tasks.datasets.build import build_dataset_artifacts
     from tasks.db.engines import ensure_loaded
-    from tasks.scoring.stage import full_manifest
+    from tasks.scoring.scoring_file import full_manifest
     from tasks.datasets.spec import spec_path
 
     uri = build_dataset_artifacts.fn(str(spec_path(name)), settings.artifacts)

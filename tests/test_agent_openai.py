@@ -90,6 +90,7 @@ def test_scripted_agent_correct_incorrect_and_tool_error(stocks_manifest, settin
             assert API_KEY.encode() not in f.read_bytes(), f
 
 
+@pytest.mark.slow
 def test_openai_agent_without_key_or_base_url_is_an_error_trial(stocks_manifest, settings):
     batch = {
         "key": "no-key",
@@ -106,6 +107,7 @@ def test_openai_agent_without_key_or_base_url_is_an_error_trial(stocks_manifest,
     assert trials["verdict"].to_list() == ["errored"] and trials["is_correct"].to_list() == [None]
 
 
+@pytest.mark.slow
 def test_unknown_agent_is_rejected_when_planning(stocks_manifest, settings):
     from tasks.trials.stage import AgentConfigError
 

@@ -99,6 +99,7 @@ def test_multi_step_trajectory_cost_and_llm_calls(tmp_path, manifest_uri, priced
     assert t["cached_tokens"] == 4500 and t["prompt_tokens"] == 7200 and t["completion_tokens"] == 210
 
 
+@pytest.mark.slow
 def test_parallel_calls_malformed_json_and_unknown_tool(tmp_path, manifest_uri, priced_model):
     script = [
         tool_calls(
@@ -132,6 +133,7 @@ def test_parallel_calls_malformed_json_and_unknown_tool(tmp_path, manifest_uri, 
     assert stdout["stdout"].split()[1] == "True"
 
 
+@pytest.mark.slow
 def test_429_then_success_and_500_forever_in_one_batch(tmp_path, manifest_uri, priced_model):
     script = [
         # trial 0: rate limited once, then answers
@@ -159,6 +161,7 @@ def test_429_then_success_and_500_forever_in_one_batch(tmp_path, manifest_uri, p
     assert llm["cost_usd"][1] == 0 and llm["cost_usd"][0] > 0
 
 
+@pytest.mark.slow
 def test_slow_response_past_the_timeout(tmp_path, manifest_uri, priced_model):
     script = [delay(2.0, tool_calls(("return_answer", {"answer": "Apple"}))),
               tool_calls(("return_answer", {"answer": "Facebook"}))]

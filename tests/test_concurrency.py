@@ -88,6 +88,7 @@ def test_cli_run_never_has_more_trials_in_flight_than_the_cap(
     assert f"at most {cap} model calls in flight, {trials_cap} trials admitted" in shown, shown
 
 
+@pytest.mark.slow
 def test_one_batch_runs_its_trials_concurrently_in_item_order(tmp_path, stocks_manifest,
                                                               settings, monkeypatch):
     from tasks.trials.stage import batch_uri, run_trial_batch

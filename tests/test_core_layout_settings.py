@@ -18,8 +18,18 @@ PACKAGES = ("tasks", "flows", "querylab")
 ENV_EXEMPT = {"tasks/core/settings.py", "tasks/sandbox/zygote.py"}
 
 
-def _sources():
-    for package in PACKAGES:
+#: A ``runs``/``datasets`` path component built outside the layout: an argument after the first
+#: of a path join (``storage.join``, ``os.path.join``, ``Path(...)``), a ``/ "runs"`` path
+#: operand (``"flows" / "datasets"`` is the source tree of dataset flows, not an artifact), or
+#: an f-string ``{root}/runs/``.
+PATH_COMPONENT = re.compile(
+    r"""\b(?:join|Path|PurePath|joinpath)\((?:[^()]|\([^()]*\))*?,\s*["'](?:runs|datasets)["']"""
+    r"""|(?<!["']flows["'] )/\s*["'](?:runs|datasets)["']"""
+    r"""|\}/(?:runs|datasets)(?:/|["'])""")
+
+
+def _sources(packages=PACKAGES):
+    for package in packages:
         for path in sorted((REPO / package).rglob("*.py")):
             yield path.relative_to(REPO).as_posix(), path.read_text(encoding="utf-8")
 
@@ -35,12 +45,25 @@ def test_only_settings_reads_the_environment():
 
 
 def test_only_layout_builds_run_and_dataset_paths():
-    pattern = re.compile(r"""storage\.join\([^)]*["'](runs|datasets)["']""", re.S)
     offenders = [
-        rel for rel, text in _sources()
-        if rel != "tasks/core/layout.py" and pattern.search(text)
+        f"{rel}: {m.group(0)!r}" for rel, text in _sources(PACKAGES + ("bench",))
+        if rel != "tasks/core/layout.py" for m in PATH_COMPONENT.finditer(text)
     ]
     assert offenders == []
+
+
+def test_the_layout_grep_catches_every_way_of_building_a_run_path():
+    built = [
+        'storage.join(root, "runs", run_id)', "os.path.join(root, 'datasets', name)",
+        'Path(root, "runs", run_id)', 'Path(str(root), "runs")', 'art / "runs" / run_id',
+        'root/"datasets"', 'f"{root}/runs/{run_id}"', 'f"{root}/datasets"',
+    ]
+    kept = [
+        'REPO_ROOT / "flows" / "datasets"', '", ".join(r["datasets"])',
+        "', '.join(p.get('datasets') or [])", 'plan["datasets"]', 'help="every run: runs"',
+    ]
+    assert [b for b in built if not PATH_COMPONENT.search(b)] == []
+    assert [k for k in kept if PATH_COMPONENT.search(k)] == []
 
 
 @pytest.mark.parametrize("root", ["/tmp/art", "/tmp/art/", "s3://bucket/prefix"])

@@ -108,7 +108,7 @@ def test_business_questions_errors(tmp_path):
 
 
 def test_all_99_gold_queries_pass_explain_on_postgres_and_yield_features(pg_server_url, settings):
-    from tasks.text2sql.stage import PostgresValidator, tpcds_postgres_dsn
+    from tasks.text2sql.validation import PostgresValidator, tpcds_postgres_dsn
 
     corpus = load_tpcds_corpus(QUESTIONS)
     schema = corpus.schema_for("tpcds")

@@ -10,14 +10,15 @@ import duckdb
 import pytest
 
 from schemas.equivalence import FinderBudget, MatchOptions, QueryPair
-from tasks.equivalence.counterexample import ddmin, find_counterexample
+from tasks.equivalence.counterexample import find_counterexample
 from tasks.equivalence.instance_generator import InstanceGenerator, cascade
+from tasks.equivalence.instance_db import InstanceDB
 from tasks.equivalence.instances import (
-    InstanceDB,
     RelSchema,
     SchemaError,
     parse_query,
 )
+from tasks.equivalence.shrinking import ddmin
 from tasks.equivalence.value_domains import _Analysis, build_domains
 from tasks.equivalence.verification import render_instance, verify_counterexample
 
@@ -30,7 +31,7 @@ BUDGET = FinderBudget(max_instances=300, time_limit_s=120)
 
 def _schema(pair: dict) -> RelSchema:
     p = QueryPair.model_validate(pair)
-    from tasks.equivalence.stage import pair_schema
+    from tasks.equivalence.pairs import pair_schema
 
     return pair_schema(p)
 
@@ -117,6 +118,7 @@ def test_arbitrary_choice_among_ties_is_not_a_counterexample():
     assert res.verdict == "no_counterexample_within_budget", res.summary()
 
 
+@pytest.mark.slow
 def test_budget_is_respected_and_reported():
     pair = REWRITES[0]
     res = find_counterexample(pair["sql1"], pair["sql2"], _schema(pair),

@@ -127,7 +127,7 @@ LOOK_AROUND = textwrap.dedent("""
 @pytest.mark.slow
 def test_validate_runs_in_its_own_sandbox_with_only_its_folder(shop, tmp_path, settings):
     (shop / "query2" / "validate.py").write_text(LOOK_AROUND)
-    from tasks.scoring.stage import load_scoring
+    from tasks.scoring.scoring_file import load_scoring
 
     scoring = load_scoring(import_dab_dataset.fn(str(shop), str(tmp_path / "art")))
     v = scoring["queries"]["query2"]["validator"]
@@ -195,7 +195,8 @@ MISBEHAVING = {
 def test_a_misbehaving_validator_is_errored_not_incorrect(shop, tmp_path, name):
     """Whatever validate.py does short of returning a pair, the trial is errored (no verdict,
     the reason says why) — never a wrong answer — and the other queries still score."""
-    from tasks.scoring.stage import load_scoring, score_rows
+    from tasks.scoring.scoring_file import load_scoring
+    from tasks.scoring.stage import score_rows
 
     (shop / "query2" / "validate.py").write_text(MISBEHAVING[name])
     uri = import_dab_dataset.fn(str(shop), str(tmp_path / "art"), scoring_only=True)
@@ -218,7 +219,7 @@ def test_a_misbehaving_validator_is_errored_not_incorrect(shop, tmp_path, name):
 def test_a_validator_cannot_change_its_ground_truth_for_the_next_trial(shop, tmp_path):
     """Each call sees the imported folder as it was: a validator that rewrites
     ground_truth.csv (or deletes it) does not change the next verdict."""
-    from tasks.scoring.stage import load_scoring
+    from tasks.scoring.scoring_file import load_scoring
 
     (shop / "query2" / "ground_truth.csv").write_text("answer\nHopper\n")
     (shop / "query2" / "validate.py").write_text(textwrap.dedent("""

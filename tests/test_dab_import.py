@@ -29,7 +29,8 @@ from tasks.datasets.dab_import import (
     run_validate_script,
 )
 from tasks.db.engines import open_databases
-from tasks.scoring.stage import load_scoring, score_rows, summarise, scores_frame
+from tasks.scoring.scoring_file import load_scoring
+from tasks.scoring.stage import score_rows, summarise, scores_frame
 from tests.fakes.dab import make_dab_checkout, make_dab_suite
 
 
@@ -189,6 +190,7 @@ def test_mongo_dumps_stream_and_unify_documents(tmp_path, monkeypatch):
             list(dab_stream.iter_json_array(fh, read_size=8))
 
 
+@pytest.mark.slow
 def test_imported_tables_load_from_parquet_streams(suite, tmp_path, settings):
     """The engines load a placed table batch by batch from its Parquet file (a reader, not a
     table) and give the same rows."""

@@ -27,7 +27,8 @@ from tasks.scoring.dab_rules import (
     pass_at_k,
 )
 from tasks.agents.replay import ReplayError, answers_for, load_answers
-from tasks.scoring.stage import load_scoring, score_rows
+from tasks.scoring.scoring_file import load_scoring
+from tasks.scoring.stage import score_rows
 from tasks.trials.stage import AgentConfigError, agent_options, check_agents, plan_batches
 from tests.fakes.dab import make_dab_suite, scoring_only_copy, write_answer_file
 from tests.fakes.hostile import register_model
@@ -104,6 +105,7 @@ def test_leaderboard_figure_averages_queries_then_datasets():
 # -- scoring rules --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dab_scoring_rules(imported):
     scoring = load_scoring(imported["tinyshop"])
     base = {"run_id": "r", "agent": "a", "dataset": "tinyshop", "query_id": "query1",
@@ -124,6 +126,7 @@ def test_dab_scoring_rules(imported):
     assert [r["verdict"] for r in rows] == ["correct", "incorrect", "correct"]
 
 
+@pytest.mark.slow
 def test_dab_limits_are_the_defaults_of_imported_datasets(imported, stocks_manifest, settings):
     stocks = storage.join(settings.artifacts, "datasets", "stocks", stocks_manifest["version"],
                           "manifest.json")
@@ -148,6 +151,7 @@ def test_dab_limits_are_the_defaults_of_imported_datasets(imported, stocks_manif
     assert set(DAB_AGENT_DEFAULTS) <= set(cond["agent_options"]) | {"max_iterations"}
 
 
+@pytest.mark.slow
 def test_prompt_is_question_and_description_as_dab_builds_it(imported, suite):
     m = storage.read_json(imported["agnews"])
     description = (suite / "query_agnews" / "db_description.txt").read_text()
@@ -253,6 +257,7 @@ def test_a_run_that_scores_nothing_fails():
 # -- runs on DAB datasets ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_a_dab_fixture_with_the_oracle(imported, prefect_harness, settings, capsys):
     status = _main("run", "--dataset", "patents", "--dataset", "agnews", "--agent", "oracle",
                    "--trials", "1", "--run-id", "dab-oracle")
@@ -286,6 +291,7 @@ def scripted_model(tmp_path, monkeypatch):
         yield register_model(srv, tmp_path, monkeypatch.setenv), srv
 
 
+@pytest.mark.slow
 def test_hints_on_and_off_prompts_in_the_transcripts(imported, suite, prefect_harness, settings,
                                                      scripted_model):
     from flows.benchmark import benchmark

@@ -399,6 +399,7 @@ def test_mongo_client_singleton():
 # ---- loaders, DSNs, results ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_loaders_replace_files(tmp_path):
     spath, dpath = tmp_path / "r.sqlite", tmp_path / "r.duckdb"
     load_sqlite(spath, {"t": _table(with_list=False)})

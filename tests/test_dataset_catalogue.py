@@ -20,7 +20,7 @@ from tasks.datasets.build import build_dataset_artifacts, dataset_prefix
 from tasks.db.engines import ensure_loaded, open_databases
 from tasks.datasets.spec import load_spec, spec_path
 from tasks.agents.tools import ToolBox
-from tasks.scoring.stage import full_manifest
+from tasks.scoring.scoring_file import full_manifest
 from tasks.scoring.validate import check_answer, is_correct, normalise
 from tests.conftest import SHARED_DATA
 
@@ -111,6 +111,7 @@ def test_items_queries_refuse_a_list_of_every_option(name, catalogue):
         assert "listing the options" in verdict.reason, (q["id"], verdict.reason)
 
 
+@pytest.mark.slow
 def test_every_items_query_in_the_catalogue_has_options():
     """Spec-level: no ``items`` query in data/*.yaml lacks ``options`` / ``options_sql``."""
     missing = [(n, q.id) for n, s in _specs().items() for q in s.queries

@@ -238,7 +238,7 @@ def _fuzz(**kw):
 def test_fuzz_value_kinds_are_deterministic_and_bite():
     import random
 
-    from tasks.datasets.build import fuzz_value
+    from tasks.datasets.placement import fuzz_value
 
     op = _fuzz(kinds=["abbreviate", "case", "whitespace"],
                abbreviations={"Fort": "Ft.", "Saint": "St."})

@@ -234,7 +234,7 @@ def test_marker_and_system_collections_are_hidden(engines):
 
 
 def test_sql_worker_has_no_secrets(engines, monkeypatch):
-    from tasks.db.db_worker import sql_worker
+    from tasks.db.db_worker_client import sql_worker
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
     worker = sql_worker()

@@ -60,3 +60,30 @@ def test_a_name_taken_by_another_class_is_refused():
         @register_engine
         class Other(FileEngine):
             name = "sqlite"
+
+
+def test_a_spec_accepts_a_registered_engine_with_no_other_edit(tmp_path):
+    """schemas/spec.py checks a database's engine against the registry: the toy engine is valid
+    in a spec, and the one-line SpecError for an unknown or missing engine lists it."""
+    import yaml
+
+    from tasks.datasets.spec import SpecError, load_spec
+    from tests.test_spec_errors import base
+
+    raw = base()
+    raw["databases"]["lab"]["engine"] = "toy"
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert load_spec(path).databases["lab"].engine == "toy"
+    for edit, problem in (
+            (lambda db: db.update(engine="nosuch"), "unknown engine 'nosuch'; fix: use one of "),
+            (lambda db: db.pop("engine"), "required field missing; fix: add `engine:` one of ")):
+        raw = base()
+        edit(raw["databases"]["lab"])
+        path.write_text(yaml.safe_dump(raw))
+        with pytest.raises(SpecError) as err:
+            load_spec(path)
+        assert err.value.field == "databases.lab.engine" and str(path) in str(err.value)
+        assert err.value.problem.startswith(problem), err.value.problem
+        assert err.value.problem.endswith("postgres, mongodb, sqlite, duckdb, toy")
+        assert "\n" not in str(err.value)

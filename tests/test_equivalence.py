@@ -14,17 +14,13 @@ import polars as pl
 import pytest
 
 from schemas.equivalence import EquivalenceOptions, MatchOptions, QueryPair
-from tasks.equivalence.stage import (
-    PairsError,
+from tasks.equivalence.methods import evaluate, execution_match, parse_method
+from tasks.equivalence.pairs import PairsError, load_pairs, resolve_db
+from tasks.equivalence.stage import plan_equivalence_batches
+from tasks.equivalence.tables import (
     accuracy_table,
     agreement_table,
     counterexample_table,
-    evaluate,
-    execution_match,
-    load_pairs,
-    parse_method,
-    plan_equivalence_batches,
-    resolve_db,
     time_table,
 )
 from tests.fakes.openai_server import ScriptedOpenAIServer, message
@@ -441,11 +437,12 @@ def test_execution_match_warns_when_every_result_is_empty(tmp_path, caplog):
     assert details["all_empty"] is True and "every compared result is empty" in details["warnings"][0]
     assert "WARNING" in row["explanation"] and "every compared result is empty" in caplog.text
     df = pl.DataFrame([{**row, "run_id": "r"}])
-    from tasks.equivalence.stage import empty_result_pairs
+    from tasks.equivalence.tables import empty_result_pairs
 
     assert empty_result_pairs(df) == ["p"]
 
 
+@pytest.mark.slow
 def test_finder_rows_carry_readings_type_errors_and_error_on_instance():
     pair = QueryPair.model_validate({
         "id": "dname", "dialect": "mysql",
@@ -461,6 +458,7 @@ def test_finder_rows_carry_readings_type_errors_and_error_on_instance():
     assert details["one_sided_errors"] > 0 and "Conversion Error" in row["error"]
 
 
+@pytest.mark.slow
 def test_cli_find_acceptance_commands(capsys):
     argv = ["equivalence", "find", "--schema",
             ("CREATE TABLE `emp` (`empno` int primary key not null, `deptno` int not null); "

@@ -49,6 +49,7 @@ def find(sql1, sql2, ddl=T, dialect="duckdb", budget=FAST, **kw):
     ("SELECT id FROM t ORDER BY a LIMIT 3", "SELECT id FROM t ORDER BY a, id DESC LIMIT 3"),
     ("SELECT b FROM t ORDER BY a LIMIT 2", "SELECT b FROM t ORDER BY a, b DESC LIMIT 2"),
 ])
+@pytest.mark.slow
 def test_ties_under_order_by_are_no_counterexample(dialect, sql1, sql2):
     res = find(sql1, sql2, dialect=dialect)
     assert res.verdict == "nondeterministic", res.summary()
@@ -81,12 +82,14 @@ def test_the_reported_tie_databases_do_not_verify():
     ("SELECT id FROM t ORDER BY a LIMIT 2",
      "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (ORDER BY a, b) rn FROM t) z WHERE rn <= 2", T, "duckdb"),
 ])
+@pytest.mark.slow
 def test_arbitrary_choices_are_no_counterexample(sql1, sql2, ddl, dialect):
     res = find(sql1, sql2, ddl, dialect)
     assert res.verdict != "not_equivalent", res.summary()
     assert res.verdict == "nondeterministic" and res.choices, res.summary()
 
 
+@pytest.mark.slow
 def test_deterministic_parts_still_separate():
     # the COUNT column differs whatever order STRING_AGG concatenates in
     res = find("SELECT COUNT(*) AS n, STRING_AGG(s, ',') AS l FROM t",
@@ -104,6 +107,7 @@ def test_deterministic_parts_still_separate():
 # -- C3 / C4: volatile functions, floats ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_now_is_one_instant_for_both_queries():
     res = find("SELECT id, now() FROM t", "SELECT id, now() FROM t", budget=SMALL)
     assert res.verdict == "no_counterexample_within_budget", res.summary()
@@ -115,6 +119,7 @@ def test_now_is_one_instant_for_both_queries():
     assert res.verdict == "not_equivalent"  # a frozen now() still has a boundary
 
 
+@pytest.mark.slow
 def test_every_spelling_of_now_is_the_same_instant(tmp_path):
     """DuckDB's ``get_current_timestamp()`` / ``current_localtimestamp()`` are ``now()`` too,
     in the finder and in execution match."""
@@ -125,18 +130,20 @@ def test_every_spelling_of_now_is_the_same_instant(tmp_path):
     con = duckdb.connect(str(db))
     con.execute("CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1), (2)")
     con.close()
-    from tasks.equivalence.stage import execution_match
+    from tasks.equivalence.methods import execution_match
 
     row = execution_match(QueryPair(id="now", sql1="SELECT id, current_timestamp FROM t",
                                     sql2="SELECT id, get_current_timestamp() FROM t", dialect="duckdb", db=str(db)))
     assert row["verdict"] == "equivalent", row
 
 
+@pytest.mark.slow
 def test_random_is_never_a_counterexample():
     res = find("SELECT id, random() FROM t", "SELECT id, random() FROM t", budget=SMALL)
     assert res.verdict != "not_equivalent"
 
 
+@pytest.mark.slow
 def test_floats_one_ulp_apart_are_equal():
     assert results_match([(0.050001500000000004,)], [(0.0500015,)])
     assert not results_match([(1.0,)], [(1.0000001,)])
@@ -191,6 +198,7 @@ def test_postgres_schema_clauses_on_the_server(pg_server_url):
     ("SELECT id FROM t WHERE s = 'ab'", "SELECT id FROM t WHERE s = 'ab '"),
     ("SELECT a / 3 FROM t", "SELECT ROUND(a / 3, 4) FROM t"),
 ])
+@pytest.mark.slow
 def test_mysql_approximation_is_stated_and_hides_no_known_difference(sql1, sql2):
     res = find(sql1, sql2, TM, "mysql", budget=SMALL)
     assert res.verdict != "not_equivalent", res.summary()
@@ -203,6 +211,7 @@ def test_mysql_binary_collation_is_case_sensitive():
     assert res.verdict == "not_equivalent"
 
 
+@pytest.mark.slow
 def test_mysql_pipes_between_numbers_is_or():
     ddl = "CREATE TABLE `u` (`id` int PRIMARY KEY, `a` int, `b` int)"
     res = find("SELECT a || b FROM u", "SELECT a OR b FROM u", ddl, "mysql", budget=SMALL)
@@ -277,6 +286,7 @@ def test_key_syntax_of_every_dialect_is_read():
     assert dump.table("emp").primary_key == ("id",)
 
 
+@pytest.mark.slow
 def test_declared_types_bound_the_values():
     schema = RelSchema.from_ddl("CREATE TABLE `t` (`id` int PRIMARY KEY, `tags` set('x','y'), "
                                 "`e` enum('a','b'), `s` varchar(1), `u` tinyint unsigned, `m` decimal(3,1))",
@@ -294,6 +304,7 @@ def test_declared_types_bound_the_values():
         assert res.verdict == "no_counterexample_within_budget", (sql1, res.summary())
 
 
+@pytest.mark.slow
 def test_generated_columns_keep_their_expression():
     for ddl in (("CREATE TABLE `t` (`id` int NOT NULL, `a` int NOT NULL, `b` int NOT NULL, `c` int "
                 "GENERATED ALWAYS AS (`a` + `b`) STORED, PRIMARY KEY (`id`))"),
@@ -311,6 +322,7 @@ def test_generated_columns_keep_their_expression():
     ("mysql", ("CREATE TABLE `t` (`id` int PRIMARY KEY, `a` int NOT NULL, `b` int NOT NULL, "
                "`c` int GENERATED ALWAYS AS (`a` + `b`))")),
 ])
+@pytest.mark.slow
 def test_generated_columns_without_virtual_or_stored_keep_their_expression(dialect, ddl):
     """``GENERATED ALWAYS AS (expr)`` with neither VIRTUAL nor STORED (DuckDB's usual form,
     MySQL's default VIRTUAL) is a generated column, not an identity clause to skip."""
@@ -347,6 +359,7 @@ def test_unique_indexes_on_expressions_and_partial_ones_bind_the_instances(diale
         RelSchema.from_ddl("CREATE TABLE t (a int); CREATE UNIQUE INDEX u ON t (lower(z))", dialect)
 
 
+@pytest.mark.slow
 def test_a_check_the_engine_cannot_evaluate_certifies_no_counterexample():
     """A CHECK the engine cannot create (a function it lacks) is not enforced: a database the
     queries differ on may break it, so it is no counterexample — the verdict is an error naming
@@ -370,6 +383,7 @@ def test_wide_results_compare_without_walking_every_permutation():
     assert res.verdict == "not_equivalent"
 
 
+@pytest.mark.slow
 def test_a_query_timeout_is_a_timeout_not_an_error():
     res = find("SELECT COUNT(*) FROM t t1, t t2, t t3, t t4, t t5, t t6, t t7",
                "SELECT COUNT(*) * COUNT(*) * COUNT(*) * COUNT(*) * COUNT(*) * COUNT(*) * COUNT(*) FROM t",
@@ -387,6 +401,7 @@ def test_a_run_that_hits_its_time_limit_says_so():
     assert any("stopped at its time limit" in n for n in res.notes)
 
 
+@pytest.mark.slow
 def test_foreign_key_cycles_and_self_references():
     cycle = ("CREATE TABLE dept (deptno INT PRIMARY KEY, mgr INT REFERENCES emp(empno)); "
              "CREATE TABLE emp (empno INT PRIMARY KEY, deptno INT REFERENCES dept(deptno), sal INT);")
@@ -427,6 +442,7 @@ def test_foreign_key_cycles_verify_on_sqlite_and_postgres(pg_server_url):
     ("SELECT id FROM t WHERE length(s) > 5", "SELECT id FROM t WHERE length(s) > 6", T),
     ("SELECT id FROM t WHERE trim(s) = 'a'", "SELECT id FROM t WHERE s = 'a'", T),
 ])
+@pytest.mark.slow
 def test_boundaries_that_were_missed(sql1, sql2, ddl):
     res = find(sql1, sql2, ddl)
     assert res.verdict == "not_equivalent" and res.verified, res.summary()
@@ -456,6 +472,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=300, env={**os.environ}, check=False)
 
 
+@pytest.mark.slow
 def test_cli_long_schema_bad_json_and_statements_are_one_line_errors():
     long_ddl = "CREATE TABLE t (id INTEGER PRIMARY KEY, " + ", ".join(f"c{i} INT" for i in range(60)) + ")"
     out = _cli("equivalence", "find", "--schema", long_ddl, "--sql1", "SELECT id FROM t",
@@ -467,6 +484,7 @@ def test_cli_long_schema_bad_json_and_statements_are_one_line_errors():
     assert "is a DELETE statement, not a query" in out.stdout
 
 
+@pytest.mark.slow
 def test_find_does_not_import_prefect():
     code = ("import sys\nfrom querylab.cli import main\n"
             "for argv in (['equivalence', 'find', '--help'], ['equivalence', 'find', '--schema', "
@@ -512,12 +530,12 @@ def _row(pair_id, method, verdict, label=None, error=None, notion="semantic", **
 def test_tables_name_errors_skips_and_count_exec_match_databases(tmp_path):
     from schemas import equivalence as eqs
     from tasks.core import storage
-    from tasks.equivalence.stage import (
-        SKIPPED_NO_DB,
+    from tasks.equivalence.methods import SKIPPED_NO_DB
+    from tasks.equivalence.stage import stage_prefix
+    from tasks.equivalence.tables import (
         counterexample_table,
         equivalence_tables,
         label_agreement_table,
-        stage_prefix,
     )
 
     rows = [
@@ -546,7 +564,7 @@ def test_tables_name_errors_skips_and_count_exec_match_databases(tmp_path):
 def test_execution_match_shows_the_differing_rows(tmp_path):
     import sqlite3
 
-    from tasks.equivalence.stage import execution_match
+    from tasks.equivalence.methods import execution_match
 
     db = tmp_path / "hr.sqlite"
     con = sqlite3.connect(db)
@@ -588,7 +606,7 @@ def test_render_instance_emits_enum_types_for_postgres():
 def test_execution_match_does_not_call_a_tie_a_counterexample(tmp_path):
     import sqlite3
 
-    from tasks.equivalence.stage import execution_match
+    from tasks.equivalence.methods import execution_match
 
     db = tmp_path / "ties.sqlite"
     con = sqlite3.connect(db)
@@ -610,6 +628,7 @@ def test_execution_match_does_not_call_a_tie_a_counterexample(tmp_path):
     assert out["verdict"] == "not_equivalent" and out["verified"]
 
 
+@pytest.mark.slow
 def test_mysql_prefix_keys_bind_the_prefix():
     schema = RelSchema.from_ddl("CREATE TABLE `t` (`id` int PRIMARY KEY, `ename` varchar(20), "
                                 "UNIQUE KEY uk (`ename`(3)))")

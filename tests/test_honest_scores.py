@@ -20,13 +20,8 @@ from schemas import artifacts
 from tasks.core import storage
 from tasks.core.llm import preflight, resolve_model
 from tasks.report.stage import report_run
-from tasks.scoring.stage import (
-    PRIVATE_QUERY_KEYS,
-    full_manifest,
-    load_scoring,
-    score_run,
-    scoring_uri,
-)
+from tasks.scoring.scoring_file import PRIVATE_QUERY_KEYS, full_manifest, load_scoring, scoring_uri
+from tasks.scoring.stage import score_run
 from tasks.trials.stage import combine_trials, run_trial_batch
 from tests.fakes.openai_server import (
     ScriptedOpenAIServer,
@@ -128,6 +123,7 @@ def _scripted_run(tmp_path, manifest_uri, model) -> tuple[str, str, dict]:
     return root, run_id, summary
 
 
+@pytest.mark.integration
 def test_messages_audit_and_viewer_in_chromium(tmp_path, manifest_uri, model, stocks_manifest):
     root, run_id, summary = _scripted_run(tmp_path, manifest_uri, model)
     msgs = pl.read_parquet(storage.join(root, "runs", run_id, "trials", "messages.parquet"))
@@ -234,6 +230,7 @@ def test_oracle_and_replay_trials_have_transcripts(tmp_path, manifest_uri):
     assert msgs["role"].to_list() == ["user", "assistant"] and msgs["content"][1] == "Facebook"
 
 
+@pytest.mark.slow
 def test_audit_flags_answer_key_reads_and_prompt_free_answers(tmp_path, manifest_uri, model):
     """A hostile agent walking the file system for the answer key, and one that returns the
     right number with no tool output behind it, are both flagged."""
@@ -268,6 +265,7 @@ def fixed_ground_truth(spec_text: str, query_id: str, sql: str) -> str:
             + spec_text[end:])
 
 
+@pytest.mark.slow
 def test_validator_change_and_rescore_without_model_calls(tmp_path, model, capsys):
     from querylab.cli import main
     from tasks.datasets.build import build_dataset_artifacts
@@ -440,6 +438,7 @@ def test_preflight_names_the_problem(step, problem, monkeypatch):
         assert r.tools_accepted is False
 
 
+@pytest.mark.slow
 def test_preflight_ok_rate_limited_unreachable_and_slow(monkeypatch):
     with ScriptedOpenAIServer([message("OK"), error(429, retry_after=1)]) as srv:
         monkeypatch.setenv("QUERYLAB_OPENAI_BASE_URL", srv.base_url)
@@ -456,6 +455,7 @@ def test_preflight_ok_rate_limited_unreachable_and_slow(monkeypatch):
     assert not slow.ok and "timeout" in slow.problem and slow.latency_s < 3
 
 
+@pytest.mark.slow
 def test_unreachable_endpoint_run_fails_fast_before_building(tmp_path):
     """Acceptance: the issue's command exits non-zero within 10 s with one line naming agent,
     endpoint and problem, and builds nothing."""
@@ -485,6 +485,7 @@ def test_unreachable_endpoint_run_fails_fast_before_building(tmp_path):
     assert not (tmp_path / "artifacts").exists() and not (tmp_path / "home").exists()
 
 
+@pytest.mark.slow
 def test_named_endpoint_overrides_the_models_table(tmp_path, manifest_uri, monkeypatch, caplog):
     from tasks.core.llm import endpoint_warning
     from tasks.trials.stage import check_agents
@@ -569,6 +570,7 @@ def test_query_selection_and_limit(manifest_uri, stocks_manifest):
         plan_batches([manifest_uri], ["oracle"], 1, query_ids=["nope"])
 
 
+@pytest.mark.slow
 def test_read_only_commands_do_not_import_prefect(tmp_path, manifest_uri):
     """report, status, view, runs, models, datasets list, rescore and --help on a real run:
     no Prefect import (so no server); their timings are in bench/cli_latency.py."""
@@ -599,6 +601,7 @@ def test_read_only_commands_do_not_import_prefect(tmp_path, manifest_uri):
         assert last == "RC 0 PREFECT False", (argv, last, proc.stderr[-2000:])
 
 
+@pytest.mark.slow
 def test_runs_lists_runs_with_pass_at_1(tmp_path, manifest_uri, capsys):
     from querylab.cli import main
     from tasks.core import runs

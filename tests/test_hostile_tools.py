@@ -48,12 +48,14 @@ def _through(verdicts):
     return [(v.payload.name, v.why) for v in verdicts if not v.blocked]
 
 
+@pytest.mark.slow
 def test_tool_call_shapes_are_tool_errors_and_the_batch_finishes(tmp_path, stocks_uri, monkeypatch):
     verdicts, _ = _run(hostile.tool_call_shapes(), stocks_uri, STOCKS_QUERY, tmp_path, "shapes",
                        monkeypatch)
     assert _through(verdicts) == [], "\n".join(f"{n}: {w}" for n, w in _through(verdicts))
 
 
+@pytest.mark.slow
 def test_rerun_of_a_hostile_batch_replays_the_cache_and_finishes(tmp_path, stocks_uri, monkeypatch):
     """The cached hostile responses replay on a re-run (no model call) and the batch still
     finishes with the same outcomes (before, the replay crashed again)."""
@@ -77,6 +79,7 @@ def test_rerun_of_a_hostile_batch_replays_the_cache_and_finishes(tmp_path, stock
     assert after == before
 
 
+@pytest.mark.slow
 def test_sqlite_and_duckdb_attacks_are_blocked(tmp_path, stocks_uri, monkeypatch, short_limits):
     payloads = hostile.sqlite_payloads() + hostile.duckdb_payloads()
     verdicts, _ = _run(payloads, stocks_uri, STOCKS_QUERY, tmp_path, "sql", monkeypatch)

@@ -48,6 +48,7 @@ def _published(service: dict, target: int) -> int:
     raise AssertionError(f"port {target} not published: {service['ports']}")
 
 
+@pytest.mark.integration
 def test_compose_file_is_valid_and_complete(compose):
     services = compose["services"]
     assert set(services) == {"postgres", "mongo", "minio", "minio-init", "prefect-db",
@@ -62,6 +63,7 @@ def test_compose_file_is_valid_and_complete(compose):
                                        "prefect-db-data"}
 
 
+@pytest.mark.integration
 def test_compose_refuses_to_start_without_passwords(tmp_path):
     env = tmp_path / "empty.env"
     env.write_text("POSTGRES_USER=querylab\n")
@@ -76,6 +78,7 @@ def _documented_env() -> dict[str, str]:
     return dict(re.findall(r"^export (\w+)=(\S+)$", block, re.MULTILINE))
 
 
+@pytest.mark.integration
 def test_documented_settings_point_at_the_compose_services(compose):
     env = _documented_env()
     services = compose["services"]

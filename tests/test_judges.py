@@ -9,7 +9,7 @@ import pytest
 
 from schemas.equivalence import EquivalenceOptions, JudgeOptions, QueryPair
 from schemas.settings import Settings
-from tasks.equivalence.stage import evaluate, parse_method
+from tasks.equivalence.methods import evaluate, parse_method
 from tasks.equivalence.judges import (
     build_messages,
     explanation_of,

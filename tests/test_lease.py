@@ -49,6 +49,7 @@ def _stop(child: subprocess.Popen) -> None:
     child.wait(10)
 
 
+@pytest.mark.slow
 def test_a_live_holder_is_refused_at_once_and_named(tmp_path):
     root = str(tmp_path / "art")
     child = _hold(root, "r1")
@@ -116,6 +117,7 @@ def test_renewal_keeps_the_lease_fresh(tmp_path, monkeypatch):
         assert stored["token"] == lease["token"] and stored["renewed_at"] >= lease["renewed_at"]
 
 
+@pytest.mark.slow
 def test_cli_run_and_rerun_refuse_in_one_line(tmp_path):
     root = str(tmp_path / "art")
     runs.record_benchmark(root, "busy", {"datasets": ["stocks"], "agents": ["oracle"],
@@ -136,6 +138,7 @@ def test_cli_run_and_rerun_refuse_in_one_line(tmp_path):
         _stop(child)
 
 
+@pytest.mark.slow
 def test_a_refused_run_pays_for_no_request(tmp_path):
     """The preflight request of an LLM agent is sent under the lease: a second ``run`` of a
     held run id is refused before it calls the endpoint (QA12 minor 4)."""
@@ -158,6 +161,7 @@ def test_a_refused_run_pays_for_no_request(tmp_path):
         _stop(child)
 
 
+@pytest.mark.slow
 def test_s3_lease_conditional_put(tmp_path):
     with moto_s3("leases") as aws:
         root = "s3://leases/q"

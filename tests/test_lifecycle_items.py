@@ -69,6 +69,7 @@ def items(databases, config) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_databases_manifest(databases):
     assert sorted(databases["spider"]) == sorted(DBS)
     assert databases["chinook"] == str(CHINOOK.resolve())
@@ -84,6 +85,7 @@ def test_databases_manifest(databases):
             assert run_sqlite(path, f'SELECT count(*) FROM "{t.name}"') == n_o, (v, t.name)
 
 
+@pytest.mark.slow
 def test_design_items_from_real_schemas(items, databases):
     design, manifest = items["design"]
     # k = 1..5 tables for 4 databases, but pets_1 has 3 tables and concert_singer 4
@@ -125,6 +127,7 @@ def test_table_groups_follow_foreign_keys():
     assert a == b and a != design_items({"chinook": schema}, [2], 2, seed=4)
 
 
+@pytest.mark.slow
 def test_implementation_items_reference_ddl_executes(items):
     impl, _ = items["implementation"]
     assert any(it["item_id"].endswith("/all") for it in impl)
@@ -137,6 +140,7 @@ def test_implementation_items_reference_ddl_executes(items):
             assert f"Table {t['name']}:" in it["prompt"]
 
 
+@pytest.mark.slow
 def test_text2sql_items_and_variants(items, databases):
     t2s, manifest = items["text2sql"]
     by_base: dict[str, dict] = {}
@@ -157,6 +161,7 @@ def test_text2sql_items_and_variants(items, databases):
             assert results_match(gold, rows, ordered=it["reference"]["ordered"]), (base, v)
 
 
+@pytest.mark.slow
 def test_every_reasoning_graph_node_executes(items, databases):
     prog, manifest = items["progressive"]
     assert manifest["n_base_items"] >= 15
@@ -182,6 +187,7 @@ def test_every_reasoning_graph_node_executes(items, databases):
         assert all(d in shown for n in it["context"]["nodes"] for d in n["depends_on"])
 
 
+@pytest.mark.slow
 def test_graph_with_a_node_that_does_not_execute_is_dropped_and_counted(
     databases, config, tmp_path
 ):
@@ -236,6 +242,7 @@ def test_reasoning_graph_shape():
     assert "[n1]" in sub[1]["description"] and sub[-1]["depends_on"] == ["n2"]
 
 
+@pytest.mark.slow
 def test_perturbation_levels_reproducible_from_seed(items, databases, config):
     prog, _ = items["progressive"]
     again, _ = generate_phase_items("progressive", databases, config)
@@ -264,6 +271,7 @@ def test_perturbation_levels_reproducible_from_seed(items, databases, config):
         perturb_graph(nodes[-1:], 1, 0, "g", names)
 
 
+@pytest.mark.slow
 def test_every_debug_item_fails_before_and_its_reference_executes(items, databases):
     debug, manifest = items["debug"]
     assert len(debug) == 20 and manifest["dropped"] == {}
@@ -278,6 +286,7 @@ def test_every_debug_item_fails_before_and_its_reference_executes(items, databas
         run_sqlite(path, ref["sql"])  # the reference correction executes
 
 
+@pytest.mark.slow
 def test_dml_items_are_checked_by_state(items, databases):
     dml, _ = items["dml"]
     assert {it["reference"]["template"] for it in dml} >= {"update_by_key", "delete_by_value"}

@@ -54,6 +54,7 @@ def setup(tmp_path_factory):
     return cfg, dbs, items
 
 
+@pytest.mark.slow
 def test_oracle_scores_one_on_every_phase(setup):
     cfg, dbs, items = setup
     ctx = RunContext(dbs, cfg)
@@ -116,6 +117,7 @@ def _hand_item(phase: str, dbs: dict, prompt: str = "the task") -> dict:
     }
 
 
+@pytest.mark.slow
 def test_scripted_design_and_implementation(setup):
     cfg, dbs, _ = setup
     ctx = RunContext(dbs, cfg)
@@ -153,6 +155,7 @@ def test_scripted_design_and_implementation(setup):
     assert requests[0]["model"] == "scripted" and requests[0]["temperature"] == 0.0
 
 
+@pytest.mark.slow
 def test_scripted_operation_phases(setup):
     cfg, dbs, items = setup
     ctx = RunContext(dbs, cfg)
@@ -191,6 +194,7 @@ def test_scripted_operation_phases(setup):
     assert table.lower() in out[1][0]["error"]
 
 
+@pytest.mark.slow
 def test_scripted_debugging_single_and_multi_round(setup):
     cfg, dbs, items = setup
     ctx = RunContext(dbs, cfg)
@@ -216,6 +220,7 @@ def test_scripted_debugging_single_and_multi_round(setup):
     assert (out[0][0]["ex_single"], out[0][0]["ex_multi"], out[0][0]["rounds"]) == (0.0, 0.0, 1)
 
 
+@pytest.mark.slow
 def test_scripted_maintenance(setup):
     cfg, dbs, items = setup
     ctx = RunContext(dbs, cfg)
@@ -263,6 +268,7 @@ def test_scripted_maintenance(setup):
     assert len(json.loads(calls[0]["tool_results"])) == 3
 
 
+@pytest.mark.slow
 def test_api_error_scores_zero_and_is_recorded(setup):
     from tests.fakes.openai_server import error
 
@@ -284,6 +290,7 @@ def test_api_error_scores_zero_and_is_recorded(setup):
     assert agent.resolved.priced is False and row["cost_usd"] is None and row["ex"] == 1.0
 
 
+@pytest.mark.slow
 def test_response_cache_serves_a_rerun_of_an_item_but_not_a_twin(setup, tmp_path):
     from tasks.core.llm import ResponseCache
 
@@ -305,6 +312,7 @@ def test_response_cache_serves_a_rerun_of_an_item_but_not_a_twin(setup, tmp_path
     assert twin_row["cost_usd"] == first["cost_usd"]
 
 
+@pytest.mark.slow
 def test_replay_agent(setup, tmp_path):
     cfg, dbs, items = setup
     ctx = RunContext(dbs, cfg)

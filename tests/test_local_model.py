@@ -181,7 +181,7 @@ def test_models_command_lists_local_models(capsys):
 
 def test_local_specs_in_every_suite():
     from tasks.lifecycle.agents import check_agent_spec
-    from tasks.text2sql.stage import check_generator_spec
+    from tasks.text2sql.generators import check_generator_spec
 
     assert parse_agent("local:smollm2-135m") == ("local", "smollm2-135m")
     with pytest.raises(AgentConfigError, match="'local:<model>'"):

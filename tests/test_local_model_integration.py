@@ -196,7 +196,8 @@ def test_text2sql_generation_with_the_local_model(serving, pg_server_url, settin
 
 
 def test_equivalence_judge_with_the_local_model(serving):
-    from tasks.equivalence.stage import evaluate, load_pairs, parse_method
+    from tasks.equivalence.methods import evaluate, parse_method
+    from tasks.equivalence.pairs import load_pairs
     from tasks.equivalence.judges import judge_model
 
     data = Path(__file__).resolve().parents[1] / "data" / "equivalence"

@@ -98,6 +98,7 @@ def _openai_like(responder):
     return respond
 
 
+@pytest.mark.slow
 def test_odd_tool_call_ids_are_replaced_before_they_are_echoed(tmp_path, stocks_uri, model):
     """C4: ids of 64 and 300 characters, with spaces and non-ASCII, duplicated within a turn:
     an OpenAI-like endpoint 400s on any of them in the history, so before the fix the trial
@@ -149,6 +150,7 @@ def test_odd_tool_call_ids_are_replaced_before_they_are_echoed(tmp_path, stocks_
     assert tool_ids[:4] == ids and tool_ids[4] == "call_ok-1"
 
 
+@pytest.mark.slow
 def test_model_caused_crashes_are_the_agents_not_errored(tmp_path, stocks_uri, model):
     """C4 (crash part) and M4: a 300-character id, arguments nested 100,000 deep and lone
     surrogates in the reply text or in return_answer's argument used to crash the harness (or
@@ -189,6 +191,7 @@ def test_model_caused_crashes_are_the_agents_not_errored(tmp_path, stocks_uri, m
 # -- M1: infrastructure failures are errored, not incorrect --------------------------------------
 
 
+@pytest.mark.slow
 def test_wall_time_used_up_waiting_for_the_model_is_errored(tmp_path, stocks_uri, model):
     """M1: an endpoint that hangs past the trial's wall time, and a 429 whose Retry-After is
     longer than the wall time left, used to end the trial ``max_wall_time`` (scored incorrect,
@@ -278,6 +281,7 @@ def test_database_server_failure_mid_trial_is_errored(tmp_path, movies_uri, mode
     assert back["trials"][1]["terminate_reason"] == "return_answer"  # reconnected once
 
 
+@pytest.mark.slow
 def test_sandbox_failure_is_errored_but_a_full_work_directory_is_the_agents(
         tmp_path, stocks_uri, model, monkeypatch):
     """M1: the sandbox itself failing (its session process killed under the trial) used to
@@ -373,6 +377,7 @@ def test_postgres_read_of_the_answer_key_is_refused_and_flagged(tmp_path, movies
         db._execute(steal, 10)
 
 
+@pytest.mark.slow
 def test_a_cell_cannot_read_or_forge_the_scoring_file_and_is_seen_doing_it(
         tmp_path, stocks_uri, model, settings):
     """C2 (VERIFY) and C3: the QA's cells walked the artifact root (a path built from
@@ -421,6 +426,7 @@ def test_a_cell_cannot_read_or_forge_the_scoring_file_and_is_seen_doing_it(
         "at run time: os.scandir")
 
 
+@pytest.mark.slow
 def test_network_and_process_attempts_are_seen_at_run_time(tmp_path, stocks_uri, model):
     """C3: a cell that hides its network and process use behind ``__import__`` and
     ``getattr`` (no ``import socket`` for the text rules to see) is flagged from what it did."""
@@ -444,6 +450,7 @@ def test_network_and_process_attempts_are_seen_at_run_time(tmp_path, stocks_uri,
 # -- C5: shotgun answers -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_shotgun_answers_are_wrong_and_flagged(tmp_path, stocks_uri, model):
     """C5: "Candidates: 0.0 0.5 … 100.0" used to be correct for a number query (one of them
     was within the tolerance) and "Apple, Facebook, Google, IBM, Microsoft" for a which-company
@@ -530,6 +537,7 @@ def _spec_copy(tmp_path, edit) -> str:
     return d / "stocks.yaml"
 
 
+@pytest.mark.slow
 def test_scoring_is_tamper_evident_and_rescore_follows_the_spec(tmp_path, own_stocks, model,
                                                                 monkeypatch, capsys):
     """C2 follow-up and newcomer High 2 / Medium 3. The manifest records the scoring file's
@@ -542,7 +550,7 @@ def test_scoring_is_tamper_evident_and_rescore_follows_the_spec(tmp_path, own_st
     import tasks.datasets.spec
     from querylab.cli import main
     from tasks.core import runs
-    from tasks.scoring.stage import load_scoring, pinned_scoring_uri, scoring_uri
+    from tasks.scoring.scoring_file import load_scoring, pinned_scoring_uri, scoring_uri
     from tasks.report.viewer import viewer_data
     from tests.test_honest_scores import fixed_ground_truth
 

@@ -201,6 +201,7 @@ def test_a_trial_interrupted_mid_way_keeps_its_paid_calls_on_resume(tmp_path, mo
 # -- M5: pass@k says how many queries each mean is over -----------------------------------------
 
 
+@pytest.mark.slow
 def test_pass_at_k_counts_the_queries_left_out(tmp_path, model, stocks_uri, capsys):
     """Two trials per query: one query loses one trial to a 500 (too few for pass@2), one
     loses both (no scored trial), one has both. pass@2 is over one query and the table says
@@ -258,6 +259,7 @@ ANSI = "\x1b[2K\x1b[1A\r\x1b]0;owned\x07\x9b2Jgone\x08\x08"
 HOSTILE_ANSWER = "<img src=x onerror=alert(1)> <script>alert(2)</script> [x](javascript:alert(3))"
 
 
+@pytest.mark.slow
 def test_endpoint_escapes_are_stripped_and_model_markup_is_escaped(tmp_path, model, stocks_uri,
                                                                    capsys):
     """A 500 whose message is ANSI/control codes (they could erase the "Errored trials" lines)
@@ -303,6 +305,7 @@ def test_endpoint_escapes_are_stripped_and_model_markup_is_escaped(tmp_path, mod
 # -- Minor 4: judge responses are cached apart from agent responses -----------------------------
 
 
+@pytest.mark.slow
 def test_judge_responses_are_cached_in_their_own_namespace(tmp_path, capsys, monkeypatch):
     """`querylab report --judge-model`: the judge's prompts show the ground truth, so its
     responses go to cache/judge, never to cache/llm where agent responses are looked up."""
@@ -328,6 +331,7 @@ def test_judge_responses_are_cached_in_their_own_namespace(tmp_path, capsys, mon
 # -- Minor 5: a run answered wholly from an earlier run's cache says so --------------------------
 
 
+@pytest.mark.slow
 def test_a_new_run_answered_from_the_cache_is_warned_about(tmp_path, model, stocks_uri, capsys):
     """The same agent, endpoint and trial indices under a new run id make no request at all:
     the report and the terminal warn that the samples repeat the earlier run's; a retry inside
@@ -377,6 +381,7 @@ def test_option_typos_are_one_line_with_a_suggestion(argv, expected, capsys):
     assert len(err.strip().splitlines()) == 1 and "usage:" not in err
 
 
+@pytest.mark.slow
 def test_runs_into_a_closed_pipe_is_quiet(tmp_path):
     """`querylab runs | head`: the reader is gone before querylab writes; no traceback."""
     import subprocess
@@ -410,6 +415,7 @@ def test_datasets_build_typo_is_one_line_before_prefect(capsys):
 # -- Low (viewer): sizes and requests as they were -----------------------------------------------
 
 
+@pytest.mark.slow
 def test_viewer_says_how_many_requests_and_whether_a_result_was_cut(tmp_path, model, stocks_uri):
     """In headless Chromium: an errored trial whose one model call took 3 HTTP attempts says
     so; a tool result shown whole is not called "shown of a" smaller result."""
@@ -452,7 +458,8 @@ def test_text2sql_validation_runs_as_the_read_only_role(pg_server_url, monkeypat
     the cast error would show the file) is refused before PostgreSQL sees it, a plain call of
     pg_read_file is denied, and a real query still validates."""
     from schemas.settings import Settings
-    from tasks.text2sql.stage import PostgresValidator, generate_with_validation, tpcds_validator_dsn
+    from tasks.text2sql.generators import generate_with_validation
+    from tasks.text2sql.validation import PostgresValidator, tpcds_validator_dsn
     from tests.test_text2sql import VALID, _generator, price_model
 
     leak = "ANALYZE SELECT CAST(pg_read_file('/etc/os-release') AS int)"

@@ -21,7 +21,7 @@ from tasks.scoring.validate import check_answer
 
 def test_every_suite_parses_specs_through_one_registry():
     from tasks.lifecycle.agents import check_agent_spec
-    from tasks.text2sql.stage import GeneratorConfigError, check_generator_spec
+    from tasks.text2sql.generators import GeneratorConfigError, check_generator_spec
     from tasks.trials.stage import parse_agent
 
     assert kind_names()[:4] == ["oracle", "openai", "local", "replay"]
@@ -65,6 +65,7 @@ def test_a_plugin_class_of_a_built_in_name_and_class_name_cannot_replace_it():
     assert parse_agent_spec("openai:m") == ("openai", "m")  # the built-in still answers
 
 
+@pytest.mark.slow
 def test_threads_asking_at_once_all_see_the_built_in_kinds():
     """A fresh process whose threads all parse a spec at once (as a Dask worker's do): before
     the registry held a lock while importing, the others saw it empty (IndexError in a CI run)."""
@@ -118,6 +119,7 @@ def toy_specs(tmp_path, monkeypatch):
     return data
 
 
+@pytest.mark.slow
 def test_toy_agent_and_toy_validator_run_end_to_end(toy_specs, tmp_path, capsys):
     from querylab.cli import main
 

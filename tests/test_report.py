@@ -237,6 +237,7 @@ def make_report(root: str, run_id: str = "hand") -> tuple[dict, dict]:
     return tables, render_report.fn(run_id, root, tables)
 
 
+@pytest.mark.slow
 def test_report_from_artifacts_alone(tmp_path):
     root = str(tmp_path)
     write_run(root)
@@ -327,6 +328,7 @@ def test_report_from_artifacts_alone(tmp_path):
     assert out["prefect_artifacts"] == []  # not inside a flow run
 
 
+@pytest.mark.slow
 def test_llm_calls_feed_cache_and_retries(tmp_path):
     root = str(tmp_path)
     write_run(root, llm_calls=True)
@@ -344,6 +346,7 @@ def test_llm_calls_feed_cache_and_retries(tmp_path):
     assert m_all["prompt_cache_share"] == pytest.approx(0.4)
 
 
+@pytest.mark.slow
 def test_missing_manifest_and_missing_run(tmp_path):
     root = str(tmp_path)
     write_run(root, manifest=False)
@@ -369,6 +372,7 @@ def test_parse_judge_reply():
     assert "Q?" in prompt and "42" in prompt and "(no tool calls)" in prompt and "a.b" in prompt
 
 
+@pytest.mark.slow
 def test_judge_stage_over_http(tmp_path):
     root = str(tmp_path)
     write_run(root)
@@ -436,6 +440,7 @@ def test_judge_stage_over_http(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_report_cli_with_judge_needs_no_prefect(tmp_path, capsys, monkeypatch):
     from querylab.cmd_report import register
 
@@ -485,6 +490,7 @@ def test_report_flow_publishes_prefect_artifacts(tmp_path, prefect_harness):
     assert kinds["querylab-errored-trials-flow-hand"] == "table"
 
 
+@pytest.mark.slow
 def test_empty_run_still_reports(tmp_path):
     root = str(tmp_path)
     storage.write_parquet(

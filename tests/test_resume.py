@@ -45,6 +45,7 @@ def _run_all(root: str, run_id: str, batches: list[dict]) -> dict:
     return combine_trials.fn(run_id, root, [b["key"] for b in batches])
 
 
+@pytest.mark.slow
 def test_rerun_makes_no_requests_even_without_batch_artifacts(tmp_path, manifest_uri, model_env):
     root = str(tmp_path / "artifacts")
     with ScriptedOpenAIServer(lambda body, i: three_step_turn(body)) as srv:
@@ -107,6 +108,7 @@ combine_trials.fn("killed", root, [b["key"] for b in batches])
 """
 
 
+@pytest.mark.slow
 def test_sigkill_midway_then_rerun(tmp_path, manifest_uri, model_env):
     root = str(tmp_path / "artifacts")
     hang_at = 19  # request 19 = trial 6 (second batch), turn 1: the child is killed waiting

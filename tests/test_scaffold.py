@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from querylab import cmd_datasets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,6 +24,7 @@ def cli(*argv: str) -> int:
     return args.func(args)
 
 
+@pytest.mark.slow
 def test_scaffolded_dataset_builds_and_its_test_passes_unchanged(tmp_path, capsys):
     assert cli("datasets", "new", "demo", "--root", str(tmp_path)) == 0
     out = capsys.readouterr().out

@@ -35,6 +35,7 @@ def gold():
     return load_corpus(SPIDER_GOLD)
 
 
+@pytest.mark.slow
 def test_builds_the_20_dev_databases_with_their_data(spider_dbs):
     assert len(spider_dbs) == 20
     conn = sqlite3.connect(spider_dbs["world_1"])
@@ -54,6 +55,7 @@ def test_builds_the_20_dev_databases_with_their_data(spider_dbs):
         conn.close()
 
 
+@pytest.mark.slow
 def test_up_to_date_databases_are_reused(spider_dbs):
     before = {k: p.stat().st_mtime_ns for k, p in spider_dbs.items()}
     again = build_spider_databases(SPIDER_DIR, next(iter(spider_dbs.values())).parent)
@@ -86,6 +88,7 @@ def test_bad_sources_are_clear_errors(tmp_path):
         build_spider_databases(tmp_path, tmp_path / "out", ["nope"])
 
 
+@pytest.mark.slow
 def test_gold_predictions_score_one_minus_missing_data(spider_dbs, gold):
     scores = score_execution_accuracy([q.sql for q in gold], gold, spider_dbs)
     summary = execution_accuracy_summary(scores)
@@ -100,6 +103,7 @@ def test_gold_predictions_score_one_minus_missing_data(spider_dbs, gold):
     assert all("rankings" in gold.by_id()[e["query_id"]].sql.lower() for e in excluded)
 
 
+@pytest.mark.slow
 def test_execution_accuracy_semantics(spider_dbs, gold):
     ids = gold.by_id()
     assert ids["2"].sql == "SELECT name ,  country ,  age FROM singer ORDER BY age DESC"
@@ -137,6 +141,7 @@ def test_execution_accuracy_semantics(spider_dbs, gold):
         score_execution_accuracy(["SELECT 1", "SELECT 2"], [unordered], spider_dbs)
 
 
+@pytest.mark.slow
 def test_predictions_files(tmp_path, spider_dbs, gold):
     lines = tmp_path / "pred.sql"
     lines.write_text("SELECT count(*) FROM singer\tconcert_singer\nSELECT 1\n\n")
@@ -152,6 +157,7 @@ def test_predictions_files(tmp_path, spider_dbs, gold):
         load_predictions(jl)
 
 
+@pytest.mark.slow
 def test_run_sqlite_is_read_only_and_times_out(spider_dbs):
     path = spider_dbs["concert_singer"]
     with pytest.raises(sqlite3.OperationalError, match="interrupted"):

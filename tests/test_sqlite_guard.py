@@ -1,7 +1,7 @@
 """The one guarded SQLite executor (:mod:`tasks.db.sqlite_guard`) under hostile SQL, on every path
 that runs untrusted SQL on SQLite: the lifecycle suite (``run_readonly``, and a model's answer
 through the real lifecycle runner over HTTP), Spider EX (``run_sqlite``), the equivalence
-instance databases (``instances.InstanceDB``) and the agents' query tool (``SQLiteDatabase``)."""
+instance databases (``instance_db.InstanceDB``) and the agents' query tool (``SQLiteDatabase``)."""
 
 from __future__ import annotations
 
@@ -111,6 +111,42 @@ def test_spider_run_sqlite_is_the_same_guard(db, tmp_path):
     assert not (tmp_path / "attached.db").exists()
 
 
+def test_lifecycle_script_sandbox_is_the_same_guard(db, tmp_path):
+    """A model's DDL/DML script (``run_script``, on a private in-memory copy) may write the
+    copy, but goes through the guard: no ATTACH, VACUUM INTO, extension or denied function,
+    interrupted at the time limit, the file untouched and the guard removed afterwards."""
+    from tasks.lifecycle.schema import run_script, sandbox_connection
+
+    before = _digest(db)
+    refused = {
+        "attach": f"ATTACH DATABASE '{tmp_path / 'attached.db'}' AS x",
+        "attach_in_script": f"CREATE TABLE u (a INT); ATTACH '{tmp_path / 'a2.db'}' AS y",
+        "vacuum_into": f"VACUUM INTO '{tmp_path / 'copy.db'}'",
+        "load_extension": "SELECT load_extension('/tmp/evil.so')",
+        "fts3_tokenizer": "SELECT fts3_tokenizer('simple')",
+    }
+    for name, sql in refused.items():
+        conn = sandbox_connection(db)
+        try:
+            with pytest.raises(sqlite3.Error, match="not authorized|no such function"):
+                run_script(conn, sql)
+        finally:
+            conn.close()
+    conn = sandbox_connection(db)
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+            run_script(conn, "CREATE TABLE r (x INT); INSERT INTO r " + RUNAWAY.replace(
+                "SELECT count(*) FROM c", "SELECT x FROM c"), timeout_ms=200)
+        run_script(conn, "CREATE TABLE s (a INT); INSERT INTO s SELECT a FROM t; DELETE FROM t")
+        assert conn.execute("SELECT count(*) FROM s").fetchone() == (2,)
+        conn.execute("ATTACH ':memory:' AS harness")  # the guard is gone after the script
+    finally:
+        conn.close()
+    assert _digest(db) == before
+    for leftover in ("attached.db", "a2.db", "copy.db"):
+        assert not (tmp_path / leftover).exists(), leftover
+
+
 def test_agent_query_tool_is_the_same_guard(db, tmp_path):
     from tasks.db.databases import QueryError, SQLiteDatabase
 
@@ -125,7 +161,8 @@ def test_agent_query_tool_is_the_same_guard(db, tmp_path):
 
 
 def test_instance_sandbox_runs_queries_read_only_and_still_loads(tmp_path):
-    from tasks.equivalence.instances import InstanceDB, RelSchema
+    from tasks.equivalence.instance_db import InstanceDB
+    from tasks.equivalence.instances import RelSchema
 
     schema = RelSchema.from_ddl("CREATE TABLE t (a INT PRIMARY KEY, b INT)", "sqlite")
     with InstanceDB(schema, ["t"], "sqlite", query_timeout_s=0.2) as box:
@@ -149,6 +186,7 @@ def test_instance_sandbox_runs_queries_read_only_and_still_loads(tmp_path):
     assert not (tmp_path / "attached.db").exists()
 
 
+@pytest.mark.slow
 def test_model_answer_over_http_cannot_touch_the_lifecycle_database(tmp_path, monkeypatch):
     """A model's Text2SQL answers (real HTTP, the scripted server) attack the database; each is
     a wrong answer with SQLite's refusal, and the database file is unchanged."""
@@ -197,7 +235,8 @@ def test_model_answer_over_http_cannot_touch_the_lifecycle_database(tmp_path, mo
 def test_duckdb_instances_refuse_files_extensions_and_settings(tmp_path):
     """The finder's DuckDB instances run a pair's (possibly a model's) SQL with no file,
     extension or network access, and the SQL cannot turn that back on."""
-    from tasks.equivalence.instances import InstanceDB, RelSchema
+    from tasks.equivalence.instance_db import InstanceDB
+    from tasks.equivalence.instances import RelSchema
 
     schema = RelSchema.from_ddl("CREATE TABLE t (a INT PRIMARY KEY, b INT)", "duckdb")
     out_file, db_file = tmp_path / "out.csv", tmp_path / "x.db"

@@ -21,6 +21,7 @@ def root(request, tmp_path):
     return str(tmp_path / "art") if request.param == "local" else request.getfixturevalue("s3_root")
 
 
+@pytest.mark.slow
 def test_roundtrip_bytes_json_parquet(root):
     uri = storage.join(root, "runs", "r1", "x.bin")
     assert not storage.exists(uri)

@@ -17,18 +17,17 @@ from schemas.text2sql import GenerationConfig
 from tasks.text2sql.corpora import tpcds_gold_queries
 from tasks.core.llm import ResponseCache
 from tasks.text2sql.sql_features import NUMERIC_FEATURES
-from tasks.text2sql.stage import (
+from tasks.text2sql.generators import (
     RETRY_PROMPT,
     GeneratorConfigError,
     OpenAIGenerator,
-    PostgresValidator,
     ReplayGenerator,
     extract_sql,
     generate_with_validation,
     make_generator,
-    plan_generation_batches,
-    tpcds_postgres_dsn,
 )
+from tasks.text2sql.stage import plan_generation_batches
+from tasks.text2sql.validation import PostgresValidator, tpcds_postgres_dsn
 from tests.conftest import SHARED_DATA
 from tests.fakes.openai_server import ScriptedOpenAIServer, error, message
 

@@ -1,1 +1,1 @@
-"""Datasets: specs (data/<name>.yaml) and their checks, the deterministic build (canonical tables, ground truth, perturbations, placement), the catalogue, and DAB-format import (folders, PostgreSQL dumps, streamed tables)."""
+"""Datasets: specs (data/<name>.yaml) and their checks, the deterministic build (canonical tables, ground truth; a placement's perturbations and shard tables), the catalogue, and DAB-format import (folders, PostgreSQL dumps, streamed tables)."""

@@ -24,7 +24,7 @@ A query is its folder name: ``query3`` is DAB's query 3 even when ``query2`` is 
 **Import.** :func:`import_dab_dataset` streams every table into the dataset's *placed*
 Parquet artifacts (``<root>/datasets/<name>/<version>/placed/...``; :mod:`tasks.datasets.dab_stream`:
 chunks, bounded memory for multi-GB files) and writes a public ``manifest.json`` and a private
-``scoring.json`` of the shapes :mod:`tasks.datasets.build` writes (:func:`tasks.scoring.stage.split_manifest`).
+``scoring.json`` of the shapes :mod:`tasks.datasets.build` writes (:func:`tasks.scoring.scoring_file.split_manifest`).
 ``scoring_only=True`` reads no database at all (``db_config.yaml`` and the data files may be
 missing): queries, validators and ground truth only, so published answer files can be
 rescored where the data cannot be had; such a dataset runs only ``replay:`` agents.
@@ -93,7 +93,7 @@ from tasks.scoring.dab_validator import (  # noqa: F401 - re-exported (tests, ol
     run_validate_script,
     scaffold_files,
 )
-from tasks.scoring.stage import is_current_dataset, split_manifest
+from tasks.scoring.scoring_file import is_current_dataset, split_manifest
 from tasks.core.layout import DatasetLayout, dab_import_root
 
 #: DAB ``db_type`` → querylab engine.

@@ -84,7 +84,6 @@ _REQUIRED_FIX = {
     "validator": "add `validator: {kind: number, decimals: N}` or `validator: {kind: items}`",
     "reference": "add the reference solution: a list of tool calls the oracle runs",
     "requires": "add `requires: {sources: [<database>.<table>, ...], operations: [...]}`",
-    "engine": "add `engine:` one of postgres, mongodb, sqlite, duckdb",
 }
 
 
@@ -108,16 +107,19 @@ def _problem(error: dict, field: str) -> str:
     """A pydantic error as a problem text with the fix."""
     kind, msg, last = error["type"], error["msg"], field.rsplit(".", 1)[-1]
     if kind == "missing":
+        if last == "engine":
+            from schemas.spec import engine_choices
+
+            choices = ", ".join(engine_choices())
+            return f"required field missing; fix: add `engine:` one of {choices}"
         fix = _REQUIRED_FIX.get(last, f"add `{last}`")
         return f"required field missing; fix: {fix}"
     if kind == "extra_forbidden":
         return f"unknown field {last!r}; fix: remove it or correct its spelling"
     if kind == "literal_error":
-        value = error.get("input")
-        if last == "engine":
-            return (f"unknown engine {value!r}; fix: use one of postgres, mongodb, sqlite, "
-                    "duckdb")
-        return f"{value!r} is not allowed: {msg}"
+        return f"{error.get('input')!r} is not allowed: {msg}"
+    if kind == "value_error":  # a field validator's ValueError: its text, without pydantic's prefix
+        return msg.removeprefix("Value error, ")
     if kind == "union_tag_invalid":
         return f"{msg}; fix: `op` is one of format, text, compose, split, fuzz"
     return msg

@@ -103,7 +103,7 @@ class _SQLDatabase(Database):
 def _in_worker(engine: str, path: pathlib.Path, sql: str, timeout_ms: int,
                limits: ResultLimits | int) -> QueryResult:
     """Run an SQLite/DuckDB query in the query worker process (:mod:`tasks.db.db_worker`)."""
-    from tasks.db.db_worker import sql_worker
+    from tasks.db.db_worker_client import sql_worker
 
     limits = _limits(limits)
     reply = sql_worker().run(

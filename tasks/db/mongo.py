@@ -148,7 +148,7 @@ def _mongo_error(e: Exception, timeout_ms: int) -> Exception:
 
 class MongoDatabase(Database):
     """A MongoDB database: ``db`` is a ``pymongo.database.Database`` (a real server:
-    ``timeout_ms`` is sent as ``maxTimeMS``) or a :class:`tasks.db.db_worker.MockMongoDatabase`
+    ``timeout_ms`` is sent as ``maxTimeMS``) or a :class:`tasks.db.db_worker_client.MockMongoDatabase`
     (the mongomock fallback: every query runs in a child process of the mongomock worker that
     is killed at ``timeout_ms``, so a runaway query neither outlives its limit nor blocks
     other trials' queries). Collections named ``system.*`` or ``_querylab*`` are neither
@@ -207,7 +207,7 @@ MONGO_META_DB, MONGO_META_COLLECTION = "querylab_meta", "loaded"
 def mongo_client(mongo_uri: str | None):
     """One client per process and URI: ``pymongo.MongoClient(mongo_uri)`` when ``mongo_uri``
     (``QUERYLAB_MONGO_URI``) is given, else the process's mongomock worker
-    (:class:`tasks.db.db_worker.MockMongoClient`: mongomock in a separate process, each query in
+    (:class:`tasks.db.db_worker_client.MockMongoClient`: mongomock in a separate process, each query in
     a killable child). Both are thread-safe to share. Data in the mongomock worker lives only
     as long as this process (it is reloaded if the worker is restarted)."""
     with _mongo_clients_lock:
@@ -218,7 +218,7 @@ def mongo_client(mongo_uri: str | None):
 
                 client = pymongo.MongoClient(mongo_uri)
             else:
-                from tasks.db.db_worker import MockMongoClient
+                from tasks.db.db_worker_client import MockMongoClient
 
                 client = MockMongoClient()
             _mongo_clients[mongo_uri or None] = client

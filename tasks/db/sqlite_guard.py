@@ -3,8 +3,10 @@
 Every place that runs such SQL on SQLite goes through :func:`guarded` (the agents' query tool,
 :func:`tasks.db.databases.sqlite_run_local`; Spider EX, :func:`tasks.text2sql.spider.run_sqlite`; the
 lifecycle suite, :func:`tasks.lifecycle.schema.run_readonly`; the equivalence instance
-databases, :meth:`tasks.equivalence.instances.InstanceDB.run`, through a :class:`ReadGate`). For the
-duration of one query it puts on the connection:
+databases, :meth:`tasks.equivalence.instance_db.InstanceDB.run`, through a :class:`ReadGate`; a
+model's DDL or DML script on a private in-memory copy, :func:`run_sandbox_script`, used by
+:func:`tasks.lifecycle.schema.run_script`). For the duration of one query it puts on the
+connection:
 
 - an authorizer that allows only reads (``SELECT``, reading a column, calling a function, a
   recursive CTE): every write, ``ATTACH``/``DETACH`` (an ATTACH creates a file even on a
@@ -16,6 +18,10 @@ duration of one query it puts on the connection:
 - a progress handler that interrupts the query after ``timeout_ms`` (a runaway recursive CTE
   ends with ``interrupted``) or when the caller's ``stopped()`` says so;
 
+(a sandbox script, :func:`run_sandbox_script`, runs under :func:`sandbox_authorizer` instead:
+writes and DDL are allowed on its private copy, ``ATTACH``/``DETACH``, ``VACUUM``,
+``load_extension`` and the :data:`DENIED_FUNCTIONS` are not)
+
 and removes them afterwards (so a private connection that the harness itself writes to, an
 instance database, can be loaded again). :func:`fetch_rows` bounds what a caller that needs
 every row holds: past ``max_result_bytes`` it raises :class:`ResultTooLarge` — a result is
@@ -24,6 +30,7 @@ never silently cut (a cut result would be a wrong EX verdict).
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -68,6 +75,24 @@ def read_only_authorizer(action: int, arg1: Any = None, arg2: Any = None, *_args
     return sqlite3.SQLITE_OK
 
 
+#: Authorizer actions a sandbox script may not perform (nothing can reach another file).
+SANDBOX_DENIED_ACTIONS = frozenset({sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH})
+#: Words refused anywhere in a sandbox script before it runs (``VACUUM INTO`` writes a file and
+#: has no authorizer action of its own; ``load_extension`` would load code).
+SANDBOX_FORBIDDEN = re.compile(r"\b(vacuum|load_extension)\b", re.IGNORECASE)
+
+
+def sandbox_authorizer(action: int, arg1: Any = None, arg2: Any = None, *_args: Any) -> int:
+    """SQLite authorizer of a sandbox script (a private in-memory copy): ``SQLITE_DENY`` for
+    :data:`SANDBOX_DENIED_ACTIONS` and calls of :data:`DENIED_FUNCTIONS`, else ``SQLITE_OK``
+    (writes, DDL, ``PRAGMA`` and transactions are allowed)."""
+    if action in SANDBOX_DENIED_ACTIONS:
+        return sqlite3.SQLITE_DENY
+    if action == sqlite3.SQLITE_FUNCTION and str(arg2 or "").lower() in DENIED_FUNCTIONS:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
+
 @dataclass
 class Guard:
     """State of one guarded query: ``deadline`` (``time.monotonic()`` seconds) and
@@ -80,7 +105,8 @@ class Guard:
 @contextmanager
 def guarded(conn: sqlite3.Connection, timeout_ms: float,
             stopped: Callable[[], bool] | None = None,
-            steps: int = PROGRESS_STEPS, authorize: bool = True) -> Iterator[Guard]:
+            steps: int = PROGRESS_STEPS, authorize: bool = True,
+            authorizer: Callable[..., int] = read_only_authorizer) -> Iterator[Guard]:
     """Run the block's statements on ``conn`` under the read-only guard (module docstring):
     authorizer, no ATTACH, values ≤ :data:`SQLITE_MAX_LENGTH`, interrupted after
     ``timeout_ms`` milliseconds or once ``stopped()`` is true (checked every ``steps`` VM
@@ -88,7 +114,8 @@ def guarded(conn: sqlite3.Connection, timeout_ms: float,
     interrupted one ``sqlite3.OperationalError`` (``interrupted``; :attr:`Guard.timed_out`
     tells a timeout from a stop). The previous limits are restored and the authorizer and
     progress handler removed on exit. ``authorize=False``: leave the authorizer to the caller
-    (a :class:`ReadGate` keeps its own on the connection)."""
+    (a :class:`ReadGate` keeps its own on the connection); ``authorizer``: the policy installed
+    (default :func:`read_only_authorizer`; :func:`sandbox_authorizer` for a sandbox script)."""
     guard = Guard(time.monotonic() + timeout_ms / 1000)
 
     def progress() -> int:
@@ -102,7 +129,7 @@ def guarded(conn: sqlite3.Connection, timeout_ms: float,
     attached = conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     length = conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_MAX_LENGTH)
     if authorize:
-        conn.set_authorizer(read_only_authorizer)
+        conn.set_authorizer(authorizer)
     conn.set_progress_handler(progress, steps)
     try:
         yield guard
@@ -138,6 +165,21 @@ def run_query(conn: sqlite3.Connection, sql: str, timeout_ms: float, *,
     ``ProgrammingError`` for more than one statement."""
     with guarded(conn, timeout_ms, steps=steps):
         return fetch_rows(conn.execute(sql), max_result_bytes)
+
+
+def run_sandbox_script(conn: sqlite3.Connection, sql: str, timeout_ms: float, *,
+                       steps: int = PROGRESS_STEPS) -> None:
+    """Execute an untrusted script ``sql`` (one or more statements: a model's DDL or DML) on
+    ``conn``, a private connection the harness discards (an in-memory copy), under
+    :func:`guarded` with :func:`sandbox_authorizer`: a script naming ``VACUUM`` or
+    ``load_extension`` (:data:`SANDBOX_FORBIDDEN`) is refused before it runs, ``ATTACH``,
+    ``DETACH`` and the :data:`DENIED_FUNCTIONS` while it runs, and it is interrupted after
+    ``timeout_ms``. Raises ``sqlite3.Error`` with SQLite's message (``not authorized``,
+    ``interrupted``)."""
+    if SANDBOX_FORBIDDEN.search(sql):
+        raise sqlite3.DatabaseError("not authorized: VACUUM and load_extension are not allowed")
+    with guarded(conn, timeout_ms, steps=steps, authorizer=sandbox_authorizer):
+        conn.executescript(sql)
 
 
 class ReadGate:

@@ -90,9 +90,6 @@ is the textbook algorithm (about thirty lines).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
@@ -102,179 +99,23 @@ from tasks.equivalence.instances import (
     EngineChoice,
     EngineQuery,
     Instance,
-    InstanceDB,
     Outcome,
     RelSchema,
     SchemaError,
     adapt_to_schema,
     engine_for,
-    enum_values,
     one_sided_error,
     one_sided_timeout,
     prepare_query,
     separation,
 )
 from tasks.equivalence.sql_dialects import read_query, sqlglot_dialect
-from tasks.equivalence.instance_generator import InstanceGenerator, cascade
+from tasks.equivalence.finder_result import FinderResult
+from tasks.equivalence.instance_db import InstanceDB
+from tasks.equivalence.instance_generator import InstanceGenerator
+from tasks.equivalence.shrinking import _instance_key, _shrink
 from tasks.equivalence.value_domains import _Analysis, build_domains
 from tasks.equivalence.verification import instance_rows, render_instance, verify_counterexample
-
-_SIMPLE: dict[str, list[Any]] = {
-    "int": [0, 1], "float": [0.0, 1.0], "decimal": [0.0, 1.0], "text": ["a"], "other": ["a"],
-    "date": ["2000-01-01"], "timestamp": ["2000-01-01 00:00:00"], "time": ["00:00:00"],
-    "bool": [], "uuid": [], "json": [],
-}
-
-
-@dataclass
-class FinderResult:
-    """What the finder concluded for one pair.
-
-    - ``verdict``: ``not_equivalent`` / ``no_counterexample_within_budget`` /
-      ``nondeterministic`` (results differed only as an arbitrary choice explains:
-      ``choices`` lists the constructs, ``choice_instances`` counts such instances) /
-      ``error_on_instance`` (no instance separated the results, but on some instance exactly
-      one query raised: ``error`` says which and why, ``error_script`` is a minimal such
-      database) / ``error``;
-    - ``counterexample``: the minimal instance as a CREATE TABLE + INSERT script (in the pair's
-      dialect), ``instance`` the same rows as ``{table: [row, ...]}``, ``rows`` their number;
-    - ``verified``: the rendered script, executed on a fresh database with the keys declared,
-      separates the queries. Always True with ``not_equivalent``: a candidate that does not
-      verify is rejected and the search goes on; ``verify_error`` is kept for callers that
-      verify other scripts;
-    - ``result1``/``result2``: previews of both results on the counterexample;
-    - ``instances_tried``: instances executed during the search (the budget spent),
-      ``search_s``/``shrink_s``/``seconds``: wall time in seconds (``seconds`` is all of it);
-      ``hit_time_limit``: the search stopped at the time limit; ``timeouts``: instances on
-      which a query hit the per-query time limit (never counted as an error or a difference);
-      ``found_at``: index of the first separating instance (0 = the empty database);
-      ``rows_before_shrink``: the size of the instance that separated the queries (rows over
-      all tables), ``found_by`` how it was made (``random``, ``large``, ``guided: <predicate>
-      → <n> rows in <table>``);
-    - ``size_hints``: the instance shapes the predicates asked for (and those over the row
-      budget); ``type_errors``: type-incorrect comparisons in the queries
-      (``DNAME INT = 'SECURITY'``); ``readings``: every non-default reading of the SQL (schema
-      DDL in another dialect, ``||`` as concatenation, a GROUP BY literal as a constant,
-      ``now()`` frozen, the engine and what it approximates) — nothing is decided silently;
-    - ``engine``: ``duckdb``, ``sqlite`` or ``postgres``; ``notes``: e.g. constraints the
-      schema reader dropped, instances that did not load.
-    """
-
-    verdict: str
-    counterexample: str | None = None
-    instance: dict[str, list[list]] | None = None
-    rows: int | None = None
-    verified: bool | None = None
-    verify_error: str | None = None
-    result1: str | None = None
-    result2: str | None = None
-    instances_tried: int = 0
-    found_at: int | None = None
-    rows_before_shrink: int | None = None
-    found_by: str | None = None
-    search_s: float = 0.0
-    shrink_s: float = 0.0
-    seconds: float = 0.0
-    hit_time_limit: bool = False
-    timeouts: int = 0
-    engine: str = "duckdb"
-    error: str | None = None
-    error_script: str | None = None
-    one_sided_errors: int = 0
-    choice_instances: int = 0
-    choices: list[str] = field(default_factory=list)
-    size_hints: list[str] = field(default_factory=list)
-    type_errors: list[str] = field(default_factory=list)
-    readings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def _spent(self) -> str:
-        limit = " (time limit reached)" if self.hit_time_limit else ""
-        timeouts = f", {self.timeouts} query timeout(s)" if self.timeouts else ""
-        return f"{self.instances_tried} instance(s), {self.seconds:.2f} s{limit}{timeouts}"
-
-    def summary(self) -> str:
-        """One line for logs and the ``explanation`` column."""
-        if self.verdict == "not_equivalent":
-            return (f"counterexample with {self.rows} row(s) (found at {self.rows_before_shrink} "
-                    f"row(s), {self.found_by}) after {self._spent()}: "
-                    f"sql1 → {self.result1}; sql2 → {self.result2}")
-        if self.verdict == "error":
-            return f"error: {self.error}"
-        if self.verdict == "error_on_instance":
-            extra = f"; {self.type_errors[0]}" if self.type_errors else ""
-            return (f"no counterexample in {self._spent()}, but on {self.one_sided_errors} "
-                    f"instance(s) one query fails: {self.error}{extra} (an error is not a result)")
-        if self.verdict == "nondeterministic":
-            why = "; ".join(self.choices[:3]) or "an arbitrary choice"
-            return (f"no counterexample in {self._spent()}; on {self.choice_instances} "
-                    f"instance(s) the results differed only as the SQL's arbitrary choices allow "
-                    f"({why}) — not a counterexample, and not a proof of equivalence")
-        return f"no counterexample in {self._spent()} (not a proof of equivalence)"
-
-    def details(self) -> dict[str, Any]:
-        """The facts behind the verdict as a JSON-able dict (the ``details`` column)."""
-        return {
-            "engine": self.engine, "found_at": self.found_at,
-            "rows_before_shrink": self.rows_before_shrink, "found_by": self.found_by,
-            "search_s": self.search_s, "shrink_s": self.shrink_s, "seconds": self.seconds,
-            "hit_time_limit": self.hit_time_limit, "timeouts": self.timeouts,
-            "result1": self.result1, "result2": self.result2, "instance": self.instance,
-            "one_sided_errors": self.one_sided_errors, "error_script": self.error_script,
-            "choice_instances": self.choice_instances, "choices": self.choices,
-            "size_hints": self.size_hints, "type_errors": self.type_errors,
-            "readings": self.readings, "notes": self.notes,
-        }
-
-
-# --------------------------------------------------------------------------------------------
-# Delta debugging
-# --------------------------------------------------------------------------------------------
-
-
-def ddmin(items: Sequence[Any], test: Callable[[list[Any]], bool],
-          stop: Callable[[], bool] | None = None) -> list[Any]:
-    """Zeller & Hildebrandt's ddmin: a 1-minimal sublist of ``items`` on which ``test`` holds.
-
-    ``test(items)`` must hold. Keeps the order of ``items``; ``test`` results are cached by
-    the chosen positions. 1-minimal: removing any single element makes ``test`` fail (the empty
-    list is tried too). ``stop()`` True ends the search early with the smallest sublist found
-    so far (on which ``test`` holds, but which may not be 1-minimal).
-    """
-    cache: dict[tuple[int, ...], bool] = {}
-    idx = list(range(len(items)))
-
-    def t(sub: list[int]) -> bool:
-        key = tuple(sub)
-        if key not in cache:
-            if stop is not None and stop():
-                return False
-            cache[key] = bool(test([items[i] for i in sub]))
-        return cache[key]
-
-    n = 2
-    while len(idx) >= 2:
-        size = len(idx)
-        chunks = [idx[size * i // n: size * (i + 1) // n] for i in range(n)]
-        chunks = [c for c in chunks if c]
-        reduced = False
-        for c in chunks:
-            if t(c):
-                idx, n, reduced = c, 2, True
-                break
-        if not reduced:
-            for i in range(len(chunks)):
-                comp = [x for j, c in enumerate(chunks) if j != i for x in c]
-                if t(comp):
-                    idx, n, reduced = comp, max(n - 1, 2), True
-                    break
-        if not reduced:
-            if n >= len(idx):
-                break
-            n = min(len(idx), 2 * n)
-    if len(idx) == 1 and t([]):
-        idx = []
-    return [items[i] for i in idx]
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,10 +199,6 @@ class _Runner:
     def one_side_fails(self, inst: Instance) -> bool:
         """Exactly one query raises on ``inst`` (not counted as a search result)."""
         return one_sided_error(*self.outcomes(inst)) is not None
-
-
-def _instance_key(inst: Instance) -> tuple:
-    return tuple((t, tuple(sorted(rows, key=repr))) for t, rows in sorted(inst.items()))
 
 
 def find_counterexample(
@@ -652,69 +489,3 @@ def _search(result: FinderResult, runner: _Runner, schema: RelSchema, tables: li
     result.instances_tried = tried
     result.shrink_s = shrink_s
     result.search_s = time.perf_counter() - start - shrink_s
-
-
-def _shrink(schema: RelSchema, tables: Sequence[str], inst: Instance,
-            holds: Callable[[Instance], bool], stop: Callable[[], bool] | None = None) -> Instance:
-    """ddmin over rows (with FK cascade), then simpler non-key values, keeping ``holds``
-    (the instance separates the queries, or makes exactly one fail) true; ``stop()`` ends it
-    early with the smallest instance found so far."""
-    items = [(t, r) for t in tables for r in inst.get(t, [])]
-
-    def build(sub: list[tuple[str, tuple]]) -> Instance:
-        out: Instance = {t: [] for t in tables}
-        for t, r in sub:
-            out[t].append(r)
-        return cascade(schema, tables, out)
-
-    memo: dict[tuple, bool] = {}
-    holds_raw = holds
-
-    def holds(inst: Instance) -> bool:
-        # many subsets cascade to the same instance (a removed parent takes its children)
-        key = _instance_key(inst)
-        if key not in memo:
-            memo[key] = holds_raw(inst)
-        return memo[key]
-
-    kept = ddmin(items, lambda sub: holds(build(sub)), stop)
-    best = build(kept)
-    # simplify values that no key or foreign key depends on
-    protected: set[tuple[str, int]] = set()
-    for t in tables:
-        table = schema.tables[t]
-        for key in table.keys:
-            protected.update((t, table.index(c)) for c in key)
-        for fk in table.foreign_keys:
-            protected.update((t, table.index(c)) for c in fk.columns)
-            parent = schema.tables[fk.ref_table]
-            protected.update((fk.ref_table, parent.index(c)) for c in fk.ref_columns)
-        protected.update((t, i) for i, c in enumerate(table.columns) if c.generated is not None)
-    attempts = 0
-    changed = False
-    for t in tables:
-        table = schema.tables[t]
-        for ri in range(len(best[t])):
-            for ci, col in enumerate(table.columns):
-                if (t, ci) in protected or (stop is not None and stop()):
-                    continue
-                current = best[t][ri][ci]
-                if current is None:
-                    continue
-                for simple in _SIMPLE.get(col.category, []):
-                    if simple == current or attempts >= 80 or not col.accepts(simple) or enum_values(col) \
-                            or col.set_members is not None:
-                        continue
-                    attempts += 1
-                    row = list(best[t][ri])
-                    row[ci] = simple
-                    trial = {k: list(v) for k, v in best.items()}
-                    trial[t][ri] = tuple(row)
-                    if holds(trial):
-                        best = trial
-                        changed = True
-                        break
-    if changed and not (stop is not None and stop()):  # a simpler value may make another row unnecessary
-        items = [(t, r) for t in tables for r in best.get(t, [])]
-        best = build(ddmin(items, lambda sub: holds(build(sub)), stop))
-    return best

@@ -289,7 +289,7 @@ def run_judge(
     """Ask the judge model ``chat`` (:func:`judge_model`; zero-shot, its options' temperature,
     default 0) whether two queries are equivalent under ``notion`` with ``technique``; parse
     the verdict and any counterexample. One model call; ``trial`` is its response-cache trial
-    index (with the messages it keys the cache; :mod:`tasks.equivalence.stage` passes a stable number
+    index (with the messages it keys the cache; :mod:`tasks.equivalence.methods` passes a stable number
     per pair id so that two pairs with the same queries are still two samples).
 
     API errors (after the shared retries) are returned as ``verdict="error"`` (never raised);

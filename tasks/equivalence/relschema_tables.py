@@ -152,7 +152,7 @@ class ForeignKey:
 class UniqueIndex:
     """``CREATE UNIQUE INDEX name ON table (keys) [WHERE where]`` whose keys are expressions or
     which is partial: no two rows satisfying ``where`` with every key non-NULL have equal keys.
-    Enforced by :meth:`tasks.equivalence.instances.InstanceDB.load` with :meth:`violation_sql` (no engine
+    Enforced by :meth:`tasks.equivalence.instance_db.InstanceDB.load` with :meth:`violation_sql` (no engine
     builds both forms: DuckDB has no partial index)."""
 
     name: str

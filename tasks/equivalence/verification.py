@@ -1,6 +1,6 @@
 """Rendering and verification of counterexamples: :func:`render_instance` writes an instance as
 CREATE TABLE + INSERT statements; :func:`verify_counterexample` replays such a script on a fresh
-:class:`tasks.equivalence.instances.InstanceDB` with the schema's keys declared and checks the two
+:class:`tasks.equivalence.instance_db.InstanceDB` with the schema's keys declared and checks the two
 queries' results are separated (:class:`Verification`).
 
 Split out of :mod:`tasks.equivalence.instances`; the code moved verbatim."""
@@ -19,7 +19,6 @@ from tasks.equivalence.relschema import ident as _ident
 from tasks.equivalence.sql_dialects import read_query, sqlglot_dialect, strip_qualifiers
 from tasks.equivalence.instances import (
     EngineChoice,
-    InstanceDB,
     Outcome,
     _short,
     adapt_to_schema,
@@ -31,6 +30,7 @@ from tasks.equivalence.instances import (
     referenced_tables,
     separation,
 )
+from tasks.equivalence.instance_db import InstanceDB
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ the item: the debugging round, the graph node, the expert turn; 0 otherwise.
   ``{"item_id": ..., "step": 0, "tool_calls": [{"name": ..., "arguments": {...}}]}``; lines
   without ``step`` are numbered in file order per item.
 - ``openai:<model>`` calls a chat model through the shared model layer :mod:`tasks.core.llm`, like
-  :mod:`tasks.text2sql.stage`: the model is resolved in the models table (``data/models.yaml`` +
+  :mod:`tasks.text2sql.generators`: the model is resolved in the models table (``data/models.yaml`` +
   ``QUERYLAB_MODELS``: endpoint, key, USD prices), a model in no file runs at
   ``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY`` (:class:`schemas.settings.Settings`)
   with a null (unknown) cost; infra-only retries with backoff honouring ``Retry-After``

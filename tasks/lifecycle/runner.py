@@ -64,7 +64,7 @@ __all__ = [
     "SYSTEM_PROMPTS",
     "RunContext",
     "db_path",
-    "execution_match",
+    "execution_accuracy",
     "oracle_answer",
     "progressive_prompt",
     "run_item",
@@ -124,18 +124,26 @@ def db_path(databases: dict, db_id: str, variant: str = "original") -> Path:
 
 
 def _extract_sql(text: str | None) -> str:
-    from tasks.text2sql.stage import extract_sql
+    from tasks.text2sql.generators import extract_sql
 
     return extract_sql(text)
 
 
-def execution_match(
+def execution_accuracy(
     path: str | Path, gold_sql: str, pred_sql: str | None, ordered: bool, timeout_ms: int
 ) -> tuple[bool, str | None]:
     """``(EX, error)`` of ``pred_sql`` against ``gold_sql`` on ``path``: the prediction runs
     through :func:`tasks.lifecycle.schema.run_readonly` (read-only, no ATTACH); False with the
     SQLite message when it fails, ``"no SQL in the answer"`` when it is empty. Raises
-    ``sqlite3.Error`` when the gold query fails (a dataset bug)."""
+    ``sqlite3.Error`` when the gold query fails (a dataset bug).
+
+    This is a *score* of one prediction against the gold query (execution accuracy, as in
+    :func:`tasks.text2sql.spider.score_execution_accuracy`), not the equivalence method
+    :func:`tasks.equivalence.methods.execution_match`, which gives a *verdict* on two queries of
+    a pair (symmetric; any engine; an arbitrary choice the SQL leaves to the engine is
+    ``nondeterministic``, one failing query is ``error_on_instance``, not a mismatch). Here
+    a failing prediction scores False, a failing gold query raises, and differing results are
+    a miss whatever the reason."""
     gold = run_sqlite(path, gold_sql, timeout_ms)
     if not pred_sql or not pred_sql.strip():
         return False, "no SQL in the answer"
@@ -341,7 +349,7 @@ def _text2sql(rec, item, ctx, row, details):
     sql = _extract_sql(text)
     row["answer"] = sql
     path = db_path(ctx.databases, item["db_id"], item["variant"])
-    ok, err = execution_match(path, ref["sql"], sql, ref["ordered"], ctx.config.timeout_ms)
+    ok, err = execution_accuracy(path, ref["sql"], sql, ref["ordered"], ctx.config.timeout_ms)
     row.update(ex=float(ok), error=err)
 
 
@@ -361,7 +369,7 @@ def _progressive(rec, item, ctx, row, details):
             continue
         sql = _extract_sql(reply.content)
         sqls.append(sql)
-        ok, err = execution_match(
+        ok, err = execution_accuracy(
             path, ref["nodes"][node["id"]], sql, ref["ordered"][node["id"]], ctx.config.timeout_ms
         )
         results.append({"node": node["id"], "ex": ok, "error": err})
@@ -414,7 +422,7 @@ def _debug(rec, item, ctx, row, details):
                 attempts.append({"round": rnd, "sql": None, "ex": False, "error": err})
             break
         sql = _extract_sql(reply.content)
-        ok, err = execution_match(path, ref["sql"], sql, ref["ordered"], ctx.config.timeout_ms)
+        ok, err = execution_accuracy(path, ref["sql"], sql, ref["ordered"], ctx.config.timeout_ms)
         attempts.append({"round": rnd, "sql": sql, "ex": ok, "error": err})
         executed = err is None
         if ok or executed or not sql:

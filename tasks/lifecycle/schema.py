@@ -19,13 +19,12 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.db.sqlite_guard import run_file_query
+from tasks.db.sqlite_guard import run_file_query, run_sandbox_script
 
 __all__ = [
     "TYPE_CLASSES",
@@ -296,14 +295,6 @@ def read_sqlite_schema(path: str | Path) -> Schema:
 # Sandboxed execution
 # --------------------------------------------------------------------------------------------
 
-_FORBIDDEN = re.compile(r"\b(vacuum|load_extension)\b", re.IGNORECASE)
-_DENY_ACTIONS = {sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH}
-
-
-def _authorizer(action: int, *args: Any) -> int:
-    return sqlite3.SQLITE_DENY if action in _DENY_ACTIONS else sqlite3.SQLITE_OK
-
-
 def sandbox_connection(source: str | Path | None = None) -> sqlite3.Connection:
     """A private in-memory SQLite connection, empty or holding a copy of the database file
     ``source`` (copied with the backup API; the file is opened read-only). Foreign-key
@@ -321,20 +312,13 @@ def sandbox_connection(source: str | Path | None = None) -> sqlite3.Connection:
 
 
 def run_script(conn: sqlite3.Connection, sql: str, timeout_ms: int = 10_000) -> None:
-    """Execute untrusted ``sql`` (one or more statements) on a sandbox connection: ``ATTACH``,
-    ``DETACH``, ``VACUUM`` and ``load_extension`` are refused, the script is interrupted after
-    ``timeout_ms``. Raises ``sqlite3.Error`` with SQLite's message (``not authorized`` for a
-    refused statement, ``interrupted`` on timeout)."""
-    if _FORBIDDEN.search(sql):
-        raise sqlite3.DatabaseError("not authorized: VACUUM and load_extension are not allowed")
-    deadline = time.monotonic() + timeout_ms / 1000
-    conn.set_authorizer(_authorizer)
-    conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
-    try:
-        conn.executescript(sql)
-    finally:
-        conn.set_authorizer(None)
-        conn.set_progress_handler(None, 0)
+    """Execute untrusted ``sql`` (one or more statements) on a sandbox connection through the
+    guarded executor (:func:`tasks.db.sqlite_guard.run_sandbox_script`): ``ATTACH``,
+    ``DETACH``, ``VACUUM``, ``load_extension`` and the guard's denied functions are refused,
+    values are at most :data:`tasks.db.sqlite_guard.SQLITE_MAX_LENGTH` bytes, the script is
+    interrupted after ``timeout_ms``. Raises ``sqlite3.Error`` with SQLite's message
+    (``not authorized`` for a refused statement, ``interrupted`` on timeout)."""
+    run_sandbox_script(conn, sql, timeout_ms)
 
 
 def run_readonly(path: str | Path, sql: str, timeout_ms: int = 10_000) -> list[tuple]:

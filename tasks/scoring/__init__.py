@@ -1,1 +1,1 @@
-"""Scoring: verdicts of each trial against ground truth (the validator registry, built-in validators and the sandboxed DAB validate.py runner, DAB's rules), execution match of results, the trace audit, and rescoring a run after a spec fix."""
+"""Scoring: a dataset's public manifest and private scoring file, verdicts of each trial against ground truth (the validator registry, built-in validators and the sandboxed DAB validate.py runner, DAB's rules), execution match of results, the trace audit, and rescoring a run after a spec fix."""

@@ -4,7 +4,7 @@ A dataset version has two halves (:mod:`tasks.datasets.build`): the **data versi
 (databases, perturbed tables, questions, descriptions, hints; the ``<version>`` of
 ``datasets/<name>/<version>/``) — and the **scoring** — ground truth (computed from the
 canonical tables by the spec's SQL), validators, reference solutions, requirements, identified
-by its digest (:func:`tasks.scoring.stage.scoring_digest`). Stored answers stay valid while the data
+by its digest (:func:`tasks.scoring.scoring_file.scoring_digest`). Stored answers stay valid while the data
 version is unchanged, whatever the scoring does.
 
 ``querylab rescore --run-id X`` (:func:`plan_rescore` then :func:`apply_rescore`) re-derives
@@ -15,7 +15,7 @@ ground truth is recomputed from the dataset's canonical tables, a changed scorin
 as a new content-addressed scoring file (the dataset's current one from then on), the run is
 scored with it and its summary records the digest. What it used and what changed is returned
 for the command to print. A dataset without a spec (a DAB import) is scored with its recorded
-scoring file. A hand-edited ``scoring.json`` is refused (:func:`tasks.scoring.stage.load_scoring`):
+scoring file. A hand-edited ``scoring.json`` is refused (:func:`tasks.scoring.scoring_file.load_scoring`):
 fixes go into the spec.
 """
 
@@ -29,14 +29,8 @@ import polars as pl
 
 from schemas import artifacts
 from tasks.core import storage
-from tasks.scoring.stage import (
-    ScoringError,
-    load_scoring,
-    replace_scoring,
-    run_manifest_uris,
-    scoring_digest,
-    trials_uri,
-)
+from tasks.scoring.scoring_file import ScoringError, load_scoring, replace_scoring, scoring_digest
+from tasks.scoring.stage import run_manifest_uris, trials_uri
 
 
 class RescoreRefused(ScoringError):
