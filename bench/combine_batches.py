@@ -70,7 +70,8 @@ def _combine(directory: str, how: str) -> dict:
         table = table.sort_by([(c, "ascending") for c in ORDER])
         storage.write_parquet(out, table, artifacts.LLM_CALLS)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"seconds": seconds, "peak_mb": peak_mb}
 
 
 def _child(*args: str) -> str:

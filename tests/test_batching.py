@@ -158,4 +158,4 @@ def test_a_killed_equivalence_batch_resumes_with_its_unjudged_pairs(tmp_path, mo
     uri = eq.run_equivalence_batch.fn("r", root, prepared["pairs_uri"], batch)
     assert judged == ["p1", "p2"]  # p0 was checkpointed by the killed attempt
     assert storage.read_parquet(uri).column("pair_id").to_pylist() == ["p0", "p1", "p2"]
-    assert not Path(eq.equivalence_batches().checkpoints(root, "r", batch["key"]).prefix).exists()
+    assert not Path(eq.EQUIVALENCE_BATCHES.checkpoints(root, "r", batch["key"]).prefix).exists()

@@ -16,17 +16,14 @@ match, agreement with the labels, counterexamples, finder instance sizes, time) 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import re
-
-import pyarrow as pa
 
 from schemas import equivalence as eqs
 from schemas.equivalence import EquivalenceOptions, QueryPair
 from schemas.settings import Settings
 from tasks.core import storage
+from tasks.core.batching import BatchedStage, combine, label_slug, plan
 from tasks.core.prefect_task import task
 from tasks.core.layout import RunLayout
 from tasks.equivalence.methods import FINDER_REVISION, evaluate, parse_method
@@ -80,7 +77,6 @@ def plan_equivalence_batches(pair_ids: list[str], methods: list[str], batch_size
     # arbitrary choices, real PostgreSQL), so a resumed run never mixes two of them
     opts = (options or EquivalenceOptions()).model_dump_json() + f"|v{eqs.SCHEMA_VERSION}|r{FINDER_REVISION}"
     pairs = _read_pairs(pairs_uri) if pairs_uri is not None else None
-    from tasks.core.batching import label_slug, plan
 
     def material(name: str, chunk: list[str]) -> list:
         if pairs is None:
@@ -97,18 +93,14 @@ def plan_equivalence_batches(pair_ids: list[str], methods: list[str], batch_size
     return batches
 
 
-def equivalence_batches():
-    """The judging stage's batches (:class:`tasks.core.batching.BatchedStage`):
-    ``equivalence/batches/<key>.parquet`` of :data:`schemas.equivalence.EQUIVALENCE` rows, with
-    per-pair checkpoints ``<key>.parts/``."""
-    from tasks.core.batching import BatchedStage
-
-    return BatchedStage("equivalence", (("", eqs.EQUIVALENCE),))
+#: The judging stage's batches: ``equivalence/batches/<key>.parquet`` of
+#: :data:`schemas.equivalence.EQUIVALENCE` rows, per-pair checkpoints ``<key>.parts/``.
+EQUIVALENCE_BATCHES = BatchedStage("equivalence", (("", eqs.EQUIVALENCE),))
 
 
 def batch_uri(artifacts_root: str, run_id: str, key: str) -> str:
     """URI of one batch's rows."""
-    return equivalence_batches().uri(artifacts_root, run_id, key)
+    return EQUIVALENCE_BATCHES.uri(artifacts_root, run_id, key)
 
 
 def _read_pairs(uri: str) -> dict[str, QueryPair]:
@@ -136,7 +128,7 @@ def run_equivalence_batch(run_id: str, artifacts_root: str, pairs_uri: str, batc
     methods is resolved from the models table / the environment (``QUERYLAB_MODELS``,
     ``QUERYLAB_OPENAI_*``), never from parameters; its responses are cached under
     ``<artifacts_root>/cache/llm``."""
-    stage = equivalence_batches()
+    stage = EQUIVALENCE_BATCHES
     if stage.finished(artifacts_root, run_id, batch["key"]):
         return stage.uri(artifacts_root, run_id, batch["key"])
     opts = EquivalenceOptions.model_validate(options or {})
@@ -173,10 +165,8 @@ def run_equivalence_batch(run_id: str, artifacts_root: str, pairs_uri: str, batc
 
 @task(name="combine-equivalence", persist_result=False)
 def combine_equivalence(run_id: str, artifacts_root: str, batch_keys: list[str]) -> str:
-    """Concatenate the batches into ``equivalence.parquet`` (sorted by pair, method; streamed,
-    :func:`tasks.core.batching.combine`)."""
-    from tasks.core.batching import combine
-
+    """Concatenate the batches into ``equivalence.parquet`` (sorted by pair, method; written
+    row group by row group, :func:`tasks.core.batching.combine`)."""
     return combine([batch_uri(artifacts_root, run_id, k) for k in batch_keys], eqs.EQUIVALENCE,
                    ["pair_id", "method"],
                    storage.join(stage_prefix(artifacts_root, run_id), "equivalence.parquet"),
@@ -184,6 +174,7 @@ def combine_equivalence(run_id: str, artifacts_root: str, batch_keys: list[str])
 
 
 __all__ = [
+    "EQUIVALENCE_BATCHES",
     "batch_uri",
     "combine_equivalence",
     "plan_equivalence_batches",

@@ -290,7 +290,7 @@ def run_lifecycle_batch(
 @task(name="lifecycle-combine", persist_result=False)
 def combine_lifecycle_results(run_id: str, artifacts_root: str, batches: list[dict]) -> dict:
     """Concatenate the batches per phase into ``results/<phase>.parquet`` and
-    ``calls/<phase>.parquet`` (sorted by model, item, step; streamed,
+    ``calls/<phase>.parquet`` (sorted by model, item, step; written row group by row group,
     :func:`tasks.core.batching.combine`); returns ``{phase: {"results": uri, "calls": uri}}``."""
     prefix = lifecycle_prefix(artifacts_root, run_id)
     out = {}

@@ -18,15 +18,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import polars as pl
-import pyarrow as pa
 from prefect import task
 
 from schemas import text2sql as schema
 from schemas.settings import Settings
 from schemas.text2sql import GenerationConfig
 from tasks.core import storage
+from tasks.core.batching import BatchedStage, combine, plan
 from tasks.text2sql.corpora import load_tpcds_corpus, tpcds_ddl
-from tasks.core.runs import batch_key, spec_fingerprint
+from tasks.core.runs import spec_fingerprint
 from tasks.core.layout import RunLayout
 from tasks.text2sql.generators import (
     GeneratorConfigError,
@@ -96,8 +96,6 @@ def plan_generation_batches(
         q = corpus.get(qid)
         return [qid] if q is None else [qid, q.description, list(q.params), q.sql]
 
-    from tasks.core.batching import plan
-
     batches = []
     for gen in generators:
         try:
@@ -110,18 +108,14 @@ def plan_generation_batches(
     return batches
 
 
-def generation_batches():
-    """The generation stage's batches (:class:`tasks.core.batching.BatchedStage`):
-    ``text2sql/batches/<key>.parquet`` of :data:`schemas.text2sql.GENERATIONS` rows, with
-    per-query checkpoints ``<key>.parts/``."""
-    from tasks.core.batching import BatchedStage
-
-    return BatchedStage("text2sql", (("", schema.GENERATIONS),))
+#: The generation stage's batches: ``text2sql/batches/<key>.parquet`` of
+#: :data:`schemas.text2sql.GENERATIONS` rows, per-query checkpoints ``<key>.parts/``.
+GENERATION_BATCHES = BatchedStage("text2sql", (("", schema.GENERATIONS),))
 
 
 def batch_uri(artifacts_root: str, run_id: str, key: str) -> str:
     """Where a generation batch's attempts are written."""
-    return generation_batches().uri(artifacts_root, run_id, key)
+    return GENERATION_BATCHES.uri(artifacts_root, run_id, key)
 
 
 @task(name="text2sql-generate-batch", persist_result=False)
@@ -139,7 +133,7 @@ def run_generation_batch(
     attempt finished (checkpointed one by one) are not generated again. Raises
     :class:`GeneratorConfigError` for a bad generator, CorpusError for a bad descriptions file,
     ``psycopg.Error`` when PostgreSQL is unreachable."""
-    stage = generation_batches()
+    stage = GENERATION_BATCHES
     if stage.finished(artifacts_root, run_id, batch["key"]):
         return stage.uri(artifacts_root, run_id, batch["key"])
     cfg = GenerationConfig.model_validate(config or {})
@@ -173,15 +167,15 @@ def run_generation_batch(
 @task(name="text2sql-combine", persist_result=False)
 def combine_generations(run_id: str, artifacts_root: str, batch_uris: list[str]) -> str:
     """Concatenate batch files into ``text2sql/generations.parquet`` (sorted by model, query
-    number, attempt; streamed, :func:`tasks.core.batching.combine`); returns its URI."""
-    from tasks.core.batching import combine
-
+    number, attempt; written row group by row group, :func:`tasks.core.batching.combine`);
+    returns its URI."""
     uri = storage.join(stage_prefix(artifacts_root, run_id, "text2sql"), "generations.parquet")
     order = ["model", pl.col("query_id").cast(pl.Int64, strict=False), "attempt"]
     return combine(batch_uris, schema.GENERATIONS, order, uri)
 
 
 __all__ = [
+    "GENERATION_BATCHES",
     "batch_uri",
     "combine_generations",
     "plan_generation_batches",
