@@ -16,17 +16,14 @@ match, agreement with the labels, counterexamples, finder instance sizes, time) 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import re
-
-import pyarrow as pa
 
 from schemas import equivalence as eqs
 from schemas.equivalence import EquivalenceOptions, QueryPair
 from schemas.settings import Settings
 from tasks.core import storage
+from tasks.core.batching import BatchedStage, combine, label_slug, plan
 from tasks.core.prefect_task import task
 from tasks.core.layout import RunLayout
 from tasks.equivalence.methods import FINDER_REVISION, evaluate, parse_method
@@ -80,24 +77,30 @@ def plan_equivalence_batches(pair_ids: list[str], methods: list[str], batch_size
     # arbitrary choices, real PostgreSQL), so a resumed run never mixes two of them
     opts = (options or EquivalenceOptions()).model_dump_json() + f"|v{eqs.SCHEMA_VERSION}|r{FINDER_REVISION}"
     pairs = _read_pairs(pairs_uri) if pairs_uri is not None else None
+
+    def material(name: str, chunk: list[str]) -> list:
+        if pairs is None:
+            return [name, chunk, opts]
+        return [name, chunk, opts, [pairs[p].model_dump(mode="json", by_alias=True)
+                                    for p in chunk]]
+
     batches = []
     for m in parsed:
-        for start in range(0, len(pair_ids), batch_size):
-            chunk = pair_ids[start:start + batch_size]
-            material: list = [m.name, chunk, opts]
-            if pairs is not None:
-                material.append([pairs[p].model_dump(mode="json", by_alias=True) for p in chunk])
-            digest = hashlib.sha256(
-                json.dumps(material, sort_keys=True).encode()).hexdigest()[:10]
-            slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", m.name)
-            batches.append({"key": f"{slug}-{start // batch_size:04d}-{digest}",
-                            "method": m.name, "pair_ids": chunk})
+        # these keys predate tasks.core.batching: the slug is the whole method name, unstripped
+        for key, chunk in plan(m.name, pair_ids, batch_size, lambda c: material(m.name, c),
+                               slug=label_slug(m.name, limit=None, strip=False)):
+            batches.append({"key": key, "method": m.name, "pair_ids": chunk})
     return batches
+
+
+#: The judging stage's batches: ``equivalence/batches/<key>.parquet`` of
+#: :data:`schemas.equivalence.EQUIVALENCE` rows, per-pair checkpoints ``<key>.parts/``.
+EQUIVALENCE_BATCHES = BatchedStage("equivalence", (("", eqs.EQUIVALENCE),))
 
 
 def batch_uri(artifacts_root: str, run_id: str, key: str) -> str:
     """URI of one batch's rows."""
-    return storage.join(stage_prefix(artifacts_root, run_id), "batches", f"{key}.parquet")
+    return EQUIVALENCE_BATCHES.uri(artifacts_root, run_id, key)
 
 
 def _read_pairs(uri: str) -> dict[str, QueryPair]:
@@ -120,13 +123,14 @@ def run_equivalence_batch(run_id: str, artifacts_root: str, pairs_uri: str, batc
                           options: dict | None = None) -> str:
     """Judge every pair of one batch with its method; write the batch's rows.
 
-    Returns the batch URI; skips all work when it already exists. The judge model of judge
+    Returns the batch URI; skips all work when it already exists, and the pairs an interrupted
+    attempt judged (checkpointed one by one). The judge model of judge
     methods is resolved from the models table / the environment (``QUERYLAB_MODELS``,
     ``QUERYLAB_OPENAI_*``), never from parameters; its responses are cached under
     ``<artifacts_root>/cache/llm``."""
-    out_uri = batch_uri(artifacts_root, run_id, batch["key"])
-    if storage.exists(out_uri):
-        return out_uri
+    stage = EQUIVALENCE_BATCHES
+    if stage.finished(artifacts_root, run_id, batch["key"]):
+        return stage.uri(artifacts_root, run_id, batch["key"])
     opts = EquivalenceOptions.model_validate(options or {})
     method = parse_method(batch["method"])
     pairs = _read_pairs(pairs_uri)
@@ -139,11 +143,12 @@ def run_equivalence_batch(run_id: str, artifacts_root: str, pairs_uri: str, batc
         except ValueError as exc:
             client_error = str(exc)
     logger = _logger()
-    rows = []
     try:
-        for pid in batch["pair_ids"]:
-            row = evaluate(pairs[pid], method, opts, client, client_error)
-            rows.append({"run_id": run_id, **row})
+        rows = stage.run_items(
+            artifacts_root, run_id, batch["key"], batch["pair_ids"],
+            lambda pid: {"": [{"run_id": run_id,
+                               **evaluate(pairs[pid], method, opts, client, client_error)}]},
+        )[""]
     finally:
         if client is not None:
             client.close()
@@ -155,24 +160,21 @@ def run_equivalence_batch(run_id: str, artifacts_root: str, pairs_uri: str, batc
         if r["verdict"] == "error":
             logger.warning("equivalence %s on %s: error: %s", r["method"], r["pair_id"],
                            (r["error"] or "").splitlines()[0][:200] if r["error"] else "?")
-    return storage.write_parquet(out_uri, pa.Table.from_pylist(rows, schema=eqs.EQUIVALENCE),
-                                 eqs.EQUIVALENCE)
+    return stage.write(artifacts_root, run_id, batch["key"], {"": rows})
 
 
 @task(name="combine-equivalence", persist_result=False)
 def combine_equivalence(run_id: str, artifacts_root: str, batch_keys: list[str]) -> str:
-    """Concatenate the batches into ``equivalence.parquet`` (sorted by pair, method)."""
-    parts = [storage.read_parquet(batch_uri(artifacts_root, run_id, k), eqs.EQUIVALENCE)
-             for k in batch_keys]
-    table = pa.concat_tables(parts) if parts else eqs.EQUIVALENCE.empty_table()
-    table = table.sort_by([("pair_id", "ascending"), ("method", "ascending")])
-    return storage.write_parquet(
-        storage.join(stage_prefix(artifacts_root, run_id), "equivalence.parquet"), table,
-        eqs.EQUIVALENCE,
-    )
+    """Concatenate the batches into ``equivalence.parquet`` (sorted by pair, method; written
+    row group by row group, :func:`tasks.core.batching.combine`)."""
+    return combine([batch_uri(artifacts_root, run_id, k) for k in batch_keys], eqs.EQUIVALENCE,
+                   ["pair_id", "method"],
+                   storage.join(stage_prefix(artifacts_root, run_id), "equivalence.parquet"),
+                   nulls_last=True)
 
 
 __all__ = [
+    "EQUIVALENCE_BATCHES",
     "batch_uri",
     "combine_equivalence",
     "plan_equivalence_batches",

@@ -39,10 +39,12 @@ from tasks.lifecycle.tables import (
     robustness_table,
     variant_cv_table,
 )
-from tasks.core.runs import batch_key, spec_fingerprint
+from tasks.core.batching import BatchedStage, combine, plan
 from tasks.core.layout import RunLayout
+from tasks.core.runs import spec_fingerprint
 
 __all__ = [
+    "LIFECYCLE_BATCHES",
     "check_phases",
     "combine_lifecycle_results",
     "generate_lifecycle_items",
@@ -215,19 +217,17 @@ def plan_lifecycle_batches(
     batches = []
     for man in item_manifests:
         rows = read_items_table(man["uri"]).to_pylist()
-        ids = [r["item_id"] for r in rows]
         for model in models:
-            for start in range(0, len(ids), batch_size):
-                material = [model, fingerprints[model], man["phase"],
-                            rows[start : start + batch_size], cfg]
-                label = f"{agent_label(model)}-{man['phase']}"
+            label = f"{agent_label(model)}-{man['phase']}"
+            for key, chunk in plan(label, rows, batch_size,
+                                   lambda c: [model, fingerprints[model], man["phase"], c, cfg]):
                 batches.append(
                     {
-                        "key": batch_key(label, start // batch_size, material),
+                        "key": key,
                         "model": model,
                         "phase": man["phase"],
                         "items_uri": man["uri"],
-                        "item_ids": ids[start : start + batch_size],
+                        "item_ids": [r["item_id"] for r in chunk],
                     }
                 )
     return batches
@@ -244,11 +244,11 @@ def _log(msg: str) -> None:
         logging.getLogger(__name__).info(msg)
 
 
-def _batch_uris(artifacts_root: str, run_id: str, key: str) -> tuple[str, str]:
-    prefix = storage.join(lifecycle_prefix(artifacts_root, run_id), "batches")
-    return storage.join(prefix, f"{key}.results.parquet"), storage.join(
-        prefix, f"{key}.calls.parquet"
-    )
+#: The lifecycle batches: ``lifecycle/batches/<key>.calls.parquet`` then
+#: ``<key>.results.parquet`` (written last: the batch is finished), per-item checkpoints
+#: ``<key>.parts/``.
+LIFECYCLE_BATCHES = BatchedStage("lifecycle", (("calls", schema.CALLS),
+                                               ("results", schema.RESULTS)))
 
 
 @task(name="lifecycle-batch", persist_result=False)
@@ -257,59 +257,52 @@ def run_lifecycle_batch(
 ) -> str:
     """Run one batch (one model × some items of one phase): write
     ``batches/<key>.calls.parquet`` then ``batches/<key>.results.parquet`` and return the
-    results URI; a batch whose results exist is skipped. Raises AgentConfigError for a bad
+    results URI; a batch whose results exist is skipped, and the items an interrupted attempt
+    finished (checkpointed one by one) are not run again. Raises AgentConfigError for a bad
     model, KeyError for unknown item ids."""
-    results_uri, calls_uri = _batch_uris(artifacts_root, run_id, batch["key"])
-    if storage.exists(results_uri):
-        return results_uri
+    stage, key = LIFECYCLE_BATCHES, batch["key"]
+    if stage.finished(artifacts_root, run_id, key):
+        return stage.uri(artifacts_root, run_id, key)
     cfg = LifecycleConfig.model_validate(config)
     agent = make_agent(batch["model"], Settings.from_env(), cfg, artifacts_root)
     ctx = RunContext(storage.read_json(databases_uri), cfg)
-    results, calls = [], []
+
+    def one(item: dict) -> dict[str, list[dict]]:
+        row, call_rows = run_item(agent, item, ctx, run_id)
+        return {"results": [row], "calls": call_rows}
+
     try:
-        for item in read_items(batch["items_uri"], batch["item_ids"]):
-            row, call_rows = run_item(agent, item, ctx, run_id)
-            results.append(row)
-            calls.extend(call_rows)
+        rows = stage.run_items(artifacts_root, run_id, key,
+                               read_items(batch["items_uri"], batch["item_ids"]), one)
     finally:
         close = getattr(agent, "close", None)
         if close:
             close()
-    storage.write_parquet(calls_uri, pa.Table.from_pylist(calls, schema=schema.CALLS), schema.CALLS)
+    results = rows["results"]
     _log(
-        f"lifecycle batch {batch['key']}: {len(results)} {batch['phase']} items, "
-        f"{len(calls)} model calls, {sum(r['error'] is not None for r in results)} with an error"
+        f"lifecycle batch {key}: {len(results)} {batch['phase']} items, "
+        f"{len(rows['calls'])} model calls, "
+        f"{sum(r['error'] is not None for r in results)} with an error"
     )
-    return storage.write_parquet(
-        results_uri, pa.Table.from_pylist(results, schema=schema.RESULTS), schema.RESULTS
-    )
+    return stage.write(artifacts_root, run_id, key, rows)
 
 
 @task(name="lifecycle-combine", persist_result=False)
 def combine_lifecycle_results(run_id: str, artifacts_root: str, batches: list[dict]) -> dict:
     """Concatenate the batches per phase into ``results/<phase>.parquet`` and
-    ``calls/<phase>.parquet`` (sorted by model, item, step); returns ``{phase: {"results":
-    uri, "calls": uri}}``."""
+    ``calls/<phase>.parquet`` (sorted by model, item, step; written row group by row group,
+    :func:`tasks.core.batching.combine`); returns ``{phase: {"results": uri, "calls": uri}}``."""
     prefix = lifecycle_prefix(artifacts_root, run_id)
     out = {}
     for phase in PHASES:
         keys = [b["key"] for b in batches if b["phase"] == phase]
         if not keys:
             continue
-        res, cal = [], []
-        for k in keys:
-            r_uri, c_uri = _batch_uris(artifacts_root, run_id, k)
-            res.append(storage.read_parquet(r_uri, schema.RESULTS))
-            cal.append(storage.read_parquet(c_uri, schema.CALLS))
-        r = pl.from_arrow(pa.concat_tables(res)).sort("model", "item_id")
-        c = pl.from_arrow(pa.concat_tables(cal)).sort("model", "item_id", "step")
         out[phase] = {
-            "results": storage.write_parquet(
-                storage.join(prefix, "results", f"{phase}.parquet"), r.to_arrow(), schema.RESULTS
-            ),
-            "calls": storage.write_parquet(
-                storage.join(prefix, "calls", f"{phase}.parquet"), c.to_arrow(), schema.CALLS
-            ),
+            part: combine([LIFECYCLE_BATCHES.uri(artifacts_root, run_id, k, part) for k in keys],
+                          sch, order, storage.join(prefix, part, f"{phase}.parquet"))
+            for part, sch, order in (("results", schema.RESULTS, ["model", "item_id"]),
+                                     ("calls", schema.CALLS, ["model", "item_id", "step"]))
         }
     return out
 

@@ -18,15 +18,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import polars as pl
-import pyarrow as pa
 from prefect import task
 
 from schemas import text2sql as schema
 from schemas.settings import Settings
 from schemas.text2sql import GenerationConfig
 from tasks.core import storage
+from tasks.core.batching import BatchedStage, combine, plan
 from tasks.text2sql.corpora import load_tpcds_corpus, tpcds_ddl
-from tasks.core.runs import batch_key, spec_fingerprint
+from tasks.core.runs import spec_fingerprint
 from tasks.core.layout import RunLayout
 from tasks.text2sql.generators import (
     GeneratorConfigError,
@@ -102,19 +102,20 @@ def plan_generation_batches(
             fingerprint = spec_fingerprint(gen)
         except OSError as exc:
             raise GeneratorConfigError(f"{gen}: cannot read the replay source: {exc}") from None
-        for start in range(0, len(query_ids), batch_size):
-            chunk = [str(q) for q in query_ids[start : start + batch_size]]
-            material = [gen, fingerprint, [item(q) for q in chunk], cfg]
-            key = batch_key(generator_label(gen), start // batch_size, material)
+        for key, chunk in plan(generator_label(gen), query_ids, batch_size,
+                               lambda c: [gen, fingerprint, [item(q) for q in c], cfg]):
             batches.append({"key": key, "generator": gen, "query_ids": chunk})
     return batches
 
 
+#: The generation stage's batches: ``text2sql/batches/<key>.parquet`` of
+#: :data:`schemas.text2sql.GENERATIONS` rows, per-query checkpoints ``<key>.parts/``.
+GENERATION_BATCHES = BatchedStage("text2sql", (("", schema.GENERATIONS),))
+
+
 def batch_uri(artifacts_root: str, run_id: str, key: str) -> str:
     """Where a generation batch's attempts are written."""
-    return storage.join(
-        stage_prefix(artifacts_root, run_id, "text2sql"), "batches", f"{key}.parquet"
-    )
+    return GENERATION_BATCHES.uri(artifacts_root, run_id, key)
 
 
 @task(name="text2sql-generate-batch", persist_result=False)
@@ -128,12 +129,13 @@ def run_generation_batch(
     """Generate and validate SQL for one batch (one generator × some TPC-DS queries).
 
     Writes ``text2sql/batches/<key>.parquet`` (:data:`schemas.text2sql.GENERATIONS` rows) and
-    returns its URI; a batch already written is skipped. Raises :class:`GeneratorConfigError`
-    for a bad generator, CorpusError for a bad descriptions file, ``psycopg.Error`` when
-    PostgreSQL is unreachable."""
-    uri = batch_uri(artifacts_root, run_id, batch["key"])
-    if storage.exists(uri):
-        return uri
+    returns its URI; a batch already written is skipped, and the queries an interrupted
+    attempt finished (checkpointed one by one) are not generated again. Raises
+    :class:`GeneratorConfigError` for a bad generator, CorpusError for a bad descriptions file,
+    ``psycopg.Error`` when PostgreSQL is unreachable."""
+    stage = GENERATION_BATCHES
+    if stage.finished(artifacts_root, run_id, batch["key"]):
+        return stage.uri(artifacts_root, run_id, batch["key"])
     cfg = GenerationConfig.model_validate(config or {})
     settings = Settings.from_env()
     corpus = load_tpcds_corpus(descriptions_path).by_id()
@@ -141,42 +143,39 @@ def run_generation_batch(
     if unknown:
         raise ValueError(f"unknown TPC-DS query ids {unknown}; expected 1..99")
     ddl = tpcds_ddl()
-    rows: list[dict] = []
     generator = make_generator(batch["generator"], settings, cfg, artifacts_root)
     try:
         with PostgresValidator(  # as the read-only agent role: the SQL is the model's
             tpcds_validator_dsn(settings), cfg.statement_timeout_ms
         ) as validator:
-            for qid in batch["query_ids"]:
+
+            def generate(qid: str) -> dict[str, list[dict]]:
                 prompt = build_prompt(corpus[qid], ddl)
-                for r in generate_with_validation(
-                    generator, qid, prompt, validator.validate, cfg.max_retries
-                ):
-                    rows.append(
-                        {"run_id": run_id, "model": generator.label, "query_id": qid, **r}
-                    )
+                return {"": [
+                    {"run_id": run_id, "model": generator.label, "query_id": qid, **r}
+                    for r in generate_with_validation(
+                        generator, qid, prompt, validator.validate, cfg.max_retries)
+                ]}
+
+            rows = stage.run_items(artifacts_root, run_id, batch["key"], batch["query_ids"],
+                                   generate)
     finally:
         generator.close()
-    table = pa.Table.from_pylist(rows, schema=schema.GENERATIONS)
-    return storage.write_parquet(uri, table, schema.GENERATIONS)
+    return stage.write(artifacts_root, run_id, batch["key"], rows)
 
 
 @task(name="text2sql-combine", persist_result=False)
 def combine_generations(run_id: str, artifacts_root: str, batch_uris: list[str]) -> str:
     """Concatenate batch files into ``text2sql/generations.parquet`` (sorted by model, query
-    number, attempt); returns its URI."""
-    tables = [storage.read_parquet(u, schema.GENERATIONS) for u in batch_uris]
-    df = (
-        pl.from_arrow(pa.concat_tables(tables))
-        if tables
-        else pl.from_arrow(schema.GENERATIONS.empty_table())
-    )
-    df = df.sort(["model", pl.col("query_id").cast(pl.Int64, strict=False), "attempt"])
+    number, attempt; written row group by row group, :func:`tasks.core.batching.combine`);
+    returns its URI."""
     uri = storage.join(stage_prefix(artifacts_root, run_id, "text2sql"), "generations.parquet")
-    return storage.write_parquet(uri, df.to_arrow(), schema.GENERATIONS)
+    order = ["model", pl.col("query_id").cast(pl.Int64, strict=False), "attempt"]
+    return combine(batch_uris, schema.GENERATIONS, order, uri)
 
 
 __all__ = [
+    "GENERATION_BATCHES",
     "batch_uri",
     "combine_generations",
     "plan_generation_batches",

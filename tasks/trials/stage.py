@@ -20,67 +20,64 @@ verdict; the score step (:mod:`tasks.scoring.stage`) judges them. The one except
 Errored trials (``api_error`` / ``error``: infrastructure or harness failures) count as finished
 for resume, and are re-run only when asked (``retry_errors``, ``querylab rerun --retry-errors``):
 the batch then runs exactly its errored trials again and keeps every other row as it was.
+
+The batch machinery every suite shares (keys, checkpoints, writing a batch, combining) is
+:mod:`tasks.core.batching`. Beside this module: :mod:`tasks.trials.agent_checks` (agent specs,
+options, hint conditions, the checks before a run, preflight, query selection; re-exported
+here), :mod:`tasks.trials.agent_runner` (the agent a batch runs) and
+:mod:`tasks.trials.trial_rows` (one trial's rows, call journals, scratch directories).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
-import re
 import shutil
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pyarrow as pa
-from pydantic import ValidationError
 
 from schemas import artifacts
-from schemas.models import AgentOptions
 from schemas.settings import Settings
-from tasks.core import interrupt
-from tasks.core import storage
-from tasks.scoring.dab_rules import agent_options_for
-from tasks.agents.react import (
-    Transcript,
-    TrialOutcome,
-    run_oracle,
-    run_react,
-    system_prompt,
-    user_prompt,
-)
+from tasks.agents.replay import answers_for, load_answers
+from tasks.agents.tools import ToolBox
+from tasks.core import batching, interrupt, storage
+from tasks.core.batching import BatchedStage, label_slug, remove_local, spec_fingerprint
 from tasks.core.concurrency import (
     DEFAULT_MAX_CONCURRENCY, call_slot, resolve_max_trials, trial_slot,
 )
-from tasks.db.engines import open_databases
-from tasks.core.llm import (
-    AgentConfigError,
-    ChatModel,
-    PreflightResult,
-    ResponseCache,
-    check_tool_protocol,
-    endpoint_warning,
-    model_label,
-    load_models_config,
-    preflight,
-    resolve_model,
-)
-from tasks.core.llm import LOCAL_PREFLIGHT_TIMEOUT_S, PREFLIGHT_TIMEOUT_S
-from tasks.core.prefect_task import task
-from tasks.agents.replay import (
-    answers_for,
-    check_matches,
-    load_answers,
-    run_replay,
-    unmatched_datasets,
-)
-from tasks.sandbox.session import shared_sandbox
-from tasks.scoring.stage import is_errored, load_scoring
-from tasks.agents.tools import ToolBox
-from tasks.agents.registry import agent_kind, parse_agent_spec
-from tasks.core.settings import env_get
 from tasks.core.layout import RunLayout
+from tasks.core.llm import AgentConfigError
+from tasks.core.prefect_task import task
+from tasks.db.engines import open_databases
+from tasks.sandbox.session import shared_sandbox
+from tasks.scoring.dab_rules import agent_options_for
+from tasks.scoring.stage import is_errored
+from tasks.trials.agent_checks import (  # re-exported: the trials stage's public names
+    HINT_CONDITIONS,
+    _planned_hints,
+    agent_label,
+    agent_options,
+    check_agents,
+    check_query_selection,
+    check_sandbox,
+    hint_conditions,
+    model_agent_defaults,
+    parse_agent,
+    preflight_agents,
+    select_queries,
+)
+from tasks.trials.agent_runner import _Agent
+from tasks.trials.trial_rows import (
+    _earlier_calls,
+    _harness_error,
+    _journal_uri,
+    _llm_row,
+    _rows,
+    _with_earlier_calls,
+    scratch_dir,
+    work_root,
+)
 
 __all__ = [
     "AgentConfigError",
@@ -97,6 +94,7 @@ __all__ = [
     "combine_trials",
     "describe_agents",
     "hint_conditions",
+    "model_agent_defaults",
     "parse_agent",
     "plan_batches",
     "run_batch",
@@ -108,283 +106,19 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def parse_agent(agent: str) -> tuple[str, str | None]:
-    """``"oracle"`` → ("oracle", None); ``"openai:gpt-4o-mini"`` → ("openai", "gpt-4o-mini");
-    ``"local:smollm2-135m"`` → ("local", "smollm2-135m");
-    ``"replay:answers.json"`` → ("replay", "answers.json").
-
-    Raises AgentConfigError for anything else (and for a ``|`` in the name, which separates
-    trial-key parts).
-    """
-    if "|" in agent:
-        raise AgentConfigError(f"agent {agent!r}: '|' is not allowed in agent names")
-    return parse_agent_spec(agent, "trials")
-
-
-def agent_options(options: dict | AgentOptions | None) -> AgentOptions:
-    """Validated :class:`AgentOptions` from a dict (None: defaults); raises AgentConfigError
-    naming the bad option."""
-    if isinstance(options, AgentOptions):
-        return options
-    try:
-        return AgentOptions.model_validate(options or {})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or "-"
-        raise AgentConfigError(f"agent option {loc}: {first['msg']}") from None
-
-
-#: Hint conditions of a run: ``off`` (DAB's default: the agent sees the question and the
-#: database description) and ``on`` (DAB's ``--use_hints``: the dataset's hint text follows).
-HINT_CONDITIONS = ("off", "on")
-
-#: Agent kinds that never read a prompt (hints cannot change them): planned once per run, with
-#: no hint condition.
-PROMPTLESS_KINDS = frozenset({"oracle", "replay"})
-
-
-def hint_conditions(hints: list[str] | tuple[str, ...] | str | None) -> list[str]:
-    """The run's hint conditions, validated and de-duplicated in order (``None`` → ``["off"]``).
-    Raises AgentConfigError for anything but ``on`` / ``off``."""
-    if hints is None:
-        return ["off"]
-    values = [hints] if isinstance(hints, str) else list(hints)
-    bad = [h for h in values if h not in HINT_CONDITIONS]
-    if bad or not values:
-        raise AgentConfigError(f"hints {bad or values!r}: use 'on' or 'off' (repeat to run both)")
-    return list(dict.fromkeys(values))
-
-
-def agent_label(agent: str, hints: str | None) -> str:
-    """The agent as trial rows and report tables name it: ``agent`` itself with hints off (or
-    for an agent that reads no prompt), ``"<agent>+hints"`` with hints on, so one run that
-    compares both conditions gets one pass@k row per condition."""
-    return f"{agent}+hints" if hints == "on" else agent
-
-
-def _planned_hints(agent: str, hints: list[str]) -> list[str | None]:
-    """The hint conditions an agent is run under: every condition for agents that read a
-    prompt, ``[None]`` (once, not applicable) for the oracle and replay agents."""
-    return [None] if parse_agent(agent)[0] in PROMPTLESS_KINDS else list(hints)
-
-
-def check_agents(
-    agents: list[str],
-    manifest_uris: list[str] | None = None,
-    options: dict | None = None,
-    env: dict | None = None,
-    hints: list[str] | None = None,
-    agent_defaults: dict[str, dict] | None = None,
-) -> list[dict]:
-    """Check that every agent can run before any trial does; return their descriptions.
-
-    ``options`` (explicit) over ``agent_defaults`` (agent → its model's defaults; None: the
-    models table's, :func:`model_agent_defaults`) give each LLM agent's ``options`` (all
-    fields) and ``model_defaults`` in its description.
-
-    Each description has ``hints``: the hint conditions the agent runs under (``["off"]`` by
-    default; ``[]`` for the oracle and replay agents, which read no prompt) and ``labels``:
-    the agent names its trial rows carry (:func:`agent_label`).
-
-    ``openai:<model>``: resolved through the models table (key present, endpoint valid);
-    ``local:<model>``: its server started (it stays up for the run) and, for tool protocol
-    ``auto``, probed once (the description records the protocol used);
-    ``warnings`` lists what the user should be told (a named endpoint overriding the table's,
-    a model without prices);
-    ``replay:<file>``: parsed, and its queries matched against the given datasets (ReplayError
-    when no entry is for one of them, or an entry names a query a dataset lacks; entries for
-    datasets not in the run are ``ignored_datasets``, with a warning). Any other agent on a
-    scoring-only DAB import, or with hints on a DAB dataset without hints, is refused. Returns
-    JSON-able dicts ``{"agent", "kind", ...}`` (endpoint, prices, ``priced``; never a key).
-    Raises AgentConfigError (or ReplayError) with a message naming the problem.
-    """
-    opts = agent_options(options)
-    conditions = hint_conditions(hints)
-    manifests = [storage.read_json(u) for u in manifest_uris or []]
-    config = None
-    out = []
-    for agent in agents:
-        kind, arg = parse_agent(agent)
-        planned = _planned_hints(agent, conditions)
-        desc: dict = {"agent": agent, "kind": kind, "hints": [h for h in planned if h],
-                      "labels": [agent_label(agent, h) for h in planned]}
-        _check_runnable(agent, kind, manifests, planned)
-        if kind in ("openai", "local"):
-            config = config or load_models_config(env=env)
-            resolved = resolve_model(agent if kind == "local" else arg, config, env)
-            desc.update(resolved.describe())
-            desc["tool_protocol_configured"] = resolved.tool_protocol  # auto: probed here
-            desc["tool_protocol"] = check_tool_protocol(resolved, opts)
-            warnings = [endpoint_warning(resolved)]
-            if not resolved.priced:
-                warnings.append(f"{agent} is not in the models table: its cost is recorded as "
-                                "unpriced")
-            desc["warnings"] = [w for w in warnings if w]
-        elif kind == "replay":
-            answers = load_answers(arg)
-            for m in manifests:
-                answers_for(answers, m)
-            check_matches(answers, manifests)
-            ignored = unmatched_datasets(answers, manifests) if manifests else {}
-            desc.update(
-                {"file": str(Path(arg).resolve()), "sha256": answers.sha256,
-                 "entries": len(answers.entries),
-                 "ignored_datasets": sorted(d.lower() for d in ignored)}
-            )
-            if ignored:
-                desc["warnings"] = [
-                    f"{arg}: entries for datasets not in this run are not scored: "
-                    + ", ".join(f"{d} ({n})" for d, n in ignored.items())]
-        out.append(desc)
-    sandbox = check_sandbox(agents, opts)
-    if any(d["kind"] in ("openai", "local") for d in out):
-        if agent_defaults is None:
-            agent_defaults = model_agent_defaults(agents, config)
-        for d in out:
-            d["options"] = opts.model_dump()
-            if d["kind"] in ("openai", "local"):
-                own = agent_defaults.get(d["agent"], {})
-                d["options"] = agent_options({**own, **(options or {})}).model_dump()
-                d["model_defaults"] = dict(own)
-                d["sandbox"] = sandbox
-    return out
-
-
-def _check_runnable(agent: str, kind: str, manifests: list[dict], hints: list) -> None:
-    """AgentConfigError when ``agent`` cannot run a dataset of the run: a scoring-only DAB
-    import (no databases: only replay agents and the oracle), or ``--hints on`` on a DAB
-    dataset without a
-    ``db_description_withhint.txt`` (DAB's ``--use_hints`` refuses that too)."""
-    if kind in PROMPTLESS_KINDS:
-        return
-    for m in manifests:
-        if m.get("scoring_only"):
-            raise AgentConfigError(
-                f"dataset {m['name']!r} was imported --scoring-only (no databases): only "
-                f"replay:<answer file> agents and the oracle can run on it, not {agent}")
-        if "on" in hints and m.get("format") == "dab" and not str(m.get("hints") or "").strip():
-            raise AgentConfigError(
-                f"dataset {m['name']!r} has no db_description_withhint.txt: {agent} cannot run "
-                "it with --hints on")
-
-
-def check_sandbox(agents: list[str], options: dict | AgentOptions | None = None) -> dict | None:
-    """Refuse LLM agents where their ``execute_python`` cells cannot be isolated.
-
-    For a run with an ``openai:`` agent returns what the sandbox provides on this machine
-    (:meth:`tasks.sandbox.session.Isolation.describe` plus ``unsafe_sandbox``); raises
-    AgentConfigError naming the missing mechanisms unless the option ``unsafe_sandbox`` is set.
-    None when no agent runs model-written code (the oracle and replay agents run their own).
-    """
-    opts = agent_options(options)
-    if not any(parse_agent(a)[0] in ("openai", "local") for a in agents):
-        return None
-    iso = shared_sandbox().isolation()
-    if not iso.ok and not opts.unsafe_sandbox:
-        raise AgentConfigError(
-            f"{iso.error()}. LLM agents do not run without it; --unsafe-sandbox runs them "
-            "anyway (recorded in the run and its report)"
-        )
-    return {**iso.describe(), "unsafe_sandbox": opts.unsafe_sandbox}
-
-
-def preflight_agents(
-    agents: list[str], options: dict | None = None, env: dict | None = None
-) -> list[PreflightResult]:
-    """:func:`tasks.core.llm.preflight` for every ``openai:`` and ``local:`` agent, concurrently (so
-    several agents still take one check's time); other agents need no check. A ``local:``
-    agent's server is started here (it serves the rest of the run). The model's tool protocol
-    decides what the request carries (:func:`tasks.core.llm.check_tool_protocol`: ``auto`` is
-    probed first; ``json_schema`` models get no ``tools``, which they are never sent). Raises
-    AgentConfigError (naming the agent) when one cannot even be resolved, e.g. its key is not
-    set. Results in agent order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    opts = agent_options(options)
-    config = None
-    resolved = []
-    for agent in agents:
-        kind, arg = parse_agent(agent)
-        if kind in ("openai", "local"):
-            config = config or load_models_config(env=env)
-            resolved.append(resolve_model(agent if kind == "local" else arg, config, env))
-    if not resolved:
-        return []
-
-    def check(r) -> PreflightResult:
-        try:
-            protocol = check_tool_protocol(r, opts)
-        except AgentConfigError as exc:
-            return PreflightResult(model_label(r.name), r.model_id, r.base_url, ok=False,
-                                   problem=str(exc))
-        timeout = LOCAL_PREFLIGHT_TIMEOUT_S if r.local is not None else PREFLIGHT_TIMEOUT_S
-        return preflight(r, opts, timeout, tools=[] if protocol == "json_schema" else None)
-
-    with ThreadPoolExecutor(max_workers=min(8, len(resolved))) as pool:
-        return list(pool.map(check, resolved))
-
-
 def trial_key(agent: str, dataset: str, query_id: str, trial: int) -> str:
     """``"<agent>|<dataset>|<query_id>|<trial>"``: the identity of one trial in a run."""
     return f"{agent}|{dataset}|{query_id}|{trial}"
 
 
-def model_agent_defaults(agents: list[str], config=None) -> dict[str, dict]:
-    """Agent → the models table's ``agent_defaults`` of its model (``openai:<name>`` or
-    ``local:<name>`` with an entry that sets some; other agents are left out), e.g.
-    ``{"local:smollm2-135m": {"max_iterations": 4, "max_wall_time_s": 300}}``. A run's explicit
-    options override them (:func:`plan_batches`). AgentConfigError for a bad models table."""
-    out: dict[str, dict] = {}
-    for agent in agents:
-        kind, name = parse_agent(agent)
-        if kind not in ("openai", "local") or not name:
-            continue
-        config = load_models_config() if config is None else config
-        entry = config.get(name.split("@", 1)[0] if kind == "openai" else name)
-        if entry is not None and entry.agent_defaults:
-            out[agent] = dict(entry.agent_defaults)
-    return out
-
-
 def _fingerprint(agent: str) -> str | None:
-    """Content that identifies an agent beyond its name (a replay file's hash)."""
+    """Content that identifies an agent beyond its name (a replay file's hash,
+    :func:`tasks.core.batching.spec_fingerprint`); AgentConfigError when it cannot be read."""
     kind, arg = parse_agent(agent)
-    if kind == "replay":
-        try:
-            return hashlib.sha256(Path(arg).read_bytes()).hexdigest()
-        except OSError as exc:
-            raise AgentConfigError(f"{arg}: cannot read answer file: {exc}") from None
-    return None
-
-
-def select_queries(
-    manifest: dict, query_ids: list[str] | None = None, limit: int | None = None
-) -> list[dict]:
-    """The queries of ``manifest`` a run asks for, in manifest order: those named in
-    ``query_ids`` (``<query id>`` or ``<dataset>/<query id>``; None or empty: all), then the
-    first ``limit`` of them (None: all)."""
-    queries = list(manifest["queries"])
-    if query_ids:
-        wanted = set(query_ids)
-        queries = [q for q in queries
-                   if q["id"] in wanted or f"{manifest['name']}/{q['id']}" in wanted]
-    if limit is not None:
-        queries = queries[: max(int(limit), 0)]
-    return queries
-
-
-def check_query_selection(manifests: list[dict], query_ids: list[str] | None) -> None:
-    """ValueError naming each of ``query_ids`` that no manifest has (so a typo never runs an
-    empty benchmark)."""
-    if not query_ids:
-        return
-    have = {q["id"] for m in manifests for q in m["queries"]}
-    have |= {f"{m['name']}/{q['id']}" for m in manifests for q in m["queries"]}
-    unknown = [q for q in query_ids if q not in have]
-    if unknown:
-        names = sorted(f"{m['name']}/{q['id']}" for m in manifests for q in m["queries"])
-        raise ValueError(f"unknown query id(s) {unknown}; the datasets have {names[:20]}"
-                         + (" ..." if len(names) > 20 else ""))
+    try:
+        return spec_fingerprint(agent) if kind == "replay" else None
+    except OSError as exc:
+        raise AgentConfigError(f"{arg}: cannot read answer file: {exc}") from None
 
 
 def plan_batches(
@@ -454,25 +188,36 @@ def plan_batches(
                         else plan.get("n_trials") or n_trials)
                 queries = select_queries(manifest, query_ids, limit)
                 items = [[q["id"], t] for q in queries for t in range(runs)]
-                for start in range(0, len(items), batch_size):
-                    chunk = items[start : start + batch_size]
-                    material: list = [agent, manifest["version"], chunk]
-                    if opts:
-                        material.append(opts)
-                    if fingerprints[agent]:
-                        material.append(fingerprints[agent])
-                    if hint == "on":
-                        material.append({"hints": hint})
-                    digest = hashlib.sha256(
-                        json.dumps(material, sort_keys=True).encode()
-                    ).hexdigest()
-                    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60]
-                    key = f"{slug}-{manifest['name']}-{start // batch_size:04d}-{digest[:10]}"
+                material = _material(agent, manifest["version"], opts, fingerprints[agent], hint)
+                # these keys predate tasks.core.batching: the label's slug is not stripped and
+                # the dataset name follows it
+                slug = f"{label_slug(label, strip=False)}-{manifest['name']}"
+                for key, chunk in batching.plan(label, items, batch_size, material, slug=slug):
                     batches.append(
                         {"key": key, "agent": agent, "hints": hint, "manifest_uri": uri,
                          "items": chunk, "options": opts}
                     )
     return batches
+
+
+def _material(agent: str, version: str, opts: dict, fingerprint: str | None,
+              hint: str | None) -> Callable[[list], list]:
+    """What a trial batch's key digests, for its chunk of ``[query_id, trial]`` items: the
+    agent, the dataset version, the items, then only what is set — the options that differ
+    from the defaults, the replay file's hash, the hint condition when on (so keys of runs
+    from before options / hints existed are unchanged)."""
+
+    def material(chunk: list) -> list:
+        out: list = [agent, version, chunk]
+        if opts:
+            out.append(opts)
+        if fingerprint:
+            out.append(fingerprint)
+        if hint == "on":
+            out.append({"hints": hint})
+        return out
+
+    return material
 
 
 def _replay_runs(agent: str, manifest: dict) -> int:
@@ -482,226 +227,26 @@ def _replay_runs(agent: str, manifest: dict) -> int:
     return 1 + max((run for _, run in answers), default=-1)
 
 
+#: The trial batches: ``trials/batches/<key>.<part>.parquet`` for the tool-call, model-call and
+#: message rows, then the trial rows (written last: the batch is finished); per-trial
+#: checkpoints ``<key>.parts/<index:05d>.json`` (each ``{"trial", "tool_calls", "llm_calls",
+#: "messages"}``).
+TRIAL_BATCHES = BatchedStage("trials", (
+    ("tool_calls", artifacts.TOOL_CALLS),
+    ("llm_calls", artifacts.LLM_CALLS),
+    ("messages", artifacts.MESSAGES),
+    ("trials", artifacts.TRIALS),
+))
+
+
 def batch_uri(artifacts_root: str, run_id: str, key: str, what: str) -> str:
     """URI of one batch's ``trials``, ``tool_calls``, ``llm_calls`` or ``messages`` Parquet."""
-    return RunLayout(artifacts_root, run_id).batches(f"{key}.{what}.parquet")
-
-
-def _parts_uri(artifacts_root: str, run_id: str, key: str, index: int | None = None) -> str:
-    base = RunLayout(artifacts_root, run_id).batches(f"{key}.parts")
-    return base if index is None else storage.join(base, f"{index:05d}.json")
-
-
-# --------------------------------------------------------------------------------------------
-# Runners: (query, trial, toolbox) -> TrialOutcome for each agent kind
-# --------------------------------------------------------------------------------------------
-
-Runner = Callable[[dict, int, ToolBox], TrialOutcome]
-
-
-class _Agent:
-    """What a batch needs to run one agent: a runner, the model name for trial rows and a
-    close() for resources (the HTTP client). Only the oracle reads the private scoring file
-    (its reference solutions); every other agent sees the public manifest alone."""
-
-    def __init__(
-        self, agent: str, manifest_uri: str, manifest: dict, options: AgentOptions,
-        artifacts_root: str, hints: bool = False,
-    ):
-        self.kind, arg = parse_agent(agent)
-        self.manifest = manifest
-        self.hints = hints
-        self.model: str | None = arg if self.kind in ("openai", "local") else None
-        self.chat: ChatModel | None = None
-        self.error: str | None = None
-        self.replay: dict | None = None
-        self.plugin: Runner | None = None
-        self.references: dict[str, list] = {}
-        self.options = options
-        self.system = system_prompt(manifest)
-        try:
-            if self.kind in ("openai", "local"):
-                resolved = resolve_model(agent if self.kind == "local" else arg)
-                self.model = resolved.name.removeprefix("local:")
-                cache = None if options.cache == "off" else ResponseCache(artifacts_root, options.cache)
-                self.chat = ChatModel(resolved, options, cache)
-            elif self.kind == "replay":
-                self.replay = answers_for(load_answers(arg), manifest)
-            elif self.kind != "oracle":  # a registered plugin kind (tasks.agents.registry)
-                self.plugin = agent_kind(self.kind).trial_runner(arg, manifest, options, hints)
-            else:  # the trusted oracle: reference solutions from the private side
-                private = load_scoring(manifest_uri)["queries"]
-                self.references = {qid: q.get("reference") or [] for qid, q in private.items()}
-        except (AgentConfigError, ValueError, OSError) as exc:
-            self.error = f"{type(exc).__name__}: {exc}" if not isinstance(
-                exc, AgentConfigError) else str(exc)
-
-    def run(self, query: dict, trial: int, toolbox: ToolBox,
-            on_call: Callable[[list], None] | None = None) -> TrialOutcome:
-        if self.error is not None:
-            return TrialOutcome(None, "error", self.error)
-        if self.plugin is not None:
-            return self.plugin(query, trial, toolbox)
-        if self.kind == "oracle":
-            return run_oracle(toolbox, self.references.get(query["id"], []), query["question"])
-        if self.kind == "replay":
-            outcome = run_replay(self.replay or {}, query["id"], trial)
-            transcript = Transcript()
-            transcript.add("user", 0, query["question"])
-            if outcome.answer is not None:
-                transcript.add("assistant", 0, outcome.answer)
-            outcome.messages = transcript.rows
-            return outcome
-        assert self.chat is not None
-        prompt = user_prompt(self.manifest, query["question"], self.hints)
-        return run_react(self.chat, toolbox, prompt, self.system, trial, self.options, on_call)
-
-    def concurrency_cap(self) -> tuple[int | None, str | None, str | None]:
-        """``(max_concurrency, model name, base URL)`` of this agent's model (the models
-        table's cap on its calls in flight; None: none), for
-        :func:`tasks.core.concurrency.call_slot`."""
-        if self.chat is None:
-            return None, None, None
-        r = self.chat.resolved
-        return r.max_concurrency, r.name, r.base_url
-
-    def close(self) -> None:
-        if self.chat is not None:
-            self.chat.close()
-
-
-def _llm_row(run_id: str, key: str, c, attempt: int) -> dict:
-    """One ``llm_calls`` row of trial ``key`` for the call record ``c``
-    (:class:`tasks.core.llm.LLMCallRecord`) made by attempt ``attempt`` of the trial."""
-    return {
-        "run_id": run_id, "trial_key": key, "call_index": c.call_index, "model": c.model,
-        "base_url": c.base_url, "prompt_tokens": c.prompt_tokens,
-        "cached_tokens": c.cached_tokens, "completion_tokens": c.completion_tokens,
-        "cost_usd": c.cost_usd, "latency_s": c.latency_s, "finish_reason": c.finish_reason,
-        "n_tool_calls": c.n_tool_calls, "attempts": c.attempts, "cache_hit": c.cache_hit,
-        "error": c.error, "priced": c.priced, "trial_attempt": attempt, "queue_s": c.queue_s,
-    }
-
-
-def _journal_uri(artifacts_root: str, run_id: str, key: str, index: int) -> str:
-    """The model calls of the attempt of batch item ``index`` running now (rewritten after
-    every call; ``<key>.calls/`` beside the checkpoints, removed with them): what an
-    interrupted attempt paid for, read back on resume."""
-    return RunLayout(artifacts_root, run_id).batches(f"{key}.calls", f"{index:05d}.json")
-
-
-def _earlier_calls(journal_uri: str, previous: list[dict]) -> tuple[list[dict], int]:
-    """The ``llm_calls`` rows of a trial's earlier attempts that reached the API (cache hits
-    cost nothing and are dropped), and the number of the attempt about to run.
-
-    ``previous``: the rows of the trial's last recorded (errored) attempt, earlier attempts'
-    rows included; the journal adds an attempt that was interrupted before it was recorded
-    (a killed process)."""
-    attempts = {r.get("trial_attempt") or 0 for r in previous}
-    rows = [{**r, "trial_attempt": r.get("trial_attempt") or 0}
-            for r in previous if not r["cache_hit"]]
-    if storage.exists(journal_uri):
-        journal = storage.read_json(journal_uri)
-        if journal["attempt"] not in attempts:
-            attempts.add(journal["attempt"])
-            rows += [r for r in journal["calls"] if not r["cache_hit"]]
-    return rows, (max(attempts) + 1 if attempts else 0)
-
-
-def _with_earlier_calls(rows: dict, earlier: list[dict]) -> dict:
-    """A trial's rows with the paid calls of its earlier attempts: their ``llm_calls`` rows
-    first, their cost and tokens added to the trial row (what the trial cost in all)."""
-    if not earlier:
-        return rows
-    trial = dict(rows["trial"])
-    for col in ("cost_usd", "prompt_tokens", "completion_tokens", "cached_tokens"):
-        trial[col] += sum(r[col] for r in earlier)
-    return {**rows, "trial": trial, "llm_calls": earlier + rows["llm_calls"]}
-
-
-def _rows(run_id: str, key: str, agent: str, model: str | None, manifest: dict, query: dict,
-          trial: int, outcome: TrialOutcome, hints: str | None = None, attempt: int = 0) -> dict:
-    """The artifact rows of one finished trial: ``{"trial": row, "tool_calls": [...],
-    "llm_calls": [...], "messages": [...]}`` (the checkpoint of the trial; ``attempt``: the
-    trial attempt that made the model calls). No verdict."""
-    trial_row = {
-        "run_id": run_id,
-        "trial_key": key,
-        "agent": agent,
-        "hints": hints,
-        "model": model,
-        "dataset": manifest["name"],
-        "query_id": query["id"],
-        "trial": trial,
-        "answer": outcome.answer,
-        "terminate_reason": outcome.terminate_reason,
-        "error": outcome.error,
-        "n_llm_calls": outcome.n_llm_calls,
-        "n_tool_calls": len(outcome.tool_calls),
-        "prompt_tokens": outcome.prompt_tokens,
-        "completion_tokens": outcome.completion_tokens,
-        "cached_tokens": outcome.cached_tokens,
-        "cost_usd": outcome.cost_usd,
-        "latency_s": outcome.latency_s,
-        "dataset_version": manifest["version"],
-    }
-    tool_rows = []
-    for i, rec in enumerate(outcome.tool_calls):
-        o = rec.outcome
-        tool_rows.append(
-            {
-                "run_id": run_id,
-                "trial_key": key,
-                "call_index": i,
-                "turn": rec.turn,
-                "call_id": o.call_id,
-                "tool": o.tool,
-                "arguments": o.arguments,
-                "success": o.success,
-                "error": o.error,
-                "result_size": o.result_size,
-                "duration_s": o.duration_s,
-            }
-        )
-    llm_rows = [_llm_row(run_id, key, c, attempt) for c in outcome.llm_calls]
-    message_rows = [{"run_id": run_id, "trial_key": key, **m} for m in outcome.messages]
-    return {"trial": trial_row, "tool_calls": tool_rows, "llm_calls": llm_rows,
-            "messages": message_rows}
-
-
-def work_root(settings: Settings) -> Path:
-    """Where per-trial working directories go (scratch, removed after each trial):
-    ``QUERYLAB_WORK_DIR`` when set; else ``/dev/shm/querylab-<uid>`` when ``/dev/shm`` is a
-    writable RAM file system (no disk I/O for scratch files); else ``<QUERYLAB_HOME>/work``."""
-    explicit = env_get("QUERYLAB_WORK_DIR")
-    if explicit:
-        return Path(explicit)
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
-        return shm / f"querylab-{os.getuid()}"
-    return Path(settings.home) / "work"
-
-
-def scratch_dir(settings: Settings, artifacts_root: str, run_id: str) -> Path:
-    """A run's scratch directory: ``<work root>/<run_id>-<8 hex of the artifact root>``, so two
-    runs with the same id under different artifact roots (two checkouts, two test sessions on
-    one machine) never share — or delete — each other's trial work directories."""
-    digest = hashlib.sha256(artifacts_root.encode()).hexdigest()[:8]
-    return work_root(settings) / f"{run_id}-{digest}"
-
-
-def _remove_local(uri: str) -> None:
-    if "://" not in uri or uri.startswith("file://"):
-        shutil.rmtree(uri.removeprefix("file://"), ignore_errors=True)
+    return TRIAL_BATCHES.uri(artifacts_root, run_id, key, what)
 
 
 #: The per-batch artifacts besides ``trials`` (written first; ``trials`` last marks the batch
 #: finished), with their schemas.
-_BATCH_PARTS = (
-    ("tool_calls", artifacts.TOOL_CALLS),
-    ("llm_calls", artifacts.LLM_CALLS),
-    ("messages", artifacts.MESSAGES),
-)
+_BATCH_PARTS = TRIAL_BATCHES.parts[:-1]
 
 
 def _finished_rows(artifacts_root: str, run_id: str, key: str) -> dict[str, dict]:
@@ -728,14 +273,6 @@ def batch_errored(artifacts_root: str, run_id: str, key: str) -> int:
         return 0
     reasons = storage.read_parquet(uri, artifacts.TRIALS).column("terminate_reason").to_pylist()
     return sum(is_errored(r) for r in reasons)
-
-
-def _harness_error(exc: BaseException) -> TrialOutcome:
-    """An errored trial for an exception the harness did not expect (a bug or a broken
-    database connection): the batch goes on, the trial can be retried."""
-    text = str(exc).strip().splitlines()
-    return TrialOutcome(None, "error",
-                        f"harness error: {type(exc).__name__}: {text[0][:500] if text else ''}")
 
 
 def run_batch(
@@ -792,17 +329,17 @@ def run_batch(
     runner = _Agent(batch["agent"], batch["manifest_uri"], manifest, options, artifacts_root,
                     hints == "on")
     batch_dir = scratch_dir(settings, artifacts_root, run_id) / batch["key"]
+    checkpoints = TRIAL_BATCHES.checkpoints(artifacts_root, run_id, batch["key"])
     done: dict[int, dict] = {}
 
-    def todo() -> Iterator[tuple[int, str, int, str, str]]:
+    def todo() -> Iterator[tuple[int, str, int, str, int, list[dict]]]:
         """The trials to run, found as they are handed out (rows of finished ones go to
         ``done``)."""
         for index, (query_id, trial) in enumerate(batch["items"]):
-            part_uri = _parts_uri(artifacts_root, run_id, batch["key"], index)
             key = trial_key(label, manifest["name"], query_id, trial)
             previous: list[dict] = []  # the llm_calls rows of the errored attempt re-run now
-            if storage.exists(part_uri):
-                part = storage.read_json(part_uri)
+            part = checkpoints.read(index)
+            if part is not None:
                 if not (retry_errors and is_errored(part["trial"]["terminate_reason"])):
                     done[index] = part
                     continue
@@ -812,9 +349,9 @@ def run_batch(
                     done[index] = finished[key]
                     continue
                 previous = finished[key]["llm_calls"]
-            yield index, query_id, trial, part_uri, key, index, previous
+            yield index, query_id, trial, key, index, previous
 
-    def run_one(query_id: str, trial: int, part_uri: str, key: str, index: int = 0,
+    def run_one(query_id: str, trial: int, key: str, index: int = 0,
                 previous: list[dict] | None = None) -> dict:
         journal = _journal_uri(artifacts_root, run_id, batch["key"], index)
         earlier, attempt = _earlier_calls(journal, previous or [])
@@ -856,7 +393,7 @@ def run_batch(
         rows = _with_earlier_calls(_rows(
             run_id, key, label, runner.model, manifest, query, trial, outcome, hints, attempt
         ), earlier)
-        storage.write_bytes(part_uri, json.dumps(rows, default=str).encode())
+        checkpoints.write(index, rows)
         return rows
 
     ran: dict[int, dict] = {}
@@ -872,28 +409,30 @@ def run_batch(
             pass
     done.update(ran)
     parts = [done[i] for i in sorted(done)]
-    for what, schema in _BATCH_PARTS:
-        rows = [r for p in parts for r in p.get(what, [])]
-        table = pa.Table.from_pylist(rows, schema=schema)
-        if what == "tool_calls":  # typed per-call features, computed once (the report reads them)
-            from polars.exceptions import PanicException
-
-            from tasks.report.tool_use import tool_calls_with_features
-            try:
-                table = tool_calls_with_features(table)
-            except (Exception, PanicException) as exc:  # noqa: BLE001 - model output is hostile
-                # the paid trials are kept: written without the features, which the report
-                # then computes from the arguments (its logged fallback for such artifacts)
-                log.warning("batch %s: tool calls written without their per-call features "
-                            "(%s: %s); the report parses their arguments instead",
-                            batch["key"], type(exc).__name__, str(exc)[:200])
-        storage.write_parquet(batch_uri(artifacts_root, run_id, batch["key"], what), table, schema)
     trials = [p["trial"] for p in parts]
-    uri = storage.write_parquet(
-        out_uri, pa.Table.from_pylist(trials, schema=artifacts.TRIALS), artifacts.TRIALS
-    )
-    _remove_local(_parts_uri(artifacts_root, run_id, batch["key"]))
-    _remove_local(RunLayout(artifacts_root, run_id).batches(f"{batch['key']}.calls"))
+    rows = {what: [r for p in parts for r in p.get(what, [])] for what, _ in _BATCH_PARTS}
+
+    def with_features(what: str, table: pa.Table) -> pa.Table:
+        """Tool calls with their typed per-call features, computed once (the report reads
+        them)."""
+        if what != "tool_calls":
+            return table
+        from polars.exceptions import PanicException
+
+        from tasks.report.tool_use import tool_calls_with_features
+        try:
+            return tool_calls_with_features(table)
+        except (Exception, PanicException) as exc:  # noqa: BLE001 - model output is hostile
+            # the paid trials are kept: written without the features, which the report
+            # then computes from the arguments (its logged fallback for such artifacts)
+            log.warning("batch %s: tool calls written without their per-call features "
+                        "(%s: %s); the report parses their arguments instead",
+                        batch["key"], type(exc).__name__, str(exc)[:200])
+            return table
+
+    uri = TRIAL_BATCHES.write(artifacts_root, run_id, batch["key"], {**rows, "trials": trials},
+                              transform=with_features)
+    remove_local(RunLayout(artifacts_root, run_id).batches(f"{batch['key']}.calls"))
     log.info(
         "batch %s: %d trials (%d run now, %d kept), %d errored, $%.4f",
         batch["key"], len(trials), len(ran), len(trials) - len(ran),
@@ -906,8 +445,8 @@ def _run_concurrently(
     run_id: str, todo: Iterator[tuple], most: int, run_one: Callable[..., dict],
     max_concurrency: int, max_trials: int, runner: _Agent,
 ) -> dict[int, dict]:
-    """Run ``run_one(query_id, trial, part_uri, key)`` for every item of ``todo`` (``(index,
-    query_id, trial, part_uri, key)``, at most ``most`` of them), each inside its
+    """Run ``run_one(query_id, trial, key, index, previous)`` for every item of ``todo``
+    (``(index, query_id, trial, key, index, previous)``, at most ``most`` of them), each inside its
     :func:`tasks.core.concurrency.trial_slot` (at most ``max_trials`` trials of the stage at
     once), each of their model calls inside a :func:`tasks.core.concurrency.call_slot` (at most
     ``max_concurrency`` calls of the stage, and the model's cap, in flight); returns index →
@@ -1010,23 +549,17 @@ def combine_trials(run_id: str, artifacts_root: str, batch_keys: list[str]) -> d
     "tool_calls": uri, "llm_calls": uri, "messages": uri}``. Raises StorageError naming a batch
     whose trials artifact is missing (a batch from before transcripts adds no messages).
     """
-    by_call = [("trial_key", "ascending"), ("call_index", "ascending")]
-    by_attempt = [("trial_key", "ascending"), ("trial_attempt", "ascending"),
-                  ("call_index", "ascending")]
     out = {}
     for what, schema, order in (
-        ("trials", artifacts.TRIALS, [("trial_key", "ascending")]),
-        ("tool_calls", artifacts.TOOL_CALLS, by_call),
-        ("llm_calls", artifacts.LLM_CALLS, by_attempt),
-        ("messages", artifacts.MESSAGES, [("trial_key", "ascending"), ("index", "ascending")]),
+        ("trials", artifacts.TRIALS, ["trial_key"]),
+        ("tool_calls", artifacts.TOOL_CALLS, ["trial_key", "call_index"]),
+        ("llm_calls", artifacts.LLM_CALLS, ["trial_key", "trial_attempt", "call_index"]),
+        ("messages", artifacts.MESSAGES, ["trial_key", "index"]),
     ):
         uris = [batch_uri(artifacts_root, run_id, k, what) for k in batch_keys]
         if what == "messages":
             uris = [u for u in uris if storage.exists(u)]
-        parts = [storage.read_parquet(u, schema) for u in uris]
-        table = pa.concat_tables(parts) if parts else schema.empty_table()
-        table = table.sort_by(order)
-        out[what] = storage.write_parquet(
-            RunLayout(artifacts_root, run_id).trials(f"{what}.parquet"), table, schema
-        )
+        out[what] = batching.combine(  # nulls last: pyarrow's order, as before
+            uris, schema, order, RunLayout(artifacts_root, run_id).trials(f"{what}.parquet"),
+            nulls_last=True)
     return out
