@@ -307,7 +307,8 @@ class ScriptedOpenAIServer:
     * ``remaining_steps`` -- unconsumed steps of a list script (``None`` for a callable).
     * ``in_flight`` / ``max_in_flight`` -- chat-completion requests being answered now / the
       most answered at once so far (the server's view of a client's concurrency; a request
-      counts from its arrival until its reply is written, delays included).
+      counts from its arrival until its reply starts, delays included — not while the reply
+      is written, when the client may already have read it and sent its next request).
 
     Requests with an invalid JSON body or ``"stream": true`` get a 400 and do
     not consume a step (streaming ones are still recorded).
@@ -544,6 +545,7 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
         def _send_bytes(
             self, status: int, data: bytes, headers: Mapping[str, str] | None = None
         ) -> None:
+            self._uncount()
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -615,9 +617,17 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
                 )
                 return
             server._enter()
+            self._counted = True
             try:
                 self._respond(server._next(body, index), body, index)
             finally:
+                self._uncount()
+
+        def _uncount(self) -> None:
+            """Leave the in-flight count once: when the reply starts (the client may read
+            it and send its next request before this thread runs again) or at the end."""
+            if getattr(self, "_counted", False):
+                self._counted = False
                 server._leave()
 
         def _respond(self, step: Step, body: dict[str, Any], index: int) -> None:
