@@ -51,7 +51,7 @@ from tasks.agents.react import (
     user_prompt,
 )
 from tasks.core.concurrency import (
-    DEFAULT_MAX_CONCURRENCY, call_slot, resolve_max_trials, trial_slot,
+    DEFAULT_MAX_CONCURRENCY, call_slot, resolve_max_trials, trial_slot, trials_expected,
 )
 from tasks.db.engines import open_databases
 from tasks.core.llm import (
@@ -784,7 +784,7 @@ def run_batch(
         check_sandbox([batch["agent"]], options)
     if parse_agent(batch["agent"])[0] in ("openai", "local"):
         # sessions for the batch's concurrent trials, set up while their first calls wait
-        shared_sandbox().reserve(min(max_trials, len(batch["items"])))
+        shared_sandbox().reserve(trials_expected(run_id, len(batch["items"]), max_trials))
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
     hints = batch.get("hints")
