@@ -13,7 +13,8 @@ checkpoints, response cache written, Parquet artifacts, the batches combined), o
 ``--max-concurrency`` (model calls in flight across the stage) and ``--max-trials`` (trials
 admitted; default ``2 x`` the concurrency), and once with the defaults (``--max-concurrency
 32``, 64 trials admitted). The Prefect server
-and the sandbox's zygote are started before the clock starts (once per process, not per run).
+(up to its first answer) and the sandbox's zygote are started before the clock starts (once per
+process, not per run).
 
 W is the trials flow's wall time; L = calls × latency / concurrency is the limit no scheduler
 can beat (every call slot busy on a model call all the time). A model call holds a slot of
@@ -116,6 +117,7 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
     peak processes, mean model call s, mean tool call ms, mean ms by tool; the most requests the
     server answered at once; model calls per run). Exits when the sandbox cannot be sealed."""
     import polars as pl
+    from prefect.client.orchestration import get_client
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.trials import run_trials
@@ -135,6 +137,10 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
     try:
         write_models(_TMP, base_url)
         with prefect_test_harness(server_startup_timeout=300):
+            # the server's first answer (its lazy set-up: ~2 s on a loaded machine) is part of
+            # starting it, not of the first run measured
+            with get_client(sync_client=True) as client:
+                client.api_version()
             for name, conc in runs:
                 root = str(_TMP / f"a-{name}")
                 admitted = resolve_max_trials(conc, max_trials if name == "concurrency" else None)
