@@ -951,8 +951,11 @@ print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "caps": caps,
 """
 
 
-#: Most trial sessions :meth:`Sandbox.reserve` keeps ready (bounds the warm pool's memory).
-MAX_SPARES = 64
+#: Most trial sessions :meth:`Sandbox.reserve` keeps ready (bounds the warm pool's memory: a
+#: session forked from the zygote adds ~2 MB of PSS). As many as ``--max-trials`` 128 (the
+#: default of ``--max-concurrency`` 64) trials open at once, so a stage that wide finds a session
+#: ready for each and every closed one is recycled, not torn down and forked again.
+MAX_SPARES = 128
 #: Threads :meth:`Sandbox.reserve` opens sessions with (their set-up overlaps; forks do not).
 RESERVE_WORKERS = 2
 
