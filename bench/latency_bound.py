@@ -24,9 +24,10 @@ wave floor printed, ``ceil(T / concurrency) × c × latency`` for T trials of c 
 bounds were decoupled) could not beat: W below it shows the decoupling at work.
 During the ``--concurrency`` run the proportional set size (PSS: shared pages split between the
 processes sharing them) of querylab's process tree — the harness, its query workers and the
-sandbox zygote with every trial's session — is sampled every second (reading every process's
-``smaps_rollup`` costs CPU the trials compete for: at 0.2 s it took 1.9 s of CPU in a 25 s
-run; the peak is a plateau of several seconds, all sessions open); its peak is printed with
+sandbox zygote with every trial's session — is sampled every 2 s (reading every process's
+``smaps_rollup`` costs ~1 ms of CPU per process, ~130 ms a sample here, CPU the trials compete
+for: at 0.2 s it took 1.9 s in a 25 s run; the peak is a plateau of seconds: the sessions stay
+open, recycled into the warm pool); its peak is printed with
 the harness process's own peak RSS (target: ≤ 1.5 GB at 64 concurrent calls).
 
 The last line is the figure:
@@ -87,7 +88,7 @@ class MemorySampler:
     """Peak PSS of this process's tree (without ``exclude``) and peak count of its processes,
     sampled every ``every_s`` seconds in a thread."""
 
-    def __init__(self, exclude: set[int], every_s: float = 1.0):
+    def __init__(self, exclude: set[int], every_s: float = 2.0):
         self.exclude, self.every_s = exclude, every_s
         self.peak_kb, self.peak_procs = 0, 0
         self._stop = threading.Event()
