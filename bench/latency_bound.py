@@ -13,7 +13,8 @@ checkpoints, response cache written, Parquet artifacts, the batches combined), o
 ``--max-concurrency`` (model calls in flight across the stage) and ``--max-trials`` (trials
 admitted; default ``2 x`` the concurrency), and once with the defaults (``--max-concurrency
 32``, 64 trials admitted). The Prefect server
-and the sandbox's zygote are started before the clock starts (once per process, not per run).
+(up to its first answer) and the sandbox's zygote are started before the clock starts (once per
+process, not per run).
 
 W is the trials flow's wall time; L = calls × latency / concurrency is the limit no scheduler
 can beat (every call slot busy on a model call all the time). A model call holds a slot of
@@ -23,7 +24,10 @@ wave floor printed, ``ceil(T / concurrency) × c × latency`` for T trials of c 
 bounds were decoupled) could not beat: W below it shows the decoupling at work.
 During the ``--concurrency`` run the proportional set size (PSS: shared pages split between the
 processes sharing them) of querylab's process tree — the harness, its query workers and the
-sandbox zygote with every trial's session — is sampled every 0.2 s; its peak is printed with
+sandbox zygote with every trial's session — is sampled every 2 s (reading every process's
+``smaps_rollup`` costs ~1 ms of CPU per process, ~130 ms a sample here, CPU the trials compete
+for: at 0.2 s it took 1.9 s in a 25 s run; the peak is a plateau of seconds: the sessions stay
+open, recycled into the warm pool); its peak is printed with
 the harness process's own peak RSS (target: ≤ 1.5 GB at 64 concurrent calls).
 
 The last line is the figure:
@@ -84,7 +88,7 @@ class MemorySampler:
     """Peak PSS of this process's tree (without ``exclude``) and peak count of its processes,
     sampled every ``every_s`` seconds in a thread."""
 
-    def __init__(self, exclude: set[int], every_s: float = 0.2):
+    def __init__(self, exclude: set[int], every_s: float = 2.0):
         self.exclude, self.every_s = exclude, every_s
         self.peak_kb, self.peak_procs = 0, 0
         self._stop = threading.Event()
@@ -114,6 +118,7 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
     peak processes, mean model call s, mean tool call ms, mean ms by tool; the most requests the
     server answered at once; model calls per run). Exits when the sandbox cannot be sealed."""
     import polars as pl
+    from prefect.client.orchestration import get_client
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.trials import run_trials
@@ -133,6 +138,10 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
     try:
         write_models(_TMP, base_url)
         with prefect_test_harness(server_startup_timeout=300):
+            # the server's first answer (its lazy set-up: ~2 s on a loaded machine) is part of
+            # starting it, not of the first run measured
+            with get_client(sync_client=True) as client:
+                client.api_version()
             for name, conc in runs:
                 root = str(_TMP / f"a-{name}")
                 admitted = resolve_max_trials(conc, max_trials if name == "concurrency" else None)

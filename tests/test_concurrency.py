@@ -200,3 +200,16 @@ def test_task_runner_spec():
     assert type(runner).__name__ == "DaskTaskRunner"
     assert runner.cluster_kwargs["n_workers"] == 2 and runner.cluster_kwargs["threads_per_worker"] == 4
     assert make_task_runner(5, {})._max_workers == 5
+
+
+def test_trials_expected_adds_up_the_batches_of_a_stage_capped_at_max_trials():
+    from tasks.core.concurrency import trials_expected
+
+    run = "expected-trials-test"
+    # 8 batches of 25 starting side by side, 128 trials admitted: the sandbox is asked for
+    # what may be in flight at once, not one batch's 25
+    assert [trials_expected(run, 25, 128) for _ in range(8)] == [25, 50, 75, 100, 125, 128,
+                                                                 128, 128]
+    assert trials_expected("expected-trials-other", 5, 64) == 5  # per run
+    with pytest.raises(ValueError):
+        trials_expected(run, 1, 0)

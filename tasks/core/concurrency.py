@@ -158,6 +158,27 @@ def _slot(name: str, limit: int):
         return _CLUSTER_SLOTS[key]
 
 
+_PLANNED: dict[str, int] = {}
+
+
+def trials_expected(run_id: str, n: int, max_trials: int) -> int:
+    """Trials of the trials stage of ``run_id`` that may be in flight at once in this process
+    once a batch of ``n`` trials starts: ``n`` added to what the stage's batches that started
+    here before asked for, capped at ``max_trials`` (the trials admitted at once). Each batch
+    calls it once as it starts, so batches running side by side (the thread-pool task runner
+    starts every mapped batch at once) add up, where one batch's ``n`` alone would under-count
+    (e.g. 8 batches of 25 with ``max_trials`` 128: 25, 50, ..., then 128). What
+    :meth:`tasks.sandbox.session.Sandbox.reserve` is asked to prepare; an over-estimate only
+    costs spare sandbox sessions (bounded there). Thread-safe; ValueError for ``max_trials``
+    below 1."""
+    if int(max_trials) < 1:
+        raise ValueError(f"max_trials must be >= 1, got {max_trials}")
+    with _LIMITERS_LOCK:
+        total = _PLANNED.get(run_id, 0) + max(int(n), 0)
+        _PLANNED[run_id] = min(total, int(max_trials))
+        return _PLANNED[run_id]
+
+
 @contextmanager
 def trial_slot(run_id: str, max_trials: int) -> Iterator[None]:
     """Hold one of the ``max_trials`` trial slots of the trials stage of ``run_id`` for the

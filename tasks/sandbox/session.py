@@ -538,8 +538,9 @@ class Sandbox:
         self.spares = max(int(spares), 0)
         self._spares: dict[int, list[Session]] = {}
         self._refilling: set[int] = set()
-        # disk_mb -> (pool size a reserve() thread fills to, the sandbox generation it serves)
-        self._reserving: dict[int, tuple[int, int]] = {}
+        # disk_mb -> the reserve() filling running: pool size it fills to ("want"), the sandbox
+        # generation it serves, sessions being opened, worker threads left
+        self._reserving: dict[int, dict[str, int]] = {}
         self._spare_lock = threading.Lock()
         self._generation = 0
         self._proc: subprocess.Popen | None = None
@@ -748,13 +749,15 @@ class Sandbox:
 
     def reserve(self, n: int, disk_mb: int = 1024) -> None:
         """Keep up to ``n`` (at most :data:`MAX_SPARES`) trial sessions of ``disk_mb`` MiB ready:
-        raises :attr:`spares` to ``n`` and fills the warm pool to it in one background thread,
-        so a stage starting ``n`` concurrent trials hands every trial a session set up while
-        its first model calls were waiting (the zygote serialises forks: on the trials' path
-        they would queue). Closed sessions are recycled into the pool up to ``spares``, so the
-        pool stays bounded by the largest ``n`` asked for. Does nothing for a sandbox without
-        isolation (legacy sessions are not pooled) or ``n`` < 1; a session that fails to open
-        ends the filling (the trial's own open reports the error)."""
+        raises :attr:`spares` to ``n`` and fills the warm pool to it in the background
+        (:data:`RESERVE_WORKERS` threads: the zygote serialises the forks, the sessions' own
+        set-up — namespaces, mounts, cgroups — runs side by side), so a stage starting ``n``
+        concurrent trials hands every trial a session set up while its first model calls were
+        waiting (on the trials' path the forks would queue). Closed sessions are recycled into
+        the pool up to ``spares``, so the pool stays bounded by the largest ``n`` asked for.
+        Does nothing for a sandbox without isolation (legacy sessions are not pooled) or ``n``
+        < 1; a session that fails to open ends the filling (the trial's own open reports the
+        error)."""
         n = min(int(n), MAX_SPARES)
         if n < 1 or not self.isolate:
             return
@@ -762,36 +765,44 @@ class Sandbox:
         with self._spare_lock:
             self.spares = max(self.spares, n)
             generation = self._generation
-            want, gen = self._reserving.get(key, (0, -1))
-            running = gen == generation
-            self._reserving[key] = (max(want, n) if running else n, generation)
-        if running:
-            return
+            fill = self._reserving.get(key)
+            if fill is not None and fill["generation"] == generation:
+                fill["want"] = max(fill["want"], n)
+                return
+            workers = max(1, min(RESERVE_WORKERS, n))
+            fill = {"want": n, "generation": generation, "opening": 0, "workers": workers}
+            self._reserving[key] = fill
 
-        def done() -> None:  # with _spare_lock held
-            if self._reserving.get(key, (0, -1))[1] == generation:
+        def leave() -> None:  # with _spare_lock held: this worker ends
+            fill["workers"] -= 1
+            if fill["workers"] == 0 and self._reserving.get(key) is fill:
                 del self._reserving[key]
 
         def work() -> None:
             while True:
                 with self._spare_lock:
-                    if (generation != self._generation
-                            or len(self._spares.get(key, [])) >= self._reserving[key][0]):
-                        done()
+                    if (generation != self._generation or
+                            len(self._spares.get(key, [])) + fill["opening"] >= fill["want"]):
+                        leave()
                         return
+                    fill["opening"] += 1
                 try:
                     s = self._open_new(key, None, 0, None, generation)
                 except SandboxError:
                     with self._spare_lock:
-                        done()
+                        fill["opening"] -= 1
+                        fill["want"] = 0  # the other workers stop too
+                        leave()
                     return
                 with self._spare_lock:
+                    fill["opening"] -= 1
                     if generation == self._generation:
                         self._spares.setdefault(key, []).append(s)
                         continue
                 s._kill()
 
-        threading.Thread(target=work, name="sandbox-reserve", daemon=True).start()
+        for _ in range(workers):
+            threading.Thread(target=work, name="sandbox-reserve", daemon=True).start()
 
     def _open_new(self, disk_mb, cwd, readonly_mb, workdir, generation=None) -> Session:
         spec = {"disk_mb": int(disk_mb), "cpus": self.cpus, "cwd": cwd,
@@ -940,8 +951,13 @@ print(json.dumps({"uid": os.getuid(), "euid": os.geteuid(), "caps": caps,
 """
 
 
-#: Most trial sessions :meth:`Sandbox.reserve` keeps ready (bounds the warm pool's memory).
-MAX_SPARES = 64
+#: Most trial sessions :meth:`Sandbox.reserve` keeps ready (bounds the warm pool's memory: a
+#: session forked from the zygote adds ~2 MB of PSS). As many as ``--max-trials`` 128 (the
+#: default of ``--max-concurrency`` 64) trials open at once, so a stage that wide finds a session
+#: ready for each and every closed one is recycled, not torn down and forked again.
+MAX_SPARES = 128
+#: Threads :meth:`Sandbox.reserve` opens sessions with (their set-up overlaps; forks do not).
+RESERVE_WORKERS = 2
 
 _SHARED: Sandbox | None = None
 _SHARED_PID = 0

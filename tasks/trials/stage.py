@@ -44,7 +44,7 @@ from tasks.agents.tools import ToolBox
 from tasks.core import batching, interrupt, storage
 from tasks.core.batching import BatchedStage, label_slug, remove_local, spec_fingerprint
 from tasks.core.concurrency import (
-    DEFAULT_MAX_CONCURRENCY, call_slot, resolve_max_trials, trial_slot,
+    DEFAULT_MAX_CONCURRENCY, call_slot, resolve_max_trials, trial_slot, trials_expected,
 )
 from tasks.core.layout import RunLayout
 from tasks.core.llm import AgentConfigError
@@ -321,7 +321,7 @@ def run_batch(
         check_sandbox([batch["agent"]], options)
     if parse_agent(batch["agent"])[0] in ("openai", "local"):
         # sessions for the batch's concurrent trials, set up while their first calls wait
-        shared_sandbox().reserve(min(max_trials, len(batch["items"])))
+        shared_sandbox().reserve(trials_expected(run_id, len(batch["items"]), max_trials))
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
     hints = batch.get("hints")
