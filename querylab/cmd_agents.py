@@ -16,7 +16,8 @@ from tasks.core.settings import env_get
 _FLAGS = [
     ("--max-iterations", "max_iterations", int, "model calls per trial (default 100)"),
     ("--trial-timeout", "max_wall_time_s", float,
-     "wall seconds per trial (default 900; DAB datasets 43200)"),
+     "wall seconds per trial, waits for a model-call slot not counted "
+     "(default 900; DAB datasets 43200)"),
     ("--max-tool-calls-per-turn", "max_tool_calls_per_turn", int,
      "tool calls in one model response (default 16)"),
     ("--token-budget", "max_total_tokens", int,

@@ -213,3 +213,38 @@ def test_trials_expected_adds_up_the_batches_of_a_stage_capped_at_max_trials():
     assert trials_expected("expected-trials-other", 5, 64) == 5  # per run
     with pytest.raises(ValueError):
         trials_expected(run, 1, 0)
+
+
+def _queued_turn(body: dict, index: int):
+    """list_db, query_db, return_answer; every reply takes 0.3 s."""
+    step = _slow_turn(body, index)
+    return delay(0.3, step.then)
+
+
+@pytest.mark.slow
+def test_waiting_for_a_call_slot_is_not_the_trials_wall_time(
+    prefect_harness, settings, stocks_manifest, tmp_path, monkeypatch, capsys,
+):
+    """10 trials of 3 calls x 0.3 s behind a model cap of 1: the calls alone take >= 9 s one
+    after another, each trial's own share ~1 s. With a 4 s trial timeout every trial still
+    answers — the slot waits (llm_calls.queue_s) are querylab's queue, not the agent's time, so
+    no trial is ended (and scored) as max_wall_time for waiting on the others."""
+    from querylab.cli import main
+
+    run_id = "queued-trials"
+    with ScriptedOpenAIServer(_queued_turn) as srv:
+        agent = _models(tmp_path, monkeypatch, srv, ", max_concurrency: 1")
+        status = main(["run", "--agent", agent, "--dataset", "stocks", "--trials", "2",
+                       "--trial-timeout", "4", "--run-id", run_id])
+        peak = srv.max_in_flight
+    out = capsys.readouterr().out
+    assert status in (0, 1), out  # the scripted answer is right for one query only
+    assert peak == 1
+    root = storage.join(settings.artifacts, "runs", run_id, "trials")
+    trials = pl.read_parquet(storage.join(root, "trials.parquet"))
+    assert trials.height == 10
+    assert set(trials["terminate_reason"]) == {"return_answer"}, trials["terminate_reason"]
+    calls = pl.read_parquet(storage.join(root, "llm_calls.parquet"))
+    assert calls.height == 30
+    # the queue was real: the trials waited seconds in all, more than any trial's limit
+    assert calls["queue_s"].sum() > 4.0, calls["queue_s"].sum()

@@ -357,7 +357,8 @@ def run_react(
     (default: ``chat.options``). Ends with ``return_answer`` (its ``answer``), ``no_tool_call``
     (the reply text becomes the answer), or a limit: ``max_iterations`` model calls,
     ``max_wall_time`` (checked before every model and tool call; also bounds request timeouts
-    and execute_python), ``max_tool_calls_per_turn`` (none of that turn's calls is run),
+    and execute_python; time spent waiting for a call slot — querylab's own queue of model
+    calls, ``queue_s`` — is not counted), ``max_tool_calls_per_turn`` (none of that turn's calls is run),
     ``token_budget`` (checked before each call), ``context_window`` (the estimated prompt —
     last call's prompt + completion tokens + 1 token per 4 new characters — exceeds the model's
     window, or the API said so), ``api_error`` (also when the wall time ran out waiting for
@@ -411,6 +412,9 @@ def run_react(
                 stop(exc.reason, str(exc))
                 break
             result.add_call(rec)
+            # the wait for a call slot (other trials held them) is not this trial's wall time
+            deadline += rec.queue_s
+            toolbox.deadline = deadline
             context_tokens, new_chars = rec.prompt_tokens + rec.completion_tokens, 0
             try:
                 msg, content, calls = _reply_parts(resp)

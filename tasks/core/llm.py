@@ -285,7 +285,9 @@ class ChatModel:
     ) -> tuple[ChatCompletion, LLMCallRecord]:
         """One model call: the cached response for this exact request and trial index, else
         the API with retries. ``deadline`` is a ``time.monotonic()`` instant bounding the call
-        (request timeouts and retry waits are cut to it). With ``tools`` and the
+        (request timeouts and retry waits are cut to it), moved by the time the call waited for
+        a call slot (``record.queue_s``: querylab's own queue is not the caller's time; callers
+        move their deadline by it too). With ``tools`` and the
         ``json_schema`` protocol (:meth:`protocol`) the request is encoded and the reply decoded
         by :mod:`tasks.agents.tool_protocol`: the caller sees OpenAI tool calls either way (the cache
         keeps the raw reply, keyed by the encoded request).
@@ -352,11 +354,18 @@ class ChatModel:
         if tools:
             kwargs["tools"] = tools
         last_error: str | None = None  # the infrastructure failure being retried
+
+        def until() -> float | None:
+            # the deadline moved by the time spent waiting for a call slot: a queue in
+            # querylab (other trials hold the slots) is not the trial's time (Inspect AI's
+            # working time); the caller moves its own deadline by record.queue_s likewise
+            return None if deadline is None else deadline + record.queue_s
+
         while True:
             record.attempts += 1
             timeout = self.options.request_timeout_s
             if deadline is not None:
-                timeout = min(timeout, deadline - time.monotonic())
+                timeout = min(timeout, until() - time.monotonic())
                 if timeout <= 0:
                     if last_error is not None:  # the wall time ran out waiting for the API
                         return self._fail(record, start, "api_error", _waited(last_error))
@@ -369,15 +378,15 @@ class ChatModel:
                 queued = time.monotonic()
                 with self.call_slot() if self.call_slot is not None else nullcontext():
                     record.queue_s += time.monotonic() - queued
-                    if deadline is not None:  # the wait for a call slot counts
-                        timeout = min(timeout, max(0.001, deadline - time.monotonic()))
+                    if deadline is not None:  # the wait for the slot moved the deadline
+                        timeout = min(timeout, max(0.001, until() - time.monotonic()))
                     if self.limits is None:
                         resp = interrupt.call(
                             self.client.post, "/chat/completions", body=kwargs,
                             cast_to=ChatCompletion, options={"timeout": timeout},
                         )
                     else:
-                        resp = interrupt.call(self._limited_post, kwargs, timeout, deadline)
+                        resp = interrupt.call(self._limited_post, kwargs, timeout, until())
                 if not resp.choices:
                     raise _EmptyResponse("the response has no choices")
                 break
@@ -401,7 +410,7 @@ class ChatModel:
                     return self._fail(record, start, "api_error", msg)
                 if deadline is not None and isinstance(exc, openai.APITimeoutError) and \
                         timeout < self.options.request_timeout_s and \
-                        time.monotonic() + 0.05 >= deadline:
+                        time.monotonic() + 0.05 >= until():
                     # the request was cut at the trial's deadline while the API had not answered
                     return self._fail(record, start, "api_error", _waited(msg))
                 last_error = msg
@@ -417,7 +426,7 @@ class ChatModel:
                         " s limit",
                     )
                 wait = self.backoff_s(record.attempts, ra)
-                if deadline is not None and time.monotonic() + wait >= deadline:
+                if deadline is not None and time.monotonic() + wait >= until():
                     what = f"{msg}; Retry-After {ra:g} s" if ra is not None else msg
                     return self._fail(record, start, "api_error", _waited(what))
                 log.info("model call %s failed (%s); retry %d in %.2f s",
