@@ -468,6 +468,10 @@ def print_dab_figures(root: str, run_id: str, manifests: list[str]) -> None:
 def cmd_build(args: argparse.Namespace) -> int:
     """``querylab build``: build and load datasets; prints each manifest URI."""
     check_datasets(args.dataset)
+    from querylab.cmd_datasets import load_shipped_spec
+
+    for name in args.dataset or []:
+        load_shipped_spec(name)  # SpecError: one line (main), before Prefect starts
     _prefect_defaults()
     from flows.datasets import dataset_flows, default_datasets
 

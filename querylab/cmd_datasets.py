@@ -308,6 +308,16 @@ def cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_shipped_spec(name: str) -> None:
+    """Load ``data/<name>.yaml`` when it exists (an imported dataset has none): SpecError
+    ``<file>: <field>: <problem>`` when it is broken — before any flow or Prefect import."""
+    from tasks.datasets.spec import DATA_DIR, load_spec
+
+    path = DATA_DIR / f"{name}.yaml"
+    if path.exists():
+        load_spec(path)
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     """Build and load the named datasets; prints each manifest URI. An unknown name is one
     line (``querylab datasets build: ...``, with a did-you-mean) before Prefect is imported."""
@@ -319,8 +329,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"querylab datasets build: {exc}", file=sys.stderr)
         return 2
-    from flows.datasets import dataset_flows
     from tasks.datasets.spec import SpecError
+
+    for name in args.names:  # a broken spec: one line, before Prefect starts
+        try:
+            load_shipped_spec(name)
+        except SpecError as exc:
+            print(f"querylab datasets build {name}: {exc}", file=sys.stderr)
+            return 2
+    from flows.datasets import dataset_flows
 
     flows = dataset_flows()
     for name in args.names:

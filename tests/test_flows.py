@@ -106,3 +106,26 @@ def test_cli_rejects_bad_input_in_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_datasets_build_with_a_broken_spec_is_one_line_before_prefect(tmp_path, monkeypatch,
+                                                                     capsys):
+    """QA newcomer M1: a spec error under `datasets build` was printed after a Prefect server
+    start, among two tracebacks; now it is the one line `run` prints, before any flow import
+    (flows.datasets made unimportable here to prove it)."""
+    import sys
+
+    import tasks.datasets.spec as spec
+
+    broken = tmp_path / "stocks.yaml"
+    broken.write_text((spec.DATA_DIR / "stocks.yaml").read_text().replace(
+        "validator: {kind: number, decimals: 1", "validator: {kind: number, decimals: one", 1))
+    assert broken.read_text() != (spec.DATA_DIR / "stocks.yaml").read_text()
+    monkeypatch.setattr(spec, "DATA_DIR", tmp_path)
+    monkeypatch.setitem(sys.modules, "flows.datasets", None)
+    for argv, prefix in ((["datasets", "build", "stocks"], "querylab datasets build stocks: "),
+                         (["build", "stocks"], "querylab build: ")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(prefix), err
+        assert f"{broken}: queries[" in err[0] and "decimals" in err[0], err
