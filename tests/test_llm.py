@@ -304,3 +304,35 @@ def test_models_command_lists_and_checks(capsys, monkeypatch):
         run.parse_args(["--max-iterations", "7", "--token-budget", "5000", "--cache", "off"]))
     assert opts == {"max_iterations": 7, "max_total_tokens": 5000, "cache": "off"}
     assert AgentOptions(**opts).max_iterations == 7
+
+
+@pytest.mark.parametrize("usage", [
+    '{"prompt_tokens": 1000000000000000000000000000000, "completion_tokens": 1}',
+    '{"prompt_tokens": NaN, "completion_tokens": 1}',
+    '{"prompt_tokens": 5, "completion_tokens": 9223372036854775808}',
+    '{"prompt_tokens": 5, "completion_tokens": 1e300}',
+    '{"prompt_tokens": 5, "completion_tokens": 1, '
+    '"prompt_tokens_details": {"cached_tokens": 10000000000000000000000000}}',
+    '{"prompt_tokens": -1000000000000, "completion_tokens": 1}',
+])
+def test_out_of_range_usage_is_a_malformed_response_not_a_crash(tmp_path, usage):
+    """QA adversary: token counts of 10**30, NaN, 2**63, 1e300 or below zero reached int64
+    columns (a failed batch, replayed from the cache on every rerun) or the cost (negative
+    dollars, a token budget got round). Now the call is an api_error naming the field, the
+    reply is not cached, and the next request is made again."""
+    body = ('{"id": "c1", "object": "chat.completion", "created": 1, "model": "scripted-x", '
+            '"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, '
+            f'"finish_reason": "stop"}}], "usage": {usage}}}').encode()
+    from tests.fakes.openai_server import raw
+
+    with ScriptedOpenAIServer([raw(body), raw(body)]) as srv:
+        cache = ResponseCache(str(tmp_path / "artifacts"))
+        chat = ChatModel(_model(srv, tmp_path), AgentOptions(max_retries=0), cache)
+        for _ in range(2):
+            with pytest.raises(LLMCallError) as info:
+                chat.complete(MESSAGES, None, trial=0, call_index=0)
+            assert info.value.reason == "api_error"
+            assert "malformed model response: usage." in str(info.value), str(info.value)
+            assert info.value.record.cost_usd == 0
+        assert srv.request_count == 2  # not answered from the cache the second time
+    assert not list((tmp_path / "artifacts").rglob("*.json"))

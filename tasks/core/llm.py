@@ -346,7 +346,11 @@ class ChatModel:
                 except (KeyError, TypeError):
                     resp = None
                 if resp is not None and resp.choices:
-                    self._fill(record, resp, cost=False)
+                    try:
+                        self._fill(record, resp, cost=False)
+                    except ValueError:  # a malformed usage cached by an older version
+                        resp = None
+                if resp is not None and resp.choices:
                     record.cache_hit = True
                     record.latency_s = time.monotonic() - start
                     return resp, record
@@ -432,7 +436,10 @@ class ChatModel:
                 log.info("model call %s failed (%s); retry %d in %.2f s",
                          r.model_id, msg, record.attempts, wait)
                 self.sleep(wait)
-        self._fill(record, resp, cost=True)
+        try:
+            self._fill(record, resp, cost=True)
+        except ValueError as exc:  # e.g. a usage count of 2**63 or NaN: not cached, errored
+            return self._fail(record, start, "api_error", f"malformed model response: {exc}")
         record.latency_s = time.monotonic() - start - record.queue_s
         self.in_flight = record  # paid: kept by the caller even if what follows raises
         if self.cache is not None:

@@ -69,14 +69,37 @@ class LLMCallError(Exception):
         self.reason, self.record = reason, record
 
 
+#: The most tokens one model call may report per count; more is a malformed response.
+MAX_USAGE_TOKENS = 10**9
+
+
+def _token_count(value: Any, field: str) -> int:
+    """``value`` as a token count (None → 0); ValueError naming ``field`` for anything but a
+    whole number in ``[0, MAX_USAGE_TOKENS]`` (NaN, 1e300, 2**63, -5, "12", [1])."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"usage.{field} is not a number: {str(value)[:40]!r}")
+    if isinstance(value, float) and not value.is_integer():  # NaN, inf and 1.5 too
+        raise ValueError(f"usage.{field} is not a whole number: {value!r}")
+    if not 0 <= value <= MAX_USAGE_TOKENS:
+        raise ValueError(f"usage.{field} out of range [0, {MAX_USAGE_TOKENS}]: "
+                         f"{str(value)[:40]}")
+    return int(value)
+
+
 def usage_counts(usage: Any) -> tuple[int, int, int]:
     """``(prompt_tokens, cached_tokens, completion_tokens)`` of an OpenAI usage object (zeros
-    when absent; ``cached_tokens`` from ``prompt_tokens_details.cached_tokens``)."""
+    when absent; ``cached_tokens`` from ``prompt_tokens_details.cached_tokens``). Raises
+    ValueError for a count that is not a whole number in ``[0, MAX_USAGE_TOKENS]`` (the
+    endpoint's reply is malformed: it must not reach cost, budgets or int64 columns)."""
     if usage is None:
         return 0, 0, 0
     details = getattr(usage, "prompt_tokens_details", None)
-    cached = (getattr(details, "cached_tokens", None) or 0) if details is not None else 0
-    return usage.prompt_tokens or 0, cached, usage.completion_tokens or 0
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    return (_token_count(getattr(usage, "prompt_tokens", None), "prompt_tokens"),
+            _token_count(cached, "prompt_tokens_details.cached_tokens"),
+            _token_count(getattr(usage, "completion_tokens", None), "completion_tokens"))
 
 
 # --------------------------------------------------------------------------------------------
