@@ -56,3 +56,26 @@ def test_the_audit_matches_items_as_the_validator_does():
     checks = {f["check"] for f in audit_trial(trial, messages, query=query,
                                               question=messages[1]["content"])}
     assert "ground_truth_in_prompt" in checks
+
+
+def test_invisible_characters_cannot_hide_the_other_options():
+    """QA adversary: "Appleͅ, Facebookͅ, Googleͅ, IBMͅ, Microsoftͅ" (each name followed by
+    U+0345, a combining mark that case-folds to a letter) scored correct on a choose-one
+    question: the items check saw "Facebook" as a whole word, the listing-every-option check saw
+    no option at all. Both checks now read the same canonical text with one matcher."""
+    from tasks.scoring.validate import check_answer
+
+    options = ["Apple", "Facebook", "Google", "IBM", "Microsoft"]
+    v = {"kind": "items", "options": options}
+    for mark in ("\u0345", "\u200b", "\u2060", "\u200d", "\u202e", "\ufeff", "\u20dd"):
+        shotgun = ", ".join(o + mark for o in options)
+        verdict = check_answer(shotgun, ["Facebook"], v)
+        assert not verdict.ok, (repr(mark), verdict)
+        assert "listing the options is not an answer" in verdict.reason, verdict.reason
+        assert check_answer("Face" + mark + "book", ["Facebook"], v).ok  # the answer itself
+    # a mark that composes with its letter makes another word (k + U+0301 = ḱ): no item at all
+    assert not check_answer(", ".join(o + "\u0301" for o in options), ["Facebook"], v).ok
+    assert check_answer("Ｆａｃｅｂｏｏｋ", ["Facebook"], v).ok  # full-width: NFKC
+    assert not check_answer("Facebook and Ｇｏｏｇｌｅ", ["Facebook"], v).ok
+    assert check_answer("Café Central", ["Cafe\u0301 Central"], {"kind": "items"}).ok
+    assert not is_correct("Facebookͅs", ["Facebook"], {"kind": "items"})  # still whole words

@@ -9,6 +9,7 @@ trial side never sees. Each validator kind is one class registered with
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,12 +55,23 @@ def normalise(s: str) -> str:
     return " ".join(str(s).casefold().split())
 
 
+def canonical_text(s: str) -> str:
+    """``s`` as the validators compare it: NFKC-normalised (full-width and compatibility forms
+    folded, accents composed) with invisible characters removed — format characters (zero-width
+    spaces and joiners, bidi controls) and combining marks left over after composition. Without
+    this a mark that is not a word character but case-folds to one (U+0345) made "Facebookͅ"
+    a whole word to one check and no word to the other (QA adversary)."""
+    text = unicodedata.normalize("NFKC", str(s))
+    return "".join(c for c in text if unicodedata.category(c) not in ("Mn", "Me", "Cf"))
+
+
 def item_in(item: str, text: str, case_sensitive: bool = False) -> bool:
     """Whether ``item`` appears in ``text`` as whole words (not inside a longer word: ``GOOG``
     is not in ``GOOGL``), whitespace-insensitively, and case-insensitively unless
     ``case_sensitive`` (for an item that is also an everyday word, e.g. the sub-category
-    ``Tables`` in "I could not read the tables")."""
-    words = str(item).split()
+    ``Tables`` in "I could not read the tables"); both compared as :func:`canonical_text`."""
+    text = canonical_text(text)
+    words = canonical_text(item).split()
     if not words:
         return False
     pattern = r"(?<!\w)" + r"\s+".join(re.escape(w) for w in words) + r"(?!\w)"
@@ -93,13 +105,13 @@ def candidate_numbers(answer: str, question: str | None = None) -> list[float]:
 
 def _options_named(answer: str, truth: list, options: list) -> list[str]:
     """The ``options`` (other than the ground-truth items) that ``answer`` names, as whole
-    words, case- and whitespace-insensitively."""
-    text = normalise(answer)
-    wanted = {normalise(t) for t in truth}
+    words, case- and whitespace-insensitively — by :func:`item_in`, the matcher the items
+    check uses, so no text can be an item to one and no option to the other."""
+    wanted = {normalise(canonical_text(t)) for t in truth}
     named = []
     for opt in options:
-        o = normalise(opt)
-        if o and o not in wanted and re.search(rf"(?<!\w){re.escape(o)}(?!\w)", text):
+        o = normalise(canonical_text(opt))
+        if o and o not in wanted and item_in(str(opt), answer):
             named.append(str(opt))
     return named
 
