@@ -325,6 +325,38 @@ def test_sandbox_failure_is_errored_but_a_full_work_directory_is_the_agents(
     assert "No space left" in full["content"][0] or "work directory" in full["content"][0]
 
 
+@pytest.mark.slow
+def test_a_cell_in_the_way_of_a_stored_variable_is_the_agents_not_an_errored_trial(
+        tmp_path, stocks_uri, model):
+    """QA adversary: a cell planted a directory at ``vars/var_q1.json`` and the next
+    ``query_db`` (call id ``q1``) failed to store its rows: a harness error, so the trial was
+    errored and left out of the score — a failing trial opted out. Now it is the agent's: the
+    rows come back with ``variable_not_saved`` and the trial goes on to be scored."""
+    from tests.fakes.openai_server import raw_tool_calls
+
+    def responder(body, index):
+        n = _turns(body)
+        if n == 0:
+            return tool_calls(("execute_python", {
+                "code": "import os\nos.makedirs('vars/var_q1.json/x')\nprint('planted')"}))
+        if n == 1:
+            return raw_tool_calls([{"id": "q1", "type": "function", "function": {
+                "name": "query_db", "arguments": json.dumps(
+                    {"db": "listings", "query": "SELECT count(*) AS n FROM listings"})}}])
+        return tool_calls(("return_answer", {"answer": "IBM"}))
+
+    with ScriptedOpenAIServer(responder) as srv:
+        out = run_batch(str(tmp_path / "art"), "inway", stocks_uri, model(srv), [[STOCKS_Q, 0]])
+    t = out["trials"][0]
+    assert t["terminate_reason"] == "return_answer", t
+    assert out["scores"][0]["verdict"] == "incorrect"  # scored, not errored
+    tool = out["messages"].filter(pl.col("role") == "tool")["content"].to_list()
+    shown = json.loads(tool[1])
+    assert shown["row_count"] == 1 and shown["variable"] is None, shown
+    assert "Is a directory" in shown["variable_not_saved"] or "directory" in \
+        shown["variable_not_saved"], shown
+
+
 # -- C1, C2, C3: the answer key is out of reach, and attempts are seen at run time -------------
 
 

@@ -50,7 +50,7 @@ from tasks.db.databases import (
     DatabaseUnavailable,
     QueryError,
 )
-from tasks.sandbox.session import Sandbox, SandboxError, Session, WorkdirFull, shared_sandbox
+from tasks.sandbox.session import Sandbox, SandboxError, Session, WorkdirError, shared_sandbox
 
 TOOL_SCHEMAS: list[dict] = [
     {
@@ -420,7 +420,7 @@ class ToolBox:
             if exc.__traceback__ is not None and exc.__traceback__.tb_next is not None:
                 raise  # raised inside the tool, not by the call: a harness error
             self._fail(out, f"bad arguments for {name}: {clean_text(str(exc))[:300]}")
-        except (QueryError, WorkdirFull) as exc:  # the agent's query / its full work dir
+        except (QueryError, WorkdirError) as exc:  # the agent's query / what its cells left
             self._fail(out, str(exc))
 
     def _fail(self, out: ToolOutcome, message: str) -> None:
@@ -460,11 +460,12 @@ class ToolBox:
     def _store(self, call_id: str, value: Any) -> str:
         """Keep ``value`` as variable ``var_<call_id>`` (returned; :func:`variable_name` keeps
         it short) and, once the sandbox session is open, as ``vars/<name>.json`` in its work
-        directory. Raises SandboxError when that fails."""
+        directory. Raises WorkdirError when the cells left something in the way (the
+        variable is then not kept), SandboxError when the session failed."""
         name = variable_name(call_id)
-        self.variables[name] = value
         if self.session is not None and self.session.alive:
             self.session.put_file(f"vars/{name}.json", json.dumps(value, default=str).encode())
+        self.variables[name] = value
         return name
 
     # -- tools ------------------------------------------------------------------------------
@@ -509,7 +510,10 @@ class ToolBox:
             query, max_rows=self.max_rows, max_result_bytes=min(self.max_result_bytes, budget),
             max_value_bytes=self.max_value_bytes)
         self.result_bytes += result.result_bytes
-        var = self._store(out.call_id, result.rows)
+        try:
+            var, not_saved = self._store(out.call_id, result.rows), None
+        except WorkdirError as exc:  # the cells put something in the way of vars/<var>.json
+            var, not_saved = None, str(exc)
         shown = {
             "columns": result.columns,
             "row_count": len(result.rows),
@@ -517,6 +521,8 @@ class ToolBox:
             "preview": _preview(result.rows[: self.preview_rows], self.preview_value_chars),
             "variable": var,
         }
+        if not_saved is not None:
+            shown["variable_not_saved"] = not_saved
         if result.truncated_by == "bytes":
             shown["note"] = (f"result cut at {result.result_bytes} bytes (the size limit); "
                              f"only the first {len(result.rows)} rows are kept")
@@ -546,7 +552,7 @@ class ToolBox:
                 cpu_s=self.python_cpu_s, max_procs=self.python_max_procs,
                 max_output_chars=max(self.max_content_chars, 100_000),
             )
-        except WorkdirFull as exc:
+        except WorkdirError as exc:
             return self._fail(out, f"execute_python could not run: {exc}")
         # any other SandboxError (the sandbox failing, not the cell) ends the trial errored
         if res.sandbox_failed:
@@ -559,7 +565,7 @@ class ToolBox:
         shown: dict[str, Any] = {"stdout": res.stdout}
         try:
             shown["variable"] = self._store(out.call_id, res.stdout)
-        except WorkdirFull as exc:  # the cell filled its work directory
+        except WorkdirError as exc:  # what the cells left in the work directory
             shown["variable_not_saved"] = str(exc)
         if res.stderr.strip():
             shown["stderr"] = res.stderr[-1000:]
@@ -571,7 +577,7 @@ class ToolBox:
             try:
                 session.save_output(f"results/{stem}.stdout.txt")
                 shown["saved_to"] = f"results/{stem}.stdout.txt"
-            except WorkdirFull as exc:
+            except WorkdirError as exc:
                 shown["not_saved"] = str(exc)
         self._ok(out, res.stdout, shown)
 

@@ -128,9 +128,16 @@ class SandboxError(RuntimeError):
     """The sandbox itself failed (could not start, a session died, a file operation failed)."""
 
 
-class WorkdirFull(SandboxError):
-    """The trial's work directory is full (the cells filled it): the agent's doing, so a tool
-    error the model sees, unlike every other :class:`SandboxError` (the sandbox failing)."""
+class WorkdirError(SandboxError):
+    """A file operation on the trial's work directory failed because of what the cells left in
+    it (it is full; a directory, FIFO or other non-file where querylab writes ``vars/…``):
+    the agent's doing, so a tool error the model sees, unlike every other
+    :class:`SandboxError` (the sandbox failing). Were it a harness error, a cell could plant
+    ``vars/var_<id>.json/`` and have its failing trial left out of the score as errored."""
+
+
+class WorkdirFull(WorkdirError):
+    """The trial's work directory is full (the cells filled it)."""
 
 
 class SandboxUnavailable(SandboxError):
@@ -386,7 +393,8 @@ class Session:
             full = "No space left" in err or "Disk quota exceeded" in err
             if full and self.disk_mb:
                 err += f" (the work directory holds at most {self.disk_mb} MiB)"
-            raise (WorkdirFull if full else SandboxError)(
+            on_workdir = header["op"] in ("put", "get", "rename", "save_output")
+            raise (WorkdirFull if full else WorkdirError if on_workdir else SandboxError)(
                 f"sandbox {header['op']} {header.get('path', '')[:100]}: {err}")
         return reply, data
 
@@ -394,8 +402,9 @@ class Session:
     def put_file(self, rel: str, data: bytes) -> None:
         """Write ``data`` to ``rel`` (a relative path, ``/``-separated, no ``..``) in the work
         directory, creating directories; replaces whatever is there (a symlink is replaced,
-        never followed). The file belongs to the sandbox uid. Raises SandboxError (e.g. the
-        work directory is full)."""
+        never followed). The file belongs to the sandbox uid. Raises WorkdirError when the
+        work directory's content is in the way (full, a directory at ``rel``), SandboxError
+        when the session failed."""
         self._checked({"op": "put", "path": rel}, bytes(data))
 
     def get_file(self, rel: str, max_bytes: int = 64 * _MiB) -> bytes:
