@@ -180,6 +180,17 @@ def test_duckdb_memory_bomb_fails_in_the_worker_not_here(engines):
     assert engines["duckdb"].query("SELECT count(*) AS n FROM t").rows == [{"n": 5}]
 
 
+def test_duckdb_agent_queries_spill_at_most_the_temp_limit(engines):
+    """QA adversary: a read-only sort spilled ~2 GB into <db>.tmp beside the database file
+    (DuckDB's default cap is 90% of the free disk); agent connections cap it as PostgreSQL's
+    temp_file_limit does."""
+    from tasks.db.duckdb import DUCKDB_AGENT_TEMP_LIMIT
+
+    row = engines["duckdb"].query(
+        "SELECT current_setting('max_temp_directory_size') AS cap").rows[0]
+    assert DUCKDB_AGENT_TEMP_LIMIT == "1GiB" and row["cap"] == "1.0 GiB", row
+
+
 @pytest.mark.slow
 def test_mongomock_timeout_kills_only_that_query(tmp_path):
     mdb = mongo_client(None)[f"ql_test_{uuid.uuid4().hex[:8]}"]

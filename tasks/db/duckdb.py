@@ -34,6 +34,8 @@ _duckdb_lock = threading.Lock()
 _duckdb_conns: dict[str, tuple[Any, tuple[int, int]]] = {}
 #: Settings of DuckDB instances opened by the query worker (instance-wide, set at open).
 _DUCKDB_WORKER_SETTINGS: dict[str, str] = {}
+#: The most a query of an agent may spill to disk (DuckDB's ``max_temp_directory_size``).
+DUCKDB_AGENT_TEMP_LIMIT = "1GiB"
 
 
 def _file_id(p: pathlib.Path) -> tuple[int, int]:
@@ -60,6 +62,10 @@ def _duckdb_shared_connection(path: pathlib.Path):
         conn = duckdb.connect(key, read_only=True)
         for name, value in _DUCKDB_WORKER_SETTINGS.items():
             conn.execute(f"SET {name} = '{value}'")
+        # a big sort or join spills to <db>.tmp beside the file, by default up to 90% of the
+        # free disk (a read-only query wrote ~2 GB there: QA adversary): capped as PostgreSQL's
+        # temp_file_limit is for the agent role
+        conn.execute(f"SET max_temp_directory_size = '{DUCKDB_AGENT_TEMP_LIMIT}'")
         # read_only does not stop COPY ... TO / reading arbitrary files: turn file access off
         # (instance-wide, cannot be turned back on while the database is open).
         conn.execute("SET enable_external_access = false")
