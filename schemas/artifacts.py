@@ -33,7 +33,8 @@ def added_later(field: pa.Field) -> pa.Field:
 #: agent's label: its name, with ``+hints`` appended for trials run with hints on; ``hints`` is
 #: the condition (``on`` / ``off``; null for agents that read no prompt: oracle, replay).
 #: ``trial_key`` is ``"<agent>|<dataset>|<query_id>|<trial>"``; ``dataset_version`` the version
-#: of the dataset the trial ran on; latency in seconds; tokens as reported by the API (0 for
+#: of the dataset the trial ran on; ``latency_s`` the trial's wall time in seconds, waits for a
+#: model-call slot left out (``llm_calls.queue_s``: querylab's queue); tokens as reported by the API (0 for
 #: offline agents); ``cached_tokens`` is the part of the prompt tokens the provider served from
 #: its prompt cache; ``cost_usd`` the sum of the trial's ``llm_calls`` costs (0 for offline
 #: agents and response-cache hits), earlier attempts' paid calls included (tokens likewise;

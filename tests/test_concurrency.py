@@ -248,3 +248,5 @@ def test_waiting_for_a_call_slot_is_not_the_trials_wall_time(
     assert calls.height == 30
     # the queue was real: the trials waited seconds in all, more than any trial's limit
     assert calls["queue_s"].sum() > 4.0, calls["queue_s"].sum()
+    # and a trial's latency is its own time, the queue left out as from its limit
+    assert trials["latency_s"].max() < 4.0, trials["latency_s"].to_list()

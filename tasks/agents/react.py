@@ -482,5 +482,8 @@ def run_react(
             paid.error = paid.error or f"{type(exc).__name__} after the response arrived"
             result.add_call(paid)  # the response arrived (and was paid) before the failure
         stop("error", f"harness error: {type(exc).__name__}: {clean_text(str(exc))[:500]}")
-    result.latency_s = time.monotonic() - start
+    # the trial's own time: waits for a model-call slot (other trials held them) left out,
+    # as from its wall-time limit
+    queued = sum(c.queue_s for c in result.llm_calls)
+    result.latency_s = max(0.0, time.monotonic() - start - queued)
     return result
