@@ -73,8 +73,11 @@ def test_invisible_characters_cannot_hide_the_other_options():
         assert not verdict.ok, (repr(mark), verdict)
         assert "listing the options is not an answer" in verdict.reason, verdict.reason
         assert check_answer("Face" + mark + "book", ["Facebook"], v).ok  # the answer itself
-    # a mark that composes with its letter makes another word (k + U+0301 = ḱ): no item at all
-    assert not check_answer(", ".join(o + "\u0301" for o in options), ["Facebook"], v).ok
+    # marks that compose with some letters only (U+0307: ė, ṁ, ṫ but k̇): every option still
+    # read as itself (QA adversary re-check)
+    for mark in ("\u0301", "\u0307", "\u0308", "\u0323"):
+        verdict = check_answer(", ".join(o + mark for o in options), ["Facebook"], v)
+        assert not verdict.ok and "listing the options" in verdict.reason, (repr(mark), verdict)
     assert check_answer("Ｆａｃｅｂｏｏｋ", ["Facebook"], v).ok  # full-width: NFKC
     assert not check_answer("Facebook and Ｇｏｏｇｌｅ", ["Facebook"], v).ok
     assert check_answer("Café Central", ["Cafe\u0301 Central"], {"kind": "items"}).ok

@@ -56,13 +56,16 @@ def normalise(s: str) -> str:
 
 
 def canonical_text(s: str) -> str:
-    """``s`` as the validators compare it: NFKC-normalised (full-width and compatibility forms
-    folded, accents composed) with invisible characters removed — format characters (zero-width
-    spaces and joiners, bidi controls) and combining marks left over after composition. Without
+    """``s`` as the validators compare it: NFKD-decomposed (full-width and compatibility forms
+    folded, accented letters split into letter + mark), then every combining mark and format
+    character (zero-width spaces and joiners, bidi controls) removed, then NFC — so matching is
+    accent-insensitive ("Café" = "Cafe") and invisible characters count for nothing. Without
     this a mark that is not a word character but case-folds to one (U+0345) made "Facebookͅ"
-    a whole word to one check and no word to the other (QA adversary)."""
-    text = unicodedata.normalize("NFKC", str(s))
-    return "".join(c for c in text if unicodedata.category(c) not in ("Mn", "Me", "Cf"))
+    a whole word to one check and no word to the other, and a mark that composes with some
+    letters only (U+0307: "Applė" but "Facebook̇") hid every option but one (QA adversary)."""
+    text = unicodedata.normalize("NFKD", str(s))
+    kept = "".join(c for c in text if unicodedata.category(c) not in ("Mn", "Me", "Cf"))
+    return unicodedata.normalize("NFC", kept)
 
 
 def item_in(item: str, text: str, case_sensitive: bool = False) -> bool:
