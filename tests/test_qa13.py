@@ -357,6 +357,44 @@ def test_a_cell_in_the_way_of_a_stored_variable_is_the_agents_not_an_errored_tri
         shown["variable_not_saved"], shown
 
 
+@pytest.mark.slow
+def test_a_cell_cannot_errored_its_trial_through_the_work_directory_or_the_audit_pipe(
+        tmp_path, stocks_uri, model):
+    """QA adversary re-check: ``chmod('.', 0)`` made every later cell fail to start (a sandbox
+    failure: errored, unscored), and a lone surrogate written to the cell's audit pipe failed
+    the whole batch's Parquet write. Both trials now run to their answer and are scored."""
+    audit = ("import os, stat\n"
+             "for f in os.listdir('/proc/self/fd'):\n"
+             "    f = int(f)\n"
+             "    try:\n"
+             "        if f > 2 and stat.S_ISFIFO(os.fstat(f).st_mode):\n"
+             "            os.write(f, b'{\"e\": \"open\", \"p\": \"/x\\\\ud800\"}\\n')\n"
+             "    except OSError:\n"
+             "        pass\n"
+             "print('wrote')")
+    first = {0: "import os\nos.chmod('.', 0)\nprint('locked')", 1: audit}
+
+    def responder(body, index):
+        n = _turns(body)
+        if n == 0:  # the batch runs its trials one after another: trial 0, then trial 1
+            code = first[0] if state.setdefault("k", 0) == 0 else first[1]
+            state["k"] += 1
+            return tool_calls(("execute_python", {"code": code}))
+        if n == 1:
+            return tool_calls(("execute_python", {"code": "print(6 * 7)"}))
+        return tool_calls(("return_answer", {"answer": "IBM"}))
+
+    state: dict = {}
+    with ScriptedOpenAIServer(responder) as srv:
+        out = run_batch(str(tmp_path / "art"), "lock", stocks_uri, model(srv),
+                        [[STOCKS_Q, 0], [STOCKS_Q, 1]])
+    for t in out["trials"].values():
+        assert t["terminate_reason"] == "return_answer", t
+    assert [out["scores"][i]["verdict"] for i in (0, 1)] == ["incorrect", "incorrect"]
+    tools = out["messages"].filter(pl.col("role") == "tool")
+    assert sum("42" in c for c in tools["content"].to_list()) == 2, tools["content"].to_list()
+
+
 # -- C1, C2, C3: the answer key is out of reach, and attempts are seen at run time -------------
 
 

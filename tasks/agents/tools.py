@@ -162,6 +162,15 @@ def clean_text(text: str) -> str:
         return _SURROGATE.sub("\ufffd", text)
 
 
+def clean_events(events: list) -> list:
+    """A cell's audit events (JSON values the cell could write to its audit pipe) with every
+    string :func:`clean_text`-ed, so they encode as UTF-8 (a lone ``\\ud800`` in one failed
+    the whole batch's Parquet write: QA adversary)."""
+    text = json.dumps(events, ensure_ascii=False, default=str)
+    cleaned = clean_text(text)
+    return events if cleaned is text else json.loads(cleaned)
+
+
 def as_text(value) -> str:
     """A model-provided name or id as clean text: a str is cleaned, None becomes ``""``,
     anything else its JSON (or ``repr``)."""
@@ -558,8 +567,8 @@ class ToolBox:
         if res.sandbox_failed:
             raise SandboxError(res.error or "the sandbox failed")
         killed = res.timed_out or res.cpu_exceeded or res.oom_killed or res.signal is not None
-        out.runtime_events = list(res.audit_events) + (
-            [] if res.audit_complete or killed else [{"e": "_incomplete"}])
+        out.runtime_events = clean_events(list(res.audit_events) + (
+            [] if res.audit_complete or killed else [{"e": "_incomplete"}]))
         if res.error:
             return self._fail(out, res.error)
         shown: dict[str, Any] = {"stdout": res.stdout}

@@ -1507,6 +1507,12 @@ def _cell_setup(s: _Session, req: dict, status_fd: int, audit_fd: int) -> None:
         with open("/proc/self/oom_score_adj", "w") as fh:
             fh.write("0")
     _drop_privileges(s)
+    # the work directory is the cells' own: an earlier cell may have taken its owner bits
+    # (chmod('.', 0)); its owner (this uid) gives them back, or the cell could not start —
+    # an errored trial a cell could opt out with (QA adversary)
+    mode = os.stat(s.cwd).st_mode & 0o7777
+    if mode & 0o700 != 0o700:
+        os.chmod(s.cwd, mode | 0o700)
     os.chdir(s.cwd)
     fd = os.open(os.devnull, os.O_RDONLY)
     os.dup2(fd, 0)
