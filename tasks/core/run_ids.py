@@ -1,5 +1,5 @@
 """Run ids, timestamps and the errors of runs and stages (shared by :mod:`tasks.core.runs`,
-:mod:`tasks.core.run_lease` and :mod:`tasks.core.run_batches`)."""
+:mod:`tasks.core.run_lease` and :mod:`tasks.core.batching`)."""
 
 from __future__ import annotations
 

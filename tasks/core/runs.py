@@ -11,12 +11,12 @@ paths from :class:`tasks.core.layout.RunLayout`):
   earlier attempts. Each stage writes only its own file.
 - ``runs/<run_id>/lease.json`` — who is running the run now (:func:`run_lease`): one process
   per run id, so two ``querylab run`` / ``rerun`` of one id never both call (and pay) the model
-  (:mod:`tasks.core.run_lease`, re-exported here with :mod:`tasks.core.run_ids` and
-  :mod:`tasks.core.run_batches`).
+  (:mod:`tasks.core.run_lease`, re-exported here with :mod:`tasks.core.run_ids` and the batch
+  keys and :func:`gather` of :mod:`tasks.core.batching`).
 
 Stages are idempotent on ``(run_id, stage, item)`` (trial batches, dataset versions, generation
 and equivalence batches skip finished work), so re-running a stage only does what is missing.
-:func:`gather` (:mod:`tasks.core.run_batches`) waits for every mapped item of a stage before failing, so one failed batch never
+:func:`gather` (:mod:`tasks.core.batching`) waits for every mapped item of a stage before failing, so one failed batch never
 throws away the work of the others, and names the failed items.
 """
 
@@ -45,7 +45,7 @@ from tasks.core import storage
 from tasks.core.layout import RunLayout, runs_root
 
 # Re-exported: callers import these from tasks.core.runs.
-from tasks.core.run_batches import batch_key, gather, spec_fingerprint  # noqa: F401
+from tasks.core.batching import batch_key, gather, spec_fingerprint  # noqa: F401
 from tasks.core.run_ids import (  # noqa: F401
     MAX_ERROR_CHARS,
     LeaseHeld,

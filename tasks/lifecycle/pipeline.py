@@ -39,9 +39,8 @@ from tasks.lifecycle.tables import (
     robustness_table,
     variant_cv_table,
 )
-from tasks.core.batching import BatchedStage, combine, plan
+from tasks.core.batching import BatchedStage, combine, plan, spec_fingerprint
 from tasks.core.layout import RunLayout
-from tasks.core.runs import spec_fingerprint
 
 __all__ = [
     "LIFECYCLE_BATCHES",

@@ -24,9 +24,8 @@ from schemas import text2sql as schema
 from schemas.settings import Settings
 from schemas.text2sql import GenerationConfig
 from tasks.core import storage
-from tasks.core.batching import BatchedStage, combine, plan
+from tasks.core.batching import BatchedStage, combine, plan, spec_fingerprint
 from tasks.text2sql.corpora import load_tpcds_corpus, tpcds_ddl
-from tasks.core.runs import spec_fingerprint
 from tasks.core.layout import RunLayout
 from tasks.text2sql.generators import (
     GeneratorConfigError,
