@@ -73,12 +73,16 @@ def item_in(item: str, text: str, case_sensitive: bool = False) -> bool:
     is not in ``GOOGL``), whitespace-insensitively, and case-insensitively unless
     ``case_sensitive`` (for an item that is also an everyday word, e.g. the sub-category
     ``Tables`` in "I could not read the tables"); both compared as :func:`canonical_text`."""
-    text = canonical_text(text)
-    words = canonical_text(item).split()
+    return _words_in(canonical_text(item), canonical_text(text), case_sensitive)
+
+
+def _words_in(item: str, text: str, case_sensitive: bool = False) -> bool:
+    """:func:`item_in` of an ``item`` and a ``text`` already in :func:`canonical_text` form."""
+    words = item.split()
     if not words:
         return False
     pattern = r"(?<!\w)" + r"\s+".join(re.escape(w) for w in words) + r"(?!\w)"
-    return re.search(pattern, str(text), 0 if case_sensitive else re.IGNORECASE) is not None
+    return re.search(pattern, text, 0 if case_sensitive else re.IGNORECASE) is not None
 
 
 def number_tolerance(truth: float, validator: dict) -> float:
@@ -110,11 +114,13 @@ def _options_named(answer: str, truth: list, options: list) -> list[str]:
     """The ``options`` (other than the ground-truth items) that ``answer`` names, as whole
     words, case- and whitespace-insensitively — by :func:`item_in`, the matcher the items
     check uses, so no text can be an item to one and no option to the other."""
+    text = canonical_text(answer)  # once, not once per option
     wanted = {normalise(canonical_text(t)) for t in truth}
     named = []
     for opt in options:
-        o = normalise(canonical_text(opt))
-        if o and o not in wanted and item_in(str(opt), answer):
+        canon = canonical_text(opt)
+        o = normalise(canon)
+        if o and o not in wanted and _words_in(canon, text):
             named.append(str(opt))
     return named
 
