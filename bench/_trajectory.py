@@ -6,7 +6,8 @@ Used by ``bench/harness_overhead.py``, ``bench/latency_bound.py`` and ``bench/tr
 - :func:`build_stocks` builds and loads the ``stocks`` dataset there;
 - :func:`start_server` starts the scripted OpenAI-compatible server
   (``tests/fakes/openai_server.py``) in its own process, answering every model call after
-  ``latency`` seconds with the fixed 5-step trajectory ``list_db``, ``query_db`` on SQLite,
+  ``latency`` seconds (HTTP/1.1, connections kept alive as the OpenAI API keeps them) with the
+  fixed 5-step trajectory ``list_db``, ``query_db`` on SQLite,
   ``query_db`` on DuckDB, ``execute_python`` over both results (in the sealed sandbox),
   ``return_answer``; :func:`stop_server` stops it and returns the most chat-completion requests
   it answered at once;
@@ -53,7 +54,7 @@ def responder(body, index):
                                  "cached_tokens": 512})
     return delay(LATENCY, step) if LATENCY > 0 else step
 
-srv = ScriptedOpenAIServer(responder).start()
+srv = ScriptedOpenAIServer(responder, keep_alive=True).start()
 print(srv.base_url, flush=True)
 sys.stdin.read()
 print(srv.max_in_flight, flush=True)

@@ -250,3 +250,61 @@ def test_waiting_for_a_call_slot_is_not_the_trials_wall_time(
     assert calls["queue_s"].sum() > 4.0, calls["queue_s"].sum()
     # and a trial's latency is its own time, the queue left out as from its limit
     assert trials["latency_s"].max() < 4.0, trials["latency_s"].to_list()
+
+
+def test_limiter_serves_waiters_by_trial_rank_then_arrival():
+    """A freed slot goes to the waiting trial admitted first (lowest rank), equal ranks in
+    arrival order, callers without a rank last; only one slot is ever held at limit 1."""
+    lim = Limiter(1)
+    lim.acquire()
+    order, guard = [], threading.Lock()
+
+    def wait(label, rank):
+        lim.acquire(rank)
+        with guard:
+            order.append(label)
+            assert lim.in_use == 1
+        lim.release()
+
+    threads = []
+    for label, rank in [("none", None), ("r5", 5), ("r1", 1), ("r3a", 3), ("r3b", 3), ("r2", 2)]:
+        t = threading.Thread(target=wait, args=(label, rank))
+        t.start()
+        threads.append(t)
+        deadline = time.monotonic() + 5
+        while len(lim._waiting) < len(threads) and time.monotonic() < deadline:
+            time.sleep(0.001)  # this waiter queued before the next arrives
+    assert len(lim._waiting) == 6
+    lim.release()
+    for t in threads:
+        t.join(5)
+    assert order == ["r1", "r2", "r3a", "r3b", "r5", "none"]
+    assert lim.in_use == 0 and lim.peak == 1
+
+
+def test_trial_slots_yield_admission_ranks_that_call_slots_wait_by():
+    """trial_slot yields increasing ranks; a context marked with as_trial passes its rank to the
+    stage's call limiter."""
+    import contextvars
+
+    from tasks.core import concurrency
+
+    with trial_slot("rank-run", 4) as a, trial_slot("rank-run", 4) as b:
+        assert b > a
+    seen = []
+    lim = limiter(stage_slot_name("rank-run"), 1)
+    real = lim.acquire
+    lim.acquire = lambda priority=None: (seen.append(priority), real(priority))[1]
+    try:
+        ctx = contextvars.copy_context()
+
+        def in_trial():
+            concurrency.as_trial(b)
+            with call_slot("rank-run", 1):
+                pass
+        ctx.run(in_trial)
+        with call_slot("rank-run", 1):  # outside a trial: no rank
+            pass
+    finally:
+        del lim.acquire
+    assert seen == [b, None]

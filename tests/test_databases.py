@@ -339,6 +339,31 @@ def test_check_accepts_queries(sql, dialect):
     check_read_only_sql(sql, dialect)
 
 
+def test_remembered_verdicts_are_the_parsers_own():
+    """A text checked again gets the same verdict (a refusal raised again, same message), per
+    dialect; texts past the cache's limit are parsed every time and judged the same way."""
+    from tasks.db import guard
+
+    for _ in range(3):
+        with pytest.raises(QueryError, match="DELETE is not allowed") as first:
+            check_read_only_sql("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", "postgres")
+        check_read_only_sql("SELECT 1", "postgres")
+    with pytest.raises(QueryError) as again:
+        check_read_only_sql("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", "postgres")
+    assert str(again.value) == str(first.value)
+    with pytest.raises(QueryError, match="pragma|PRAGMA"):
+        check_read_only_sql("PRAGMA writable_schema = 1", "sqlite")
+    long_ok = "SELECT 1 AS a" + ", 1" * guard.VERDICT_CACHE_MAX_CHARS
+    long_bad = long_ok + "; DROP TABLE t"
+    assert len(long_ok) > guard.VERDICT_CACHE_MAX_CHARS
+    check_read_only_sql(long_ok, "duckdb")
+    with pytest.raises(QueryError, match="2 statements"):
+        check_read_only_sql(long_bad, "duckdb")
+    hits = guard._cached_verdict.cache_info().hits
+    check_read_only_sql("SELECT 1", "postgres")
+    assert guard._cached_verdict.cache_info().hits == hits + 1
+
+
 def test_check_refusals():
     with pytest.raises(QueryError, match="parse"):
         check_read_only_sql("SELECT FROM WHERE", "postgres")

@@ -192,3 +192,34 @@ def test_a_stop_request_kills_the_sandbox_sessions_at_once():
     finally:
         interrupt.reset()
         session.close()
+
+
+def test_interruptible_calls_reuse_their_threads_and_never_wait_for_one():
+    """A call's thread serves the next call (no thread start per call); calls made at once each
+    get a thread of their own (none waits for another to end), and each sees its own caller's
+    context."""
+    import contextvars
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    interrupt.reset()
+    assert interrupt.call(threading.get_ident) != threading.get_ident()
+    before = {t.ident for t in threading.enumerate()}
+    idents = {interrupt.call(threading.get_ident) for _ in range(20)}
+    assert idents <= before  # idle threads took the calls: none was started for them
+
+    var = contextvars.ContextVar("who", default="unset")
+    barrier = threading.Barrier(8, timeout=10)
+
+    def caller(i: int) -> tuple[str, int]:
+        var.set(f"caller {i}")
+
+        def body() -> tuple[str, int]:
+            barrier.wait()  # all 8 calls in flight at the same time, or this times out
+            return var.get(), threading.get_ident()
+        return interrupt.call(body)
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(caller, range(8)))
+    assert [who for who, _ in got] == [f"caller {i}" for i in range(8)]
+    assert len({ident for _, ident in got}) == 8

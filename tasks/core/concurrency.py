@@ -31,6 +31,10 @@ they bound HTTP requests in flight across everything that shares the Prefect ser
 
 from __future__ import annotations
 
+import contextvars
+import heapq
+import itertools
+import math
 import sys
 import threading
 from collections.abc import Iterator
@@ -66,7 +70,15 @@ def resolve_max_trials(max_concurrency: int, max_trials: int | None) -> int:
 
 class Limiter:
     """A counting semaphore of ``limit`` slots that records how many are held (``in_use``)
-    and the most ever held at once (``peak``). Thread-safe."""
+    and the most ever held at once (``peak``). Thread-safe.
+
+    Waiters are served by ``priority`` (lowest first; the trials stage passes the trial's
+    admission rank, so the trial admitted first gets the next free call slot and finishes
+    first — its slot of ``--max-trials`` then admits the next trial sooner, where serving
+    calls in arrival order spreads every admitted trial's progress evenly and leaves the last
+    ones admitted to run alone at the end), then in arrival order; a waiter without a
+    priority comes after every prioritised one. A released slot is handed to the first waiter
+    directly (only it wakes)."""
 
     def __init__(self, limit: int):
         if int(limit) < 1:
@@ -74,23 +86,32 @@ class Limiter:
         self.limit = int(limit)
         self.in_use = 0
         self.peak = 0
-        self._cond = threading.Condition()
+        self._mutex = threading.Lock()
+        self._waiting: list[tuple[float, int, threading.Lock]] = []  # a heap
+        self._arrivals = itertools.count()
 
-    def acquire(self) -> None:
-        """Wait for a free slot and take it."""
-        with self._cond:
-            while self.in_use >= self.limit:
-                self._cond.wait()
-            self.in_use += 1
-            self.peak = max(self.peak, self.in_use)
+    def acquire(self, priority: float | None = None) -> None:
+        """Wait for a free slot and take it (``priority``: see the class)."""
+        with self._mutex:
+            if self.in_use < self.limit and not self._waiting:
+                self.in_use += 1
+                self.peak = max(self.peak, self.in_use)
+                return
+            gate = threading.Lock()
+            gate.acquire()
+            heapq.heappush(self._waiting, (math.inf if priority is None else float(priority),
+                                           next(self._arrivals), gate))
+        gate.acquire()  # released by release(): the slot was handed over, in_use unchanged
 
     def release(self) -> None:
-        """Give a slot back (ValueError when none is held)."""
-        with self._cond:
+        """Give a slot back, to the first waiter if any (ValueError when none is held)."""
+        with self._mutex:
             if self.in_use <= 0:
                 raise ValueError("release() without acquire()")
-            self.in_use -= 1
-            self._cond.notify()
+            if self._waiting:
+                heapq.heappop(self._waiting)[2].release()
+            else:
+                self.in_use -= 1
 
 
 _LIMITERS: dict[str, Limiter] = {}
@@ -182,14 +203,28 @@ def trials_expected(run_id: str, n: int, max_trials: int) -> int:
 @contextmanager
 def trial_slot(run_id: str, max_trials: int) -> Iterator[None]:
     """Hold one of the ``max_trials`` trial slots of the trials stage of ``run_id`` for the
-    block (a trial admitted: started, not finished). In-process :class:`Limiter`, or the
+    block (a trial admitted: started, not finished); yields the trial's admission rank (0, 1,
+    ... in this process, for :func:`as_trial`). In-process :class:`Limiter`, or the
     scheduler's semaphore inside a Dask worker. ValueError for a limit below 1."""
     s = _slot(stage_slot_name(run_id, "trials-admitted"), max_trials)
     s.acquire()
     try:
-        yield
+        yield next(_ADMISSIONS)
     finally:
         s.release()
+
+
+#: Admission ranks of this process's trials (:func:`trial_slot` yields the next one).
+_ADMISSIONS = itertools.count()
+#: The admission rank of the trial this context runs (:func:`as_trial`); None outside trials.
+_TRIAL_RANK: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "querylab_trial_rank", default=None)
+
+
+def as_trial(rank: int | None) -> None:
+    """Mark the current context as running the trial of admission ``rank`` (from
+    :func:`trial_slot`): its model calls' :func:`call_slot` waits are served in that order."""
+    _TRIAL_RANK.set(rank)
 
 
 @contextmanager
@@ -200,14 +235,18 @@ def call_slot(
     """Hold one model call's slots for the block (one HTTP request in flight): the model's
     (when ``model_limit``: the models table's ``max_concurrency``), then the stage's
     (``max_concurrency`` calls across the trials stage of ``run_id``). In-process
-    :class:`Limiter`\\ s, or the scheduler's semaphores inside a Dask worker. ValueError for a
-    limit below 1."""
+    :class:`Limiter`\\ s (waiters served by their trial's admission rank, :func:`as_trial`), or
+    the scheduler's semaphores inside a Dask worker. ValueError for a limit below 1."""
+    rank = _TRIAL_RANK.get()
     slots = []
     if model is not None and model_limit is not None:
         slots.append(_slot(model_slot_name(model, model_base_url), model_limit))
     slots.append(_slot(stage_slot_name(run_id), max_concurrency))
     with ExitStack() as stack:
         for s in slots:
-            s.acquire()
+            if isinstance(s, Limiter):
+                s.acquire(rank)
+            else:
+                s.acquire()
             stack.callback(s.release)
         yield

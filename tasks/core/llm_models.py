@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,9 +58,30 @@ def model_label(name: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+#: Parsed YAML of the models files by their text: each batch of a run resolves its model again,
+#: and parsing ``data/models.yaml`` costs ~30 ms of CPU under the GIL (a dict lookup by the text
+#: read each time cannot go stale). At most :data:`_PARSED_MAX` texts are kept.
+_PARSED: dict[str, object] = {}
+_PARSED_MAX = 32
+_PARSED_LOCK = threading.Lock()
+
+
+def _parse_yaml(text: str) -> object:
+    """``yaml.safe_load(text)``, remembered by text; a deep copy each time (callers own it)."""
+    with _PARSED_LOCK:
+        if text in _PARSED:
+            return copy.deepcopy(_PARSED[text])
+    raw = yaml.safe_load(text)
+    with _PARSED_LOCK:
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[text] = copy.deepcopy(raw)
+    return raw
+
+
 def _read_models_file(path: Path) -> list[ModelConfig]:
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = _parse_yaml(path.read_text())
     except FileNotFoundError as exc:
         raise AgentConfigError(f"{path}: models file not found") from exc
     except yaml.YAMLError as exc:

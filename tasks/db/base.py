@@ -58,6 +58,11 @@ class Database(abc.ABC):
     def close(self) -> None:
         """Release connections held by this object (idempotent)."""
 
+    def warm_up(self) -> None:
+        """Do now, once per process, the set-up the first query would otherwise wait for
+        (e.g. importing the SQL parser, starting the query worker); errors are the first
+        query's to report, so this one ignores them. Default: nothing."""
+
     def __enter__(self) -> "Database":
         return self
 
@@ -91,6 +96,12 @@ class _SQLDatabase(Database):
         check_read_only_sql(sql, self.engine)
         return self._run_checked(sql, limits)
 
+    def warm_up(self) -> None:
+        """Import and run the SQL parser once (:func:`tasks.db.guard.warm_up`)."""
+        from tasks.db.guard import warm_up
+
+        warm_up()
+
     def _run_checked(self, sql: str, limits: ResultLimits) -> QueryResult:
         return self._execute(sql, limits)
 
@@ -98,6 +109,13 @@ class _SQLDatabase(Database):
     def _execute(self, sql: str, limits: ResultLimits | int) -> QueryResult:
         """Run ``sql`` without the parser check (engine-side protections only); ``limits``
         may be a plain ``max_rows``."""
+
+
+def _start_worker() -> None:
+    """Start this process's SQL query worker unless it runs (SQLite / DuckDB ``warm_up``)."""
+    from tasks.db.db_worker_client import sql_worker
+
+    sql_worker().start()
 
 
 def _in_worker(engine: str, path: pathlib.Path, sql: str, timeout_ms: int,

@@ -123,6 +123,13 @@ class _Worker:
                 pass
             proc.wait()
 
+    def start(self) -> None:
+        """Start the worker now unless it runs (:class:`WorkerError` when it cannot start)."""
+        with self._lock:
+            if not self._alive():
+                self.kill()
+                self._spawn()
+
     def stop(self) -> None:
         """Stop the worker (it exits when its control socket closes)."""
         self.kill()

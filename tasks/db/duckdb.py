@@ -13,7 +13,7 @@ import pathlib
 import threading
 import uuid
 from typing import Any
-from tasks.db.base import _in_worker, _quote_ident, _Running, _SQLDatabase
+from tasks.db.base import _in_worker, _quote_ident, _Running, _SQLDatabase, _start_worker
 from tasks.db.registry import FileEngine, register_engine
 from tasks.db.loading import _tmp_sibling
 from tasks.db.results import (
@@ -159,6 +159,11 @@ class DuckDBDatabase(_SQLDatabase):
     """
 
     engine = "duckdb"
+
+    def warm_up(self) -> None:
+        """The SQL parser, and the query worker its queries run in, started now."""
+        super().warm_up()
+        _start_worker()
 
     def __init__(self, name: str, path: str | os.PathLike, timeout_ms: int = DEFAULT_TIMEOUT_MS):
         self.name = name

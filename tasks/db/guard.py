@@ -9,6 +9,7 @@ SQLite executor stays :mod:`tasks.db.sqlite_guard`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -114,15 +115,54 @@ def check_read_only_sql(sql: str, dialect: str) -> None:
     (``set_config``, ``pg_read_file``, ``lo_export``, ...).
 
     ``dialect``: ``"postgres"`` | ``"sqlite"`` | ``"duckdb"`` (ValueError otherwise).
-    """
-    import sqlglot
-    from sqlglot import exp
-    from sqlglot.errors import ParseError, TokenError
 
+    The verdict depends on the text and the dialect only, so the verdicts of the last
+    :data:`VERDICT_CACHE_SIZE` texts up to :data:`VERDICT_CACHE_MAX_CHARS` characters are
+    remembered (trials of one query send the same SQL again and again; a parse costs ~1.4 ms of
+    CPU under the GIL, the lookup ~1 µs); a refusal is raised again with the same message.
+    """
     if dialect not in _SQL_DIALECTS:
         raise ValueError(f"unknown SQL dialect {dialect!r}; expected one of {_SQL_DIALECTS}")
     if not isinstance(sql, str) or not sql.strip():
         raise QueryError("Refused: empty query; send one SELECT statement.")
+    refusal = (_cached_verdict(sql, dialect) if len(sql) <= VERDICT_CACHE_MAX_CHARS
+               else _verdict(sql, dialect))
+    if refusal is not None:
+        raise QueryError(refusal)
+
+
+#: Verdicts of :func:`check_read_only_sql` remembered (texts), and the longest text remembered.
+VERDICT_CACHE_SIZE = 4096
+VERDICT_CACHE_MAX_CHARS = 16_384
+
+
+def _verdict(sql: str, dialect: str) -> str | None:
+    """The refusal message of :func:`check_read_only_sql` for ``sql`` (None: accepted)."""
+    try:
+        _check_read_only_sql(sql, dialect)
+    except QueryError as exc:
+        return str(exc)
+    return None
+
+
+_cached_verdict = functools.lru_cache(maxsize=VERDICT_CACHE_SIZE)(_verdict)
+
+
+def warm_up() -> None:
+    """Import and run the SQL parser once (~0.5 s the first time): a trials stage calls it in
+    the background while its first model calls wait, so the first ``query_db`` of a run does
+    not hold every trial behind the import lock."""
+    for dialect in _SQL_DIALECTS:
+        check_read_only_sql("SELECT 1", dialect)
+
+
+def _check_read_only_sql(sql: str, dialect: str) -> None:
+    """The parse behind :func:`check_read_only_sql` (uncached; ``sql`` not blank, ``dialect``
+    known): QueryError with the refusal."""
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import ParseError, TokenError
+
     if dialect == "postgres":  # U&"..." names: checked as the engine reads them
         sql = resolve_unicode_escapes(sql)
     try:

@@ -16,7 +16,7 @@ import sqlite3
 from typing import Any
 from tasks.db import sqlite_guard
 from tasks.db.sqlite_guard import SQLITE_MAX_LENGTH
-from tasks.db.base import _in_worker, _quote_ident, _Running, _SQLDatabase
+from tasks.db.base import _in_worker, _quote_ident, _Running, _SQLDatabase, _start_worker
 from tasks.db.registry import FileEngine, register_engine
 from tasks.db.loading import _iter_rows, _tmp_sibling
 from tasks.db.results import (
@@ -91,6 +91,11 @@ class SQLiteDatabase(_SQLDatabase):
     """
 
     engine = "sqlite"
+
+    def warm_up(self) -> None:
+        """The SQL parser, and the query worker its queries run in, started now."""
+        super().warm_up()
+        _start_worker()
 
     def __init__(self, name: str, path: str | os.PathLike, timeout_ms: int = DEFAULT_TIMEOUT_MS):
         self.name = name

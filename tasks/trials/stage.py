@@ -44,12 +44,13 @@ from tasks.agents.tools import ToolBox
 from tasks.core import batching, interrupt, storage
 from tasks.core.batching import BatchedStage, label_slug, remove_local, spec_fingerprint
 from tasks.core.concurrency import (
-    DEFAULT_MAX_CONCURRENCY, call_slot, resolve_max_trials, trial_slot, trials_expected,
+    DEFAULT_MAX_CONCURRENCY, as_trial, call_slot, resolve_max_trials, trial_slot, trials_expected,
 )
 from tasks.core.layout import RunLayout
 from tasks.core.llm import AgentConfigError
 from tasks.core.prefect_task import task
 from tasks.db.engines import open_databases
+from tasks.db.engines import warm_up as warm_up_databases
 from tasks.sandbox.session import shared_sandbox
 from tasks.scoring.dab_rules import agent_options_for
 from tasks.scoring.stage import is_errored
@@ -324,6 +325,7 @@ def run_batch(
         shared_sandbox().reserve(trials_expected(run_id, len(batch["items"]), max_trials))
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
     databases = open_databases(manifest, settings)
+    warm_up_databases(databases)  # parser import, query worker start: while first calls wait
     hints = batch.get("hints")
     label = agent_label(batch["agent"], hints)
     runner = _Agent(batch["agent"], batch["manifest_uri"], manifest, options, artifacts_root,
@@ -449,7 +451,8 @@ def _run_concurrently(
     (``(index, query_id, trial, key, index, previous)``, at most ``most`` of them), each inside its
     :func:`tasks.core.concurrency.trial_slot` (at most ``max_trials`` trials of the stage at
     once), each of their model calls inside a :func:`tasks.core.concurrency.call_slot` (at most
-    ``max_concurrency`` calls of the stage, and the model's cap, in flight); returns index →
+    ``max_concurrency`` calls of the stage, and the model's cap, in flight; waiters served in
+    the trials' admission order, :func:`tasks.core.concurrency.as_trial`); returns index →
     rows. The batch's thread takes the slots and hands the trial to a
     pool thread (which gives them back), so a batch never holds more threads than trials in
     flight. Each trial runs in a copy of the batch's context (Prefect's settings and run
@@ -474,9 +477,13 @@ def _run_concurrently(
                 out[index] = run_one(*item)
         return out
 
-    def held(ctx: contextvars.Context, hold, item: tuple) -> dict:
+    def as_admitted(rank: int, item: tuple) -> dict:
+        as_trial(rank)  # its model calls wait for call slots in admission order
+        return run_one(*item)
+
+    def held(ctx: contextvars.Context, hold, rank: int, item: tuple) -> dict:
         try:
-            return ctx.run(run_one, *item)
+            return ctx.run(as_admitted, rank, item)
         finally:
             hold.__exit__(None, None, None)
 
@@ -484,9 +491,9 @@ def _run_concurrently(
     with ThreadPoolExecutor(max_workers=width, thread_name_prefix="trial") as pool:
         for index, *item in todo:
             hold = slot()
-            hold.__enter__()
+            rank = hold.__enter__()
             try:
-                futures[index] = pool.submit(held, contextvars.copy_context(), hold, item)
+                futures[index] = pool.submit(held, contextvars.copy_context(), hold, rank, item)
             except BaseException:
                 hold.__exit__(None, None, None)
                 raise

@@ -312,6 +312,10 @@ class ScriptedOpenAIServer:
 
     Requests with an invalid JSON body or ``"stream": true`` get a 400 and do
     not consume a step (streaming ones are still recorded).
+
+    ``keep_alive``: answer in HTTP/1.1 and keep each connection open for the client's next
+    request, as the OpenAI API, vLLM and llama.cpp's server do (the benchmarks); by default
+    HTTP/1.0, one connection per request (what the tests were written against).
     """
 
     def __init__(
@@ -319,6 +323,7 @@ class ScriptedOpenAIServer:
         script: Union[Sequence[Step], Responder],
         *,
         model_id: str = "scripted-model",
+        keep_alive: bool = False,
     ) -> None:
         if callable(script):
             self._responder: Responder | None = script
@@ -331,6 +336,7 @@ class ScriptedOpenAIServer:
             self._responder = None
             self._steps = steps
         self.model_id = model_id
+        self.keep_alive = keep_alive
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._next_step = 0
@@ -532,6 +538,7 @@ class ScriptedOpenAIServer:
 def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "ScriptedOpenAI/1.0"
+        protocol_version = "HTTP/1.1" if server.keep_alive else "HTTP/1.0"
         timeout = 30  # idle socket read timeout for a handler thread
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
