@@ -494,7 +494,10 @@ def unprivileged_dir():
     if os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
         pytest.skip("needs root (to become an unprivileged user), setpriv and /usr/bin/python3")
     here = Path(tempfile.mkdtemp(prefix="querylab-unpriv-"))  # not under root's 0700 tmp
-    shutil.copy(REPO / "tasks" / "sandbox" / "zygote.py", here / "sandbox_zygote.py")
+    from tasks.sandbox.zygote import source
+
+    # the one program the launcher passes to python -I -c, as a file the client imports too
+    (here / "sandbox_zygote.py").write_text(source())
     (here / "client.py").write_text(UNPRIVILEGED_CLIENT)
     for p in (here, *here.iterdir()):
         os.chown(p, 1000, 1000)

@@ -75,6 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.sandbox import host as sandbox_host
+from tasks.sandbox import zygote
 from tasks.sandbox.zygote import recv_msg, send_msg
 from tasks.core.settings import env_get, env_subset
 from tasks.core.layout import RunLayout
@@ -120,7 +121,6 @@ SANDBOX_UID = int(env_get("QUERYLAB_SANDBOX_UID", "61000"))
 SANDBOX_GID = int(env_get("QUERYLAB_SANDBOX_GID", str(SANDBOX_UID)))
 
 log = logging.getLogger(__name__)
-_ZYGOTE_SOURCE = Path(__file__).with_name("zygote.py")
 _MiB = 1024 * 1024
 
 
@@ -166,7 +166,7 @@ class CellResult:
     or could not set the cell up), not the cell's code — infrastructure, not the agent's;
     ``audit_events``: what the cell's run-time audit hook reported (file-system accesses
     outside its work directory, network and process events; see
-    :func:`tasks.sandbox.zygote._install_audit_hook`) and ``audit_complete`` whether the
+    :func:`tasks.sandbox.zygote.audit_hook._install_audit_hook`) and ``audit_complete`` whether the
     channel ended with querylab's end marker (False: the cell closed or redirected it, or was
     killed);
     ``duration_s`` wall seconds, ``cpu_s`` CPU seconds of the whole tree (cgroup), ``max_rss_kb``
@@ -586,7 +586,7 @@ class Sandbox:
         log = open(os.path.join(self._home, "zygote.log"), "wb")  # noqa: SIM115
         try:
             self._proc = subprocess.Popen(
-                [self.python, "-I", "-c", _ZYGOTE_SOURCE.read_text(), json.dumps(config)],
+                [self.python, "-I", "-c", zygote.source(), json.dumps(config)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
                 env=sandbox_env(self.cpus), cwd=self._home, pass_fds=(child.fileno(),),
                 start_new_session=True,
