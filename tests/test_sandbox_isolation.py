@@ -347,9 +347,9 @@ def test_a_recycled_session_keeps_nothing_of_the_previous_trial():
 
 
 def test_reserve_fills_a_bounded_pool_handed_over_to_concurrent_trials(monkeypatch):
-    import tasks.sandbox.session
+    import tasks.sandbox.pool
 
-    monkeypatch.setattr(tasks.sandbox.session, "MAX_SPARES", 5)
+    monkeypatch.setattr(tasks.sandbox.pool, "MAX_SPARES", 5)  # where Sandbox.reserve reads it
     sb = Sandbox(spares=0)
     try:
         sb.reserve(4, disk_mb=16)

@@ -98,11 +98,11 @@ def test_the_joined_program_runs_the_parts_code_unchanged():
 
 
 def test_the_framing_is_the_parts_and_the_harness_imports_it():
-    from tasks.sandbox import session
+    from tasks.sandbox import session_client
     from tasks.sandbox.zygote import framing
 
     assert zygote.send_msg is framing.send_msg and zygote.recv_msg is framing.recv_msg
-    assert session.send_msg is framing.send_msg
+    assert session_client.send_msg is framing.send_msg
 
 
 @pytest.mark.parametrize("line, why", [

@@ -1,9 +1,9 @@
 """The programs of the ``execute_python`` sandbox that run outside querylab's process.
 
-:class:`tasks.sandbox.session.Sandbox` starts it as ``python -I -c <source()> <config>`` with an
+:class:`tasks.sandbox.pool.Sandbox` starts it as ``python -I -c <source()> <config>`` with an
 environment stripped of secrets. Three kinds of process run its code:
 
-**Zygote** (one per :class:`~tasks.sandbox.session.Sandbox`): enters a user namespace first when it
+**Zygote** (one per :class:`~tasks.sandbox.pool.Sandbox`): enters a user namespace first when it
 is not root (``config["userns"]``; then it also becomes PID 1 of a PID namespace of its own),
 imports the preload modules (pandas, pyarrow) once, drops querylab's own import hooks from
 ``sys.path`` / ``sys.meta_path``, opens the sandbox's cgroup base directories and builds the
@@ -38,7 +38,7 @@ cell aborts before running any agent code.
 that imports only the standard library and (relative imports) the parts before it:
 
 - :mod:`.framing` — the sockets' message framing (:func:`send_msg` / :func:`recv_msg`, also
-  used by the harness, :mod:`tasks.sandbox.session`);
+  used by the harness: :mod:`tasks.sandbox.session_client`, :mod:`tasks.sandbox.pool`);
 - :mod:`.kernel` — ctypes system calls: namespaces, mounts, prctl, capabilities, bind mounts,
   the cells' seccomp filter;
 - :mod:`.state` — ``CONFIG`` and ``_STATE`` (shared by every part) and the template's mount

@@ -2,7 +2,7 @@
 then ``header["size"]`` payload bytes.
 
 Part of the zygote program (see :mod:`tasks.sandbox.zygote`); also imported by the harness side
-(:mod:`tasks.sandbox.session`), which speaks the same framing.
+(:mod:`tasks.sandbox.session_client`, :mod:`tasks.sandbox.pool`), which speaks the same framing.
 """
 
 from __future__ import annotations
