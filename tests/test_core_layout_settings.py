@@ -14,8 +14,10 @@ from tasks.core.layout import DatasetLayout, RunLayout, dab_import_root, runs_ro
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("tasks", "flows", "querylab")
-#: Its source runs as one file inside the sandbox and cannot import tasks.core.settings.
-ENV_EXEMPT = {"tasks/core/settings.py", "tasks/sandbox/zygote.py"}
+#: The parts of the zygote program (joined, they run as one file inside the sandbox, where
+#: tasks.core.settings cannot be imported) that set the cells' environment.
+ENV_EXEMPT = {"tasks/core/settings.py", "tasks/sandbox/zygote/session_server.py",
+              "tasks/sandbox/zygote/cell.py"}
 
 
 #: A ``runs``/``datasets`` path component built outside the layout: an argument after the first

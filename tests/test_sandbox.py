@@ -490,7 +490,7 @@ def test_a_killed_session_is_an_error_and_the_toolbox_reopens(toolbox):
 def test_a_deep_work_tree_is_emptied_without_recursion(tmp_path):
     """A cell's 3,000-level directory tree (QA12 minor 2) is removed when its session is
     recycled: no RecursionError, never following a symlink out of the work directory."""
-    from tasks.sandbox.zygote import _NOFOLLOW_DIR, _empty_dir
+    from tasks.sandbox.zygote.files import _NOFOLLOW_DIR, _empty_dir
 
     outside = tmp_path / "outside"
     outside.mkdir()

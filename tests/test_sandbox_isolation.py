@@ -347,9 +347,9 @@ def test_a_recycled_session_keeps_nothing_of_the_previous_trial():
 
 
 def test_reserve_fills_a_bounded_pool_handed_over_to_concurrent_trials(monkeypatch):
-    import tasks.sandbox.session
+    import tasks.sandbox.pool
 
-    monkeypatch.setattr(tasks.sandbox.session, "MAX_SPARES", 5)
+    monkeypatch.setattr(tasks.sandbox.pool, "MAX_SPARES", 5)  # where Sandbox.reserve reads it
     sb = Sandbox(spares=0)
     try:
         sb.reserve(4, disk_mb=16)
@@ -494,7 +494,10 @@ def unprivileged_dir():
     if os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
         pytest.skip("needs root (to become an unprivileged user), setpriv and /usr/bin/python3")
     here = Path(tempfile.mkdtemp(prefix="querylab-unpriv-"))  # not under root's 0700 tmp
-    shutil.copy(REPO / "tasks" / "sandbox" / "zygote.py", here / "sandbox_zygote.py")
+    from tasks.sandbox.zygote import source
+
+    # the one program the launcher passes to python -I -c, as a file the client imports too
+    (here / "sandbox_zygote.py").write_text(source())
     (here / "client.py").write_text(UNPRIVILEGED_CLIENT)
     for p in (here, *here.iterdir()):
         os.chown(p, 1000, 1000)

@@ -4,8 +4,9 @@
 write of the process environment in ``tasks/``, ``flows/`` and ``querylab/`` goes through a
 function here (:func:`environ`, :func:`env_get`, :func:`env_setdefault`, :func:`env_copy`,
 :func:`env_subset`), so ``grep -rn "os.environ" tasks flows querylab`` finds only this module
-(and ``tasks/sandbox/zygote.py``, whose source runs as one file inside the sandbox and cannot
-import it). Child-process environments are built from these functions exactly as before.
+(and two parts of ``tasks/sandbox/zygote/``, whose joined source runs as one program inside
+the sandbox and cannot import it). Child-process environments are built from these functions
+exactly as before.
 """
 
 from __future__ import annotations

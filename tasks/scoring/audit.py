@@ -41,11 +41,11 @@ the viewer. The checks (:data:`CHECKS`), in the order they are reported:
 
 ``runtime_path_access`` / ``runtime_network`` / ``runtime_process``
     what the cell *did*, not what its code says: the sandbox's run-time audit hook
-    (:func:`tasks.sandbox.zygote._install_audit_hook`, ``messages.runtime_events``) saw it open,
-    list or walk a path outside its work directory (its libraries and devices excepted; in its
-    own ``/tmp`` a probe for a path that does not exist), reach for the network (a socket,
-    ``getaddrinfo``), or start a process / call native code through ``ctypes`` / cut its audit
-    channel (then events may be missing). A runtime path that names the answer key (e.g.
+    (:func:`tasks.sandbox.zygote.audit_hook._install_audit_hook`, ``messages.runtime_events``)
+    saw it open, list or walk a path outside its work directory (its libraries and devices
+    excepted; in its own ``/tmp`` a probe for a path that does not exist), reach for the network
+    (a socket, ``getaddrinfo``), or start a process / call native code through ``ctypes`` / cut
+    its audit channel (then events may be missing). A runtime path that names the answer key (e.g.
     ``scoring.json`` built from ``'scor' + 'ing.json'``) is also ``answer_key_access``. Honest
     limits: native libraries that open files themselves (pyarrow's file systems,
     ``numpy.fromfile``) raise no event, and ``ctypes`` can act unseen after its first
