@@ -539,6 +539,9 @@ def _make_handler(server: ScriptedOpenAIServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "ScriptedOpenAI/1.0"
         protocol_version = "HTTP/1.1" if server.keep_alive else "HTTP/1.0"
+        # a reply's headers and body are two writes: with Nagle's algorithm the body of a
+        # kept-alive connection waits for the client's delayed ACK (~40 ms a reply)
+        disable_nagle_algorithm = True
         timeout = 30  # idle socket read timeout for a handler thread
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
