@@ -131,9 +131,10 @@ def check_read_only_sql(sql: str, dialect: str) -> None:
         raise QueryError(refusal)
 
 
-#: Verdicts of :func:`check_read_only_sql` remembered (texts), and the longest text remembered.
+#: Verdicts of :func:`check_read_only_sql` remembered (texts), and the longest text remembered
+#: (characters): at most ~16 MiB of SQL text held, however many distinct texts an agent sends.
 VERDICT_CACHE_SIZE = 4096
-VERDICT_CACHE_MAX_CHARS = 16_384
+VERDICT_CACHE_MAX_CHARS = 4096
 
 
 def _verdict(sql: str, dialect: str) -> str | None:
