@@ -353,15 +353,32 @@ def test_remembered_verdicts_are_the_parsers_own():
     assert str(again.value) == str(first.value)
     with pytest.raises(QueryError, match="pragma|PRAGMA"):
         check_read_only_sql("PRAGMA writable_schema = 1", "sqlite")
-    long_ok = "SELECT 1 AS a" + ", 1" * guard.VERDICT_CACHE_MAX_CHARS
+    long_ok = "SELECT 1 AS a" + ", 1" * guard.VERDICT_CACHE_MAX_BYTES
     long_bad = long_ok + "; DROP TABLE t"
-    assert len(long_ok) > guard.VERDICT_CACHE_MAX_CHARS
+    assert len(long_ok) > guard.VERDICT_CACHE_MAX_BYTES
     check_read_only_sql(long_ok, "duckdb")
     with pytest.raises(QueryError, match="2 statements"):
         check_read_only_sql(long_bad, "duckdb")
     hits = guard._cached_verdict.cache_info().hits
     check_read_only_sql("SELECT 1", "postgres")
     assert guard._cached_verdict.cache_info().hits == hits + 1
+    # 1,000 four-byte characters are 4,000 bytes: remembered; 1,100 (4,400 bytes) are not
+    misses = guard._cached_verdict.cache_info().misses
+    check_read_only_sql("SELECT '" + "\U0001F600" * 1000 + "'", "sqlite")
+    check_read_only_sql("SELECT '" + "\U0001F600" * 1100 + "'", "sqlite")
+    assert guard._cached_verdict.cache_info().misses == misses + 1
+    with pytest.raises(QueryError, match="at most 100,000"):
+        check_read_only_sql("SELECT 1" + " " * guard.MAX_SQL_CHARS, "duckdb")
+
+
+@pytest.mark.parametrize("fn", ["pg_try_advisory_lock(1)", "pg_advisory_lock_shared(1)",
+                                "pg_try_advisory_xact_lock_shared(1, 2)",
+                                "pg_catalog.pg_try_advisory_lock(7)", "PG_ADVISORY_UNLOCK_ALL()"])
+def test_advisory_locks_are_refused(fn):
+    """A PostgreSQL advisory lock outlives the rolled-back query on a connection later trials
+    reuse (and other connections see it): every advisory-lock function is refused."""
+    with pytest.raises(QueryError, match="advisory"):
+        check_read_only_sql(f"SELECT {fn}", "postgres")
 
 
 def test_check_refusals():

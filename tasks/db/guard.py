@@ -41,6 +41,13 @@ _FORBIDDEN_FUNCTIONS = frozenset({
 })
 
 
+def _holds_session_state(fname: str) -> bool:
+    """PostgreSQL's advisory-lock functions (``pg_try_advisory_lock``, ``..._shared``,
+    ``pg_advisory_unlock_all``, ...): a lock outlives the rolled-back query on the connection,
+    which later trials reuse, and other connections see it held."""
+    return fname.startswith("pg_") and "advisory" in fname
+
+
 def _forbidden_node_types() -> tuple[type, ...]:
     from sqlglot import exp
 
@@ -117,7 +124,7 @@ def check_read_only_sql(sql: str, dialect: str) -> None:
     ``dialect``: ``"postgres"`` | ``"sqlite"`` | ``"duckdb"`` (ValueError otherwise).
 
     The verdict depends on the text and the dialect only, so the verdicts of the last
-    :data:`VERDICT_CACHE_SIZE` texts up to :data:`VERDICT_CACHE_MAX_CHARS` characters are
+    :data:`VERDICT_CACHE_SIZE` texts up to :data:`VERDICT_CACHE_MAX_BYTES` UTF-8 bytes are
     remembered (trials of one query send the same SQL again and again; a parse costs ~1.4 ms of
     CPU under the GIL, the lookup ~1 µs); a refusal is raised again with the same message.
     """
@@ -125,16 +132,23 @@ def check_read_only_sql(sql: str, dialect: str) -> None:
         raise ValueError(f"unknown SQL dialect {dialect!r}; expected one of {_SQL_DIALECTS}")
     if not isinstance(sql, str) or not sql.strip():
         raise QueryError("Refused: empty query; send one SELECT statement.")
-    refusal = (_cached_verdict(sql, dialect) if len(sql) <= VERDICT_CACHE_MAX_CHARS
-               else _verdict(sql, dialect))
+    if len(sql) > MAX_SQL_CHARS:  # parsing 1M characters holds the GIL for seconds
+        raise QueryError(f"Refused: the query is {len(sql):,} characters long; at most "
+                         f"{MAX_SQL_CHARS:,} are accepted.")
+    cacheable = (len(sql) <= VERDICT_CACHE_MAX_BYTES
+                 and len(sql.encode("utf-8", "surrogatepass")) <= VERDICT_CACHE_MAX_BYTES)
+    refusal = _cached_verdict(sql, dialect) if cacheable else _verdict(sql, dialect)
     if refusal is not None:
         raise QueryError(refusal)
 
 
 #: Verdicts of :func:`check_read_only_sql` remembered (texts), and the longest text remembered
-#: (characters): at most ~16 MiB of SQL text held, however many distinct texts an agent sends.
+#: (UTF-8 bytes; a Python string of at most that many UTF-8 bytes holds at most that many bytes
+#: of characters): ~17 MiB of SQL text at most, whatever texts an agent sends.
 VERDICT_CACHE_SIZE = 4096
-VERDICT_CACHE_MAX_CHARS = 4096
+VERDICT_CACHE_MAX_BYTES = 4096
+#: The longest SQL text accepted (characters): a query is one statement an agent typed.
+MAX_SQL_CHARS = 100_000
 
 
 def _verdict(sql: str, dialect: str) -> str | None:
@@ -198,7 +212,7 @@ def _check_read_only_sql(sql: str, dialect: str) -> None:
             )
         if isinstance(node, exp.Func):
             fname = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
-            if fname in _FORBIDDEN_FUNCTIONS:
+            if fname in _FORBIDDEN_FUNCTIONS or _holds_session_state(fname):
                 raise QueryError(f"Refused: function {fname}() is not allowed (side effects).")
     if not isinstance(top, (exp.Select, exp.SetOperation)):
         raise QueryError(
