@@ -51,7 +51,7 @@ from __future__ import annotations
 import polars as pl
 
 from schemas.report import ALL, FAILURE_MODES
-from tasks.report.metrics import with_verdicts
+from tasks.report.metrics import as_strings, with_verdicts
 from tasks.report.tool_use import (
     DATA_TOOLS,
     EXTRACTION_METHODS,
@@ -320,7 +320,8 @@ def classify_failures(
         .select(*need)
         .with_columns(tid)
         .join(
-            requirements.lazy().select("dataset", "query_id").with_row_index("qid"),
+            requirements.lazy().select("dataset", "query_id").with_row_index("qid").cast(
+                {k: trials.schema[k] for k in ("dataset", "query_id")}),  # String or Categorical
             on=["dataset", "query_id"],
             how="left",
         )
@@ -405,7 +406,7 @@ def classify_failures(
             pl.col("missing_operations").fill_null(empty),
         )
     )
-    reason = pl.col("terminate_reason")
+    reason = pl.col("terminate_reason").cast(pl.String)
     runtime_reason = reason.is_in(RUNTIME_REASONS) | reason.str.contains(RUNTIME_REASON_PATTERN)
     no_answer = pl.col("answer").is_null() | (pl.col("answer").str.strip_chars() == "")
     rule = (
@@ -429,13 +430,11 @@ def classify_failures(
     )
     mode = rule.replace_strict(RULES, return_dtype=pl.String)
     out = lf.with_columns(rule.alias("rule"), mode.alias("failure_mode")).select(
-        "run_id",
+        *as_strings("run_id"),
         "trial_key",
-        "agent",
-        "dataset",
-        "query_id",
+        *as_strings("agent", "dataset", "query_id"),
         pl.col("trial").cast(pl.Int32),
-        "terminate_reason",
+        *as_strings("terminate_reason"),
         "failure_mode",
         "rule",
         "missing_sources",
@@ -471,7 +470,7 @@ def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFra
     mode_aggs = [(pl.col("failure_mode") == m).sum().cast(pl.Int64).alias(m) for m in FAILURE_MODES]
     frames = []
     for keys, label in ((["agent", "dataset"], None), (["agent"], ALL)):
-        base = trials.group_by(keys).agg(base_aggs)
+        base = trials.group_by(keys).agg(base_aggs).with_columns(as_strings(*keys))
         modes = labels.group_by(keys).agg(mode_aggs)
         t = base.join(modes, on=keys, how="left").with_columns(
             *[pl.col(m).fill_null(0) for m in FAILURE_MODES]

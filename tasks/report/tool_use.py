@@ -487,8 +487,10 @@ def tool_use_table(trials: pl.DataFrame, tool_calls: pl.DataFrame | pl.LazyFrame
             *[pl.col(m).mean().alias(f"extract_{m}") for m in EXTRACTION_METHODS],
         ]
 
-    per_ds = joined.group_by("agent", "dataset").agg(aggs())
-    per_agent = joined.group_by("agent").agg(aggs()).with_columns(pl.lit(ALL).alias("dataset"))
+    per_ds = joined.group_by("agent", "dataset").agg(aggs()).with_columns(
+        pl.col("agent", "dataset").cast(pl.String))  # String or Categorical in the trials
+    per_agent = joined.group_by("agent").agg(aggs()).with_columns(
+        pl.col("agent").cast(pl.String), pl.lit(ALL).alias("dataset"))
     out = pl.concat([per_ds, per_agent.select(per_ds.collect_schema().names())]).collect()
     first = ["agent", "dataset"]
     return out.select(*first, *[c for c in out.columns if c not in first]).sort(
