@@ -10,8 +10,8 @@ tests, list_db, return_answer), 2 model calls per trial in ``llm_calls``, verdic
 run's ``trials/*.parquet`` and ``score/scores.parquet``; this process then computes each table
 the way :func:`tasks.report.stage.compute_report_tables` does: trials and scores loaded by a
 streaming scan and join (:func:`tasks.report.loaders.load_report_trials`: the columns the
-tables read, low-cardinality ones categorical), ``llm_calls`` scanned for the cost table, ``tool_calls`` never loaded (each
-table streams a lazy scan of it). Times include the reads; the peak RSS is this process's
+tables read, low-cardinality ones categorical), ``llm_calls`` scanned for the cost table,
+``tool_calls`` never loaded (each table streams a lazy scan of it). Times include the reads; the peak RSS is this process's
 (generation excluded).
 
 Usage: ``.venv/bin/python bench/report_scale.py [--trials N] [--calls-per-trial 5]
