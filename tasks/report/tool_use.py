@@ -416,13 +416,14 @@ def trial_tool_stats(
     and with ``with_dbs`` also query_dbs (distinct databases queried with ``query_db``).
     Without ``per_turn`` the three turn columns are left out (one grouping pass fewer).
 
-    The calls are grouped once, by trial: the calls per turn are counted in byte lanes (a
-    UInt64 sum per 8 turns, byte ``t % 8`` of lane ``t // 8`` counting turn ``t``'s calls),
-    exact when turns are in [0, :data:`LANE_TURNS`) and a trial has at most
-    :data:`LANE_MAX_CALLS` calls; trials with more calls are counted again by (trial, turn)
-    (:func:`_turn_counts`), and a run with turns outside the lanes is counted that way
-    throughout. With ``per_turn`` the lane check streams ``turn`` once and the per-trial
-    figures are collected (a LazyFrame over them is returned); otherwise the plan stays lazy."""
+    The calls are grouped once, by trial, into a few UInt64 sums of byte lanes: byte ``t % 8``
+    of turn lane ``t // 8`` counts turn ``t``'s calls, and the counts and any-ofs above are
+    bytes of their own lanes (a call adds 0 or 1). Exact when turns are in
+    [0, :data:`LANE_TURNS`) and a trial has at most :data:`LANE_MAX_CALLS` calls (no byte
+    overflows); trials with more calls are counted again by (trial, turn) (:func:`_turn_counts`),
+    and a run with turns outside the lanes is counted that way throughout. With ``per_turn``
+    the lane check streams ``turn`` once and the grouping is collected (the returned
+    LazyFrame decodes its lanes as it is read); otherwise the plan stays lazy."""
     tool = pl.col("tool")
     names = features.collect_schema().names()
     flags = [f for f in (*EXTRACTION_METHODS, "key_reformat", "adj_close") if f in names]
@@ -453,35 +454,51 @@ def trial_tool_stats(
             _turn_counts(features), on="tid", how="left"
         ).select(order).collect(engine="streaming").lazy()
     else:
+        # the per-trial counts and any-ofs are byte lanes too (a call adds 0 or 1 to its
+        # bytes): the grouping keeps a few UInt64 sums per trial instead of a state per figure
         turn = pl.col("turn")
         unit = (turn % 8).replace_strict({b: 256**b for b in range(8)}, return_dtype=pl.UInt64)
         zero = pl.lit(0, pl.UInt64)
         lane = [f"_lane{j}" for j in range(lanes)]
+        fields = [*counts, *flags]
+        words = [fields[i:i + 8] for i in range(0, len(fields), 8)]
+        packed = [f"_count{k}" for k in range(len(words))]
         raw = (
             features.with_columns(
-                pl.when(turn // 8 == j).then(unit).otherwise(zero).alias(c)
-                for j, c in enumerate(lane)
+                *[pl.when(turn // 8 == j).then(unit).otherwise(zero).alias(c)
+                  for j, c in enumerate(lane)],
+                *[pl.sum_horizontal(pl.col(f).cast(pl.UInt64) * pl.lit(256**b, pl.UInt64)
+                                    for b, f in enumerate(w)).alias(c)
+                  for w, c in zip(words, packed)],
             )
             .group_by("tid")
-            .agg(*per_trial, *[pl.col(c).sum() for c in lane])
+            .agg(pl.len().cast(pl.Int64).alias("tool_calls"),
+                 *[pl.col(c).sum() for c in (*packed, *lane)])
             .collect(engine="streaming")
         )
-        calls_in_turn = [
-            (pl.col(f"_lane{j}") // pl.lit(256**b, pl.UInt64)) % pl.lit(256, pl.UInt64)
-            for j in range(lanes) for b in range(8)
-        ]
-        stats = raw.with_columns(
-            pl.sum_horizontal(c > 0 for c in calls_in_turn).cast(pl.Int64).alias("turns"),
+        # decoded lazily: a streaming consumer reads the figures morsel by morsel, never as
+        # whole columns beside the lanes
+        def byte(col: str, b: int) -> pl.Expr:
+            return (pl.col(col) // pl.lit(256**b, pl.UInt64)) % pl.lit(256, pl.UInt64)
+
+        calls_in_turn = [byte(c, b) for c in lane for b in range(8)]
+        stats = raw.lazy().select(
+            "tid",
+            "tool_calls",
+            *[(byte(c, b) > 0 if f in flags else byte(c, b).cast(pl.Int64)).alias(f)
+              for w, c in zip(words, packed) for b, f in enumerate(w)],
+            pl.sum_horizontal(n > 0 for n in calls_in_turn).cast(pl.Int64).alias("turns"),
             pl.max_horizontal(calls_in_turn).cast(pl.Int32).alias("max_calls_per_turn"),
-            pl.sum_horizontal(c > 1 for c in calls_in_turn).cast(pl.Int64)
+            pl.sum_horizontal(n > 1 for n in calls_in_turn).cast(pl.Int64)
             .alias("parallel_turns"),
         ).select(order)
-        many = stats.filter(pl.col("tool_calls") > LANE_MAX_CALLS).select("tid")
+        many = raw.filter(pl.col("tool_calls") > LANE_MAX_CALLS).select("tid")
         if many.height:  # a count may have overflowed its byte: these trials counted exactly
-            exact = _turn_counts(features.join(many.lazy(), on="tid", how="semi")).collect(
-                engine="streaming")
-            stats = stats.update(exact, on="tid")
-        stats = stats.lazy()
+            heavy = features.join(many.lazy(), on="tid", how="semi")
+            exact = heavy.group_by("tid").agg(per_trial).join(
+                _turn_counts(heavy), on="tid", how="left"
+            ).select(order).collect(engine="streaming")
+            stats = stats.update(exact.lazy(), on="tid")
     if not with_dbs:
         return stats
     dbs = (
@@ -558,7 +575,9 @@ def tool_use_table(trials: pl.DataFrame, tool_calls: pl.DataFrame | pl.LazyFrame
         pl.col("agent", "dataset").cast(pl.String))  # String or Categorical in the trials
     per_agent = joined.group_by("agent").agg(aggs()).with_columns(
         pl.col("agent").cast(pl.String), pl.lit(ALL).alias("dataset"))
-    out = pl.concat([per_ds, per_agent.select(per_ds.collect_schema().names())]).collect()
+    # streamed: integer sums and means of integer / boolean columns, the same in any order
+    out = pl.concat([per_ds, per_agent.select(per_ds.collect_schema().names())]).collect(
+        engine="streaming")
     first = ["agent", "dataset"]
     return out.select(*first, *[c for c in out.columns if c not in first]).sort(
         "agent", pl.col("dataset") == ALL, "dataset"
