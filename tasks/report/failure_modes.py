@@ -392,12 +392,13 @@ def classify_failures(
             .alias("missing_sources")
         )
     )
-    evident_ops = _evidence(stats.lazy()).collect()
+    # data_calls beside the evident operations: one join of the per-trial evidence
+    evidence = pl.concat([stats.lazy().select("tid", "data_calls"),
+                          _evidence(stats.lazy()).select("evident_ops")], how="horizontal")
     empty = pl.lit([], dtype=pl.List(pl.String))
     lf = (
         bad.lazy()
-        .join(stats.lazy().select("tid", "data_calls"), on="tid", how="left", maintain_order="left")
-        .join(evident_ops.lazy(), on="tid", how="left", maintain_order="left")
+        .join(evidence.collect().lazy(), on="tid", how="left", maintain_order="left")
         .join(req_ops.lazy(), on="qid", how="left", maintain_order="left")
         .with_columns(
             (pl.col("required_ops").fill_null(0) & ~pl.col("evident_ops").fill_null(0))
@@ -412,8 +413,12 @@ def classify_failures(
             pl.col("missing_operations").fill_null(empty),
         )
     )
-    reason = pl.col("terminate_reason").cast(pl.String)
-    runtime_reason = reason.is_in(RUNTIME_REASONS) | reason.str.contains(RUNTIME_REASON_PATTERN)
+    reason = pl.col("terminate_reason")
+    # the reason rules on each distinct terminate reason (a few), not on every trial's text
+    reasons = bad["terminate_reason"].cast(pl.String).unique().drop_nulls()
+    runtime = reasons.filter(
+        reasons.is_in(RUNTIME_REASONS) | reasons.str.contains(RUNTIME_REASON_PATTERN))
+    runtime_reason = reason.is_in(runtime.to_list())
     no_answer = pl.col("answer").is_null() | (pl.col("answer").str.strip_chars() == "")
     rule = (
         pl.when(runtime_reason)
