@@ -9,8 +9,9 @@ tests, list_db, return_answer), 2 model calls per trial in ``llm_calls``, verdic
 ``scores.parquet``. A child process writes them chunk by chunk (``--chunk`` trials) as the
 run's ``trials/*.parquet`` and ``score/scores.parquet``; this process then computes each table
 the way :func:`tasks.report.stage.compute_report_tables` does: trials and scores loaded by a
-streaming scan, ``llm_calls`` scanned for the cost table, ``tool_calls`` never loaded (each
-table streams a lazy scan of it). Times include the reads; the peak RSS is this process's
+streaming scan and join (:func:`tasks.report.loaders.load_report_trials`: the columns the
+tables read, low-cardinality ones categorical), ``llm_calls`` scanned for the cost table,
+``tool_calls`` never loaded (each table streams a lazy scan of it). Times include the reads; the peak RSS is this process's
 (generation excluded).
 
 Usage: ``.venv/bin/python bench/report_scale.py [--trials N] [--calls-per-trial 5]
@@ -437,7 +438,7 @@ def main() -> None:
     import tempfile
 
     from tasks.core import storage
-    from tasks.report.loaders import load_scored_trials, scan_llm_calls, scan_tool_calls
+    from tasks.report.loaders import load_report_trials, scan_llm_calls, scan_tool_calls
 
     keep = args.data_dir is not None
     root = args.data_dir or tempfile.mkdtemp(prefix="querylab-bench-report-")
@@ -468,7 +469,7 @@ def main() -> None:
         r = args.repeat
         times = {}
         times["load trials + scores"], trials = _timed(
-            "load trials + scores", lambda: load_scored_trials(root, "bench"), r)
+            "load trials + scores", lambda: load_report_trials(root, "bench"), r)
         calls = scan_tool_calls(root, "bench")  # lazy: each table streams the file
 
         def passk():

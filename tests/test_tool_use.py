@@ -200,3 +200,35 @@ def test_tool_use_table_without_calls():
     )
     row = tool_use_table(trials, empty).row(0, named=True)
     assert row["trials"] == 1 and row["tool_calls"] == 0 and row["exploration_share"] is None
+
+
+def test_turn_lanes_equal_per_turn_grouping(monkeypatch):
+    """Per-trial turn figures counted in byte lanes equal those of grouping by (trial, turn):
+    for turns across several lanes, for a trial with more calls than a lane byte holds
+    (counted again exactly) and, with the lanes switched off, for the two-key path itself."""
+    from tasks.report import tool_use
+
+    calls = []
+    for n in range(40):  # turn t of trial n has (n + t) % 4 calls; turns 0..(n % 20) * 3
+        for t in range(0, (n % 20) * 3 + 1, 3):
+            calls += [call(f"t{n}", len(calls), "query_db", t, ok=bool(j % 2), db="d",
+                           query="SELECT 1") for j in range((n + t) % 4)]
+    calls += [call("big", i, "execute_python", int(i >= 280), code="print(1)")
+              for i in range(300)]  # 280 calls in turn 0: more than a lane byte counts
+    calls += [call("big", 300 + i, "list_db", 2, db="d") for i in range(3)]
+    trials = pl.DataFrame({"trial_key": [f"t{n}" for n in range(40)] + ["big"],
+                           "agent": "a", "dataset": [f"d{n % 3}" for n in range(41)]})
+
+    def per_trial(frame):
+        tid = tool_use.trial_id_expr(trials)
+        feats = call_features(frame.with_columns(tid), tool_use.TOOL_USE_FEATURES,
+                              with_db=False)
+        return tool_use.trial_tool_stats(feats.lazy()).collect().sort("tid")
+
+    lanes = per_trial(pl.DataFrame(calls))
+    big = lanes.filter(pl.col("tool_calls") == 303).row(0, named=True)
+    assert (big["turns"], big["max_calls_per_turn"], big["parallel_turns"]) == (3, 280, 3)
+    lanes_table = tool_use_table(trials, pl.DataFrame(calls))
+    monkeypatch.setattr(tool_use, "LANE_TURNS", 0)  # every run takes the two-key path
+    assert per_trial(pl.DataFrame(calls)).equals(lanes)
+    assert tool_use_table(trials, pl.DataFrame(calls)).equals(lanes_table)

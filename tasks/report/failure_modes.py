@@ -51,7 +51,7 @@ from __future__ import annotations
 import polars as pl
 
 from schemas.report import ALL, FAILURE_MODES
-from tasks.report.metrics import with_verdicts
+from tasks.report.metrics import as_strings, with_verdicts
 from tasks.report.tool_use import (
     DATA_TOOLS,
     EXTRACTION_METHODS,
@@ -198,10 +198,13 @@ def _call_evidence(features: pl.LazyFrame, split: pl.DataFrame) -> list[pl.LazyF
     (distinct tid, sid touched; ``split``: :func:`_split_sources`)]."""
     tool = pl.col("tool")
     queried = (tool == "query_db") & pl.col("db").is_not_null()
-    stats = features.with_columns(pl.when(queried).then(pl.col("db")).alias("qdb")).group_by(
-        "tid"
-    ).agg(
-        tool.is_in(DATA_TOOLS).sum().cast(pl.Int64).alias("data_calls"),
+    # per-call values as columns, then plain sums / any-ofs / min / max (the streaming engine's
+    # own aggregations, not an expression evaluated per group)
+    stats = features.with_columns(
+        tool.is_in(DATA_TOOLS).alias("data_calls"),
+        pl.when(queried).then(pl.col("db")).alias("qdb"),
+    ).group_by("tid").agg(
+        pl.col("data_calls").sum().cast(pl.Int64),
         *[pl.col(f).any() for f in _FM_FEATURES],
         pl.col("qdb").min().alias("first_db"),
         pl.col("qdb").max().alias("last_db"),
@@ -241,7 +244,9 @@ def _trajectory_evidence(
             .join(bad.lazy(), on="tid", how="semi")
             .select(cols)
         )
-        parts = [pl.collect_all(_call_evidence(calls, split), engine="streaming")]
+        # two streaming passes over the scan, one per result: collected together they would
+        # share (materialise) the selected calls
+        parts = [[e.collect(engine="streaming") for e in _call_evidence(calls, split)]]
     else:
         lf = tool_calls.select("trial_key", "turn", "tool", "arguments", "success")
         n = lf.select(pl.len()).collect().item()
@@ -320,10 +325,12 @@ def classify_failures(
         .select(*need)
         .with_columns(tid)
         .join(
-            requirements.lazy().select("dataset", "query_id").with_row_index("qid"),
+            requirements.lazy().select("dataset", "query_id").with_row_index("qid").cast(
+                {k: trials.schema[k] for k in ("dataset", "query_id")}),  # String or Categorical
             on=["dataset", "query_id"],
             how="left",
         )
+        .sort("trial_key")  # the labels' order: kept by every join below
         .collect()
     )
 
@@ -385,19 +392,20 @@ def classify_failures(
             .alias("missing_sources")
         )
     )
-    evident_ops = _evidence(stats.lazy()).collect()
+    # data_calls beside the evident operations: one join of the per-trial evidence
+    evidence = pl.concat([stats.lazy().select("tid", "data_calls"),
+                          _evidence(stats.lazy()).select("evident_ops")], how="horizontal")
     empty = pl.lit([], dtype=pl.List(pl.String))
     lf = (
         bad.lazy()
-        .join(stats.lazy().select("tid", "data_calls"), on="tid", how="left")
-        .join(evident_ops.lazy(), on="tid", how="left")
-        .join(req_ops.lazy(), on="qid", how="left")
+        .join(evidence.collect().lazy(), on="tid", how="left", maintain_order="left")
+        .join(req_ops.lazy(), on="qid", how="left", maintain_order="left")
         .with_columns(
             (pl.col("required_ops").fill_null(0) & ~pl.col("evident_ops").fill_null(0))
             .alias("missing_ops")
         )
-        .join(ops_of_mask.lazy(), on="missing_ops", how="left")
-        .join(missing_src.lazy(), on="tid", how="left")
+        .join(ops_of_mask.lazy(), on="missing_ops", how="left", maintain_order="left")
+        .join(missing_src.lazy(), on="tid", how="left", maintain_order="left")
         .with_columns(
             pl.col("data_calls").fill_null(0),
             pl.col("qid").is_not_null().alias("known"),
@@ -406,7 +414,11 @@ def classify_failures(
         )
     )
     reason = pl.col("terminate_reason")
-    runtime_reason = reason.is_in(RUNTIME_REASONS) | reason.str.contains(RUNTIME_REASON_PATTERN)
+    # the reason rules on each distinct terminate reason (a few), not on every trial's text
+    reasons = bad["terminate_reason"].cast(pl.String).unique().drop_nulls()
+    runtime = reasons.filter(
+        reasons.is_in(RUNTIME_REASONS) | reasons.str.contains(RUNTIME_REASON_PATTERN))
+    runtime_reason = reason.is_in(runtime.to_list())
     no_answer = pl.col("answer").is_null() | (pl.col("answer").str.strip_chars() == "")
     rule = (
         pl.when(runtime_reason)
@@ -429,19 +441,28 @@ def classify_failures(
     )
     mode = rule.replace_strict(RULES, return_dtype=pl.String)
     out = lf.with_columns(rule.alias("rule"), mode.alias("failure_mode")).select(
-        "run_id",
+        *as_strings("run_id"),
         "trial_key",
-        "agent",
-        "dataset",
-        "query_id",
+        *as_strings("agent", "dataset", "query_id"),
         pl.col("trial").cast(pl.Int32),
-        "terminate_reason",
+        *as_strings("terminate_reason"),
         "failure_mode",
         "rule",
         "missing_sources",
         "missing_operations",
     )
-    return out.sort("trial_key").collect(engine="streaming")
+    return out.collect(engine="streaming")
+
+
+def _unique(keys: pl.Series) -> bool:
+    """Whether ``keys`` has no value twice: by comparing neighbours when it is sorted (as
+    :func:`classify_failures` returns its labels: no hash set of millions of keys), else by
+    counting distinct values."""
+    if keys.len() < 2:
+        return True
+    if keys.is_sorted():
+        return not keys.slice(1).eq_missing(keys.slice(0, keys.len() - 1)).any()
+    return keys.n_unique() == keys.len()
 
 
 def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
@@ -455,10 +476,11 @@ def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFra
     invariant that keeps denominators unchanged). Returns ``schemas.report.FAILURE_MODE_TABLE``
     columns.
     """
-    trials = with_verdicts(trials)
+    verdict_cols = [c for c in ("verdict", "is_correct") if c in trials.columns]
+    trials = with_verdicts(trials.select("agent", "dataset", *verdict_cols))
     verdict = pl.col("verdict")
     n_bad = int((trials["verdict"] == "incorrect").sum())
-    if labels.height != n_bad or labels["trial_key"].n_unique() != labels.height:
+    if labels.height != n_bad or not _unique(labels["trial_key"]):
         raise ValueError(
             f"{labels.height} failure labels for {n_bad} incorrect trials: every incorrect trial "
             "needs exactly one label"
@@ -471,7 +493,7 @@ def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFra
     mode_aggs = [(pl.col("failure_mode") == m).sum().cast(pl.Int64).alias(m) for m in FAILURE_MODES]
     frames = []
     for keys, label in ((["agent", "dataset"], None), (["agent"], ALL)):
-        base = trials.group_by(keys).agg(base_aggs)
+        base = trials.group_by(keys).agg(base_aggs).with_columns(as_strings(*keys))
         modes = labels.group_by(keys).agg(mode_aggs)
         t = base.join(modes, on=keys, how="left").with_columns(
             *[pl.col(m).fill_null(0) for m in FAILURE_MODES]

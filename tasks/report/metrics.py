@@ -29,6 +29,13 @@ DEFAULT_KS = (1, 2, 3, 5, 10, 20, 50)
 
 _QUERY_KEYS = ("agent", "dataset", "query_id")
 
+
+def as_strings(*columns: str) -> list[pl.Expr]:
+    """``columns`` cast to String: the tables' key columns come out as String whether the
+    trials hold them as String or as ``pl.Categorical``
+    (:func:`tasks.report.loaders.load_report_trials`); a no-op on String columns."""
+    return [pl.col(c).cast(pl.String) for c in columns]
+
 #: Sort key putting the overall rows (``ALL``, ``ALL (queries)``, ``ALL (datasets)``) after an
 #: agent's datasets.
 _overall_last = pl.col("dataset").is_in([ALL, ALL_QUERIES, ALL_DATASETS])
@@ -112,6 +119,7 @@ def query_counts(trials: pl.DataFrame) -> pl.DataFrame:
             _ERRORED.sum().cast(pl.Int32).alias("n_errored"),
         )
         .collect(engine="streaming")
+        .with_columns(as_strings(*_QUERY_KEYS))
         .sort(*_QUERY_KEYS)  # streaming groups come in any order: means over them must not
     )
 
@@ -415,10 +423,10 @@ def cost_table(
     keys = trials.select("trial_key", "agent", "dataset")  # for the llm_calls join
     # in memory, not streamed: float sums in row order, the same figures run after run
     trials = with_verdicts(trials.select("agent", "dataset", *effort, *verdict))
-    per_ds = trials.group_by("agent", "dataset").agg(_effort_aggs())
-    per_agent = (
-        trials.group_by("agent").agg(_effort_aggs()).with_columns(pl.lit(ALL).alias("dataset"))
-    )
+    per_ds = trials.group_by("agent", "dataset").agg(_effort_aggs()).with_columns(
+        as_strings("agent", "dataset"))
+    per_agent = trials.group_by("agent").agg(_effort_aggs()).with_columns(
+        *as_strings("agent"), pl.lit(ALL).alias("dataset"))
     table = pl.concat([per_ds, per_agent.select(per_ds.columns)])
     if llm_calls is not None:
         names = llm_calls.collect_schema().names()
@@ -437,8 +445,10 @@ def cost_table(
             (pl.col("attempts") - 1).clip(lower_bound=0).sum().cast(pl.Int64).alias("retries"),
             (~pl.col("priced")).sum().cast(pl.Int64).alias("unpriced_calls"),
         ]
-        by_ds = calls.group_by("agent", "dataset").agg(call_aggs)
-        by_agent = calls.group_by("agent").agg(call_aggs).with_columns(pl.lit(ALL).alias("dataset"))
+        by_ds = calls.group_by("agent", "dataset").agg(call_aggs).with_columns(
+            as_strings("agent", "dataset"))
+        by_agent = calls.group_by("agent").agg(call_aggs).with_columns(
+            *as_strings("agent"), pl.lit(ALL).alias("dataset"))
         by = pl.concat([by_ds, by_agent.select(by_ds.collect_schema().names())])
         table = table.join(
             by.collect(engine="streaming"), on=["agent", "dataset"], how="left"

@@ -61,7 +61,7 @@ from tasks.report.document import build_document
 from tasks.report.loaders import (
     _trials_uri,
     load_audit,
-    load_scored_trials,
+    load_report_trials,
     load_tool_calls,
     load_trials,
     report_uri,
@@ -161,8 +161,12 @@ def hint_conditions_of(trials: pl.DataFrame) -> dict[str, str]:
     (agents that read no prompt: oracle, replay; also trials written before the condition was
     recorded)."""
     if "hints" not in trials.columns:
-        return {a: "n/a" for a in sorted(trials["agent"].unique().to_list())}
-    pairs = trials.select("agent", pl.col("hints").fill_null("n/a")).unique().sort("agent")
+        return {a: "n/a" for a in sorted(trials["agent"].cast(pl.String).unique().to_list())}
+    pairs = (  # distinct pairs first: String or Categorical columns
+        trials.select("agent", "hints").unique()
+        .select(pl.col("agent"), pl.col("hints").fill_null("n/a"))
+        .cast(pl.String).unique().sort("agent")
+    )
     return {a: h for a, h in pairs.iter_rows()}
 
 
@@ -184,7 +188,7 @@ def compute_report_tables(
     ``manifests`` (URIs used), ``notes`` (what was missing), ``unchecked_operations`` and
     ``has_llm_calls``. Raises StorageError when the run has no trials.
     """
-    trials = load_scored_trials(artifacts_root, run_id)
+    trials = load_report_trials(artifacts_root, run_id)  # only the columns read here
     # the largest artifact: scanned lazily, streamed by each table's query, never loaded whole
     tool_calls = scan_tool_calls(artifacts_root, run_id)
     llm_calls = scan_llm_calls(artifacts_root, run_id)  # streamed by the cost table
@@ -248,7 +252,7 @@ def compute_report_tables(
         .select("agent", "dataset", "query_id", "n", "n_errored", "c")
         .to_dicts()
     )
-    verdicts = summarise(trials.select("verdict", "terminate_reason"))
+    verdicts = summarise(trials.select(pl.col("verdict", "terminate_reason").cast(pl.String)))
     from tasks.core.runs import preflight_checks
 
     checks = preflight_checks(artifacts_root, run_id)

@@ -370,19 +370,60 @@ def trial_id_expr(trials: pl.DataFrame) -> pl.Expr:
     return pl.col("trial_key").alias("tid")
 
 
+#: Turn numbers below this are counted per trial in byte lanes by :func:`trial_tool_stats`
+#: (8 turns a UInt64 lane); a run with a greater (or negative) turn takes the two-key path.
+LANE_TURNS = 64
+#: Calls a trial may have for its per-turn counts to fit a lane byte (a count <= 255).
+LANE_MAX_CALLS = 255
+
+
+def _turn_counts(calls: pl.LazyFrame) -> pl.LazyFrame:
+    """Per tid: turns, max_calls_per_turn, parallel_turns, by calls per (tid, turn) (the
+    exact two-key grouping)."""
+    return (
+        calls.group_by("tid", "turn")
+        .agg(pl.len().alias("calls_in_turn"))
+        .group_by("tid")
+        .agg(
+            pl.len().cast(pl.Int64).alias("turns"),
+            pl.col("calls_in_turn").max().cast(pl.Int32).alias("max_calls_per_turn"),
+            (pl.col("calls_in_turn") > 1).sum().cast(pl.Int64).alias("parallel_turns"),
+        )
+    )
+
+
+def _turn_lanes(features: pl.LazyFrame) -> int | None:
+    """How many byte lanes (:data:`LANE_TURNS`) count the turns of ``features``: None when a
+    turn is negative or >= LANE_TURNS (one streaming pass over ``turn``)."""
+    lo, hi, n = features.select(
+        pl.col("turn").min().alias("lo"), pl.col("turn").max().alias("hi"), pl.len()
+    ).collect(engine="streaming").row(0)
+    if not n:
+        return 1
+    if lo is None or lo < 0 or hi >= LANE_TURNS:
+        return None
+    return hi // 8 + 1
+
+
 def trial_tool_stats(
     features: pl.LazyFrame, with_dbs: bool = False, per_turn: bool = True
 ) -> pl.LazyFrame:
     """Per-trial aggregates of :func:`call_features` output with a ``tid`` column (see
-    :func:`trial_id_expr`), lazy, one row per tid with calls: tool_calls, failed_calls,
+    :func:`trial_id_expr`), one row per tid with calls: tool_calls, failed_calls,
     explore_calls, explore_base (calls other than ``return_answer``), db_calls, python_calls,
     data_calls, turns, max_calls_per_turn, parallel_turns (turns with ≥ 2 calls), the any-of
     booleans sql_pattern, python_regex, python_string, model_call, key_reformat, adj_close,
     and with ``with_dbs`` also query_dbs (distinct databases queried with ``query_db``).
     Without ``per_turn`` the three turn columns are left out (one grouping pass fewer).
 
-    Calls are reduced per (trial, turn) first, then per trial, so the millions of calls are
-    hashed once."""
+    The calls are grouped once, by trial, into a few UInt64 sums of byte lanes: byte ``t % 8``
+    of turn lane ``t // 8`` counts turn ``t``'s calls, and the counts and any-ofs above are
+    bytes of their own lanes (a call adds 0 or 1). Exact when turns are in
+    [0, :data:`LANE_TURNS`) and a trial has at most :data:`LANE_MAX_CALLS` calls (no byte
+    overflows); trials with more calls are counted again by (trial, turn) (:func:`_turn_counts`),
+    and a run with turns outside the lanes is counted that way throughout. With ``per_turn``
+    the lane check streams ``turn`` once and the grouping is collected (the returned
+    LazyFrame decodes its lanes as it is read); otherwise the plan stays lazy."""
     tool = pl.col("tool")
     names = features.collect_schema().names()
     flags = [f for f in (*EXTRACTION_METHODS, "key_reformat", "adj_close") if f in names]
@@ -395,26 +436,69 @@ def trial_tool_stats(
     }
     if "explore" in names:
         counts["explore_calls"] = pl.col("explore")
+    # per-call values as columns, then plain sums / any-ofs: the streaming engine's own
+    # aggregations (an expression inside ``agg`` would make it gather each group's rows)
+    features = features.with_columns(e.alias(name) for name, e in counts.items())
+    per_trial = [
+        pl.len().cast(pl.Int64).alias("tool_calls"),
+        *[pl.col(name).sum().cast(pl.Int64) for name in counts],
+        *[pl.col(f).any() for f in flags],
+    ]
+    turn_cols = ["turns", "max_calls_per_turn", "parallel_turns"]
+    order = ["tid", "tool_calls", *counts, *(turn_cols if per_turn else []), *flags]
+    lanes = _turn_lanes(features) if per_turn else 0
     if not per_turn:
-        stats = features.group_by("tid").agg(
-            pl.len().cast(pl.Int64).alias("tool_calls"),
-            *[e.sum().cast(pl.Int64).alias(name) for name, e in counts.items()],
-            *[pl.col(f).any() for f in flags],
-        )
+        stats = features.group_by("tid").agg(per_trial)
+    elif lanes is None:  # turns outside the lanes: by (trial, turn), then by trial
+        stats = features.group_by("tid").agg(per_trial).join(
+            _turn_counts(features), on="tid", how="left"
+        ).select(order).collect(engine="streaming").lazy()
     else:
-        turns = features.group_by("tid", "turn").agg(
-            pl.len().alias("calls_in_turn"),
-            *[e.sum().alias(name) for name, e in counts.items()],
-            *[pl.col(f).any() for f in flags],
+        # the per-trial counts and any-ofs are byte lanes too (a call adds 0 or 1 to its
+        # bytes): the grouping keeps a few UInt64 sums per trial instead of a state per figure
+        turn = pl.col("turn")
+        unit = (turn % 8).replace_strict({b: 256**b for b in range(8)}, return_dtype=pl.UInt64)
+        zero = pl.lit(0, pl.UInt64)
+        lane = [f"_lane{j}" for j in range(lanes)]
+        fields = [*counts, *flags]
+        words = [fields[i:i + 8] for i in range(0, len(fields), 8)]
+        packed = [f"_count{k}" for k in range(len(words))]
+        raw = (
+            features.with_columns(
+                *[pl.when(turn // 8 == j).then(unit).otherwise(zero).alias(c)
+                  for j, c in enumerate(lane)],
+                *[pl.sum_horizontal(pl.col(f).cast(pl.UInt64) * pl.lit(256**b, pl.UInt64)
+                                    for b, f in enumerate(w)).alias(c)
+                  for w, c in zip(words, packed)],
+            )
+            .group_by("tid")
+            .agg(pl.len().cast(pl.Int64).alias("tool_calls"),
+                 *[pl.col(c).sum() for c in (*packed, *lane)])
+            .collect(engine="streaming")
         )
-        stats = turns.group_by("tid").agg(
-            pl.col("calls_in_turn").sum().cast(pl.Int64).alias("tool_calls"),
-            *[pl.col(name).sum().cast(pl.Int64) for name in counts],
-            pl.len().cast(pl.Int64).alias("turns"),
-            pl.col("calls_in_turn").max().cast(pl.Int32).alias("max_calls_per_turn"),
-            (pl.col("calls_in_turn") > 1).sum().cast(pl.Int64).alias("parallel_turns"),
-            *[pl.col(f).any() for f in flags],
-        )
+        # decoded lazily: a streaming consumer reads the figures morsel by morsel, never as
+        # whole columns beside the lanes
+        def byte(col: str, b: int) -> pl.Expr:
+            return (pl.col(col) // pl.lit(256**b, pl.UInt64)) % pl.lit(256, pl.UInt64)
+
+        calls_in_turn = [byte(c, b) for c in lane for b in range(8)]
+        stats = raw.lazy().select(
+            "tid",
+            "tool_calls",
+            *[(byte(c, b) > 0 if f in flags else byte(c, b).cast(pl.Int64)).alias(f)
+              for w, c in zip(words, packed) for b, f in enumerate(w)],
+            pl.sum_horizontal(n > 0 for n in calls_in_turn).cast(pl.Int64).alias("turns"),
+            pl.max_horizontal(calls_in_turn).cast(pl.Int32).alias("max_calls_per_turn"),
+            pl.sum_horizontal(n > 1 for n in calls_in_turn).cast(pl.Int64)
+            .alias("parallel_turns"),
+        ).select(order)
+        many = raw.filter(pl.col("tool_calls") > LANE_MAX_CALLS).select("tid")
+        if many.height:  # a count may have overflowed its byte: these trials counted exactly
+            heavy = features.join(many.lazy(), on="tid", how="semi")
+            exact = heavy.group_by("tid").agg(per_trial).join(
+                _turn_counts(heavy), on="tid", how="left"
+            ).select(order).collect(engine="streaming")
+            stats = stats.update(exact.lazy(), on="tid")
     if not with_dbs:
         return stats
     dbs = (
@@ -448,9 +532,9 @@ def tool_use_table(trials: pl.DataFrame, tool_calls: pl.DataFrame | pl.LazyFrame
     else:
         features = call_features(calls.select(*cols, "arguments").with_columns(tid),
                                  TOOL_USE_FEATURES, with_db=False, lazy=True)
-    per_trial = trial_tool_stats(
+    per_trial = trial_tool_stats(  # collected: one grouping of the calls by trial
         features.select("tid", "turn", "tool", "success", *TOOL_USE_FEATURES)
-    ).collect(engine="streaming").lazy()
+    )
     keys = trials.lazy().select(tid, "agent", "dataset")
     joined = keys.join(per_trial, on="tid", how="left")
     zero = [
@@ -487,9 +571,13 @@ def tool_use_table(trials: pl.DataFrame, tool_calls: pl.DataFrame | pl.LazyFrame
             *[pl.col(m).mean().alias(f"extract_{m}") for m in EXTRACTION_METHODS],
         ]
 
-    per_ds = joined.group_by("agent", "dataset").agg(aggs())
-    per_agent = joined.group_by("agent").agg(aggs()).with_columns(pl.lit(ALL).alias("dataset"))
-    out = pl.concat([per_ds, per_agent.select(per_ds.collect_schema().names())]).collect()
+    per_ds = joined.group_by("agent", "dataset").agg(aggs()).with_columns(
+        pl.col("agent", "dataset").cast(pl.String))  # String or Categorical in the trials
+    per_agent = joined.group_by("agent").agg(aggs()).with_columns(
+        pl.col("agent").cast(pl.String), pl.lit(ALL).alias("dataset"))
+    # streamed: integer sums and means of integer / boolean columns, the same in any order
+    out = pl.concat([per_ds, per_agent.select(per_ds.collect_schema().names())]).collect(
+        engine="streaming")
     first = ["agent", "dataset"]
     return out.select(*first, *[c for c in out.columns if c not in first]).sort(
         "agent", pl.col("dataset") == ALL, "dataset"

@@ -392,29 +392,39 @@ def scan_scores(artifacts_root: str, run_id: str) -> pl.LazyFrame:
 
 
 def scored_trials(
-    trials: pl.DataFrame | pl.LazyFrame, scores: pl.DataFrame | pl.LazyFrame, run_id: str = "?"
+    trials: pl.DataFrame | pl.LazyFrame, scores: pl.DataFrame | pl.LazyFrame, run_id: str = "?",
+    verdicts: tuple[str, ...] = ("verdict", "is_correct", "reason", "audit_flags"),
+    categorical: tuple[str, ...] = (),
 ) -> pl.DataFrame:
-    """``trials`` with the verdict columns of ``scores`` (``verdict``, ``is_correct`` — null
-    for errored trials —, ``reason``, ``audit_flags``) joined on, in the order of ``trials``.
+    """``trials`` with the verdict columns of ``scores`` (``verdicts``: by default ``verdict``,
+    ``is_correct`` — null for errored trials —, ``reason``, ``audit_flags``) joined on, in the
+    order of ``trials``.
 
     Either may be a lazy scan of the artifact: the join and the staleness check then run as
-    one streaming query (the scored answers are compared in it, never kept).
+    one streaming query (the scored answers are compared in it, never kept). ``categorical``
+    names String columns (of ``trials`` or ``verdicts``) to hold as ``pl.Categorical``: same
+    values, 4 bytes a row instead of at least 16 (for low-cardinality columns such as agent,
+    dataset, query_id or verdict of a large run), cast as the rows stream in.
     Raises ScoringError when the scores are stale: a trial without a score, or scored with
     another answer or terminate reason than it has now (trials re-run after scoring)."""
+    names = trials.collect_schema().names()
+    cat = [c for c in categorical if c in names]
     s = scores.lazy().select(
-        "trial_key", "verdict", "is_correct", "reason", "audit_flags",
+        "trial_key", *[pl.col(c).cast(pl.Categorical) if c in categorical else pl.col(c)
+                       for c in verdicts],
         pl.col("answer").alias("_scored_answer"),
         pl.col("terminate_reason").alias("_scored_reason"),
     )
-    names = trials.collect_schema().names()
+    reason = pl.col("terminate_reason").cast(pl.String)  # a no-op unless made categorical
     stale = (
         pl.col("verdict").is_null()
-        | (pl.col("_scored_reason") != pl.col("terminate_reason"))
+        | (pl.col("_scored_reason") != reason)
         | pl.col("_scored_answer").ne_missing(pl.col("answer"))
     )
     joined = (
         trials.lazy()
         .drop([c for c in ("verdict", "is_correct", "reason", "audit_flags") if c in names])
+        .with_columns(pl.col(c).cast(pl.Categorical) for c in cat)
         .join(s, on="trial_key", how="left", maintain_order="left")
         .with_columns(stale.fill_null(True).alias("_stale"))
         .drop("_scored_answer", "_scored_reason")
