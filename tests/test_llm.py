@@ -336,3 +336,29 @@ def test_out_of_range_usage_is_a_malformed_response_not_a_crash(tmp_path, usage)
             assert info.value.record.cost_usd == 0
         assert srv.request_count == 2  # not answered from the cache the second time
     assert not list((tmp_path / "artifacts").rglob("*.json"))
+
+
+def test_model_clients_share_one_tls_context_per_cert_setting(monkeypatch, tmp_path):
+    """Every ChatModel's HTTP client verifies certificates on one process-wide TLS context
+    (building one loads the CA bundle, ~30 ms each); a different SSL_CERT_FILE gets its own."""
+    import ssl
+
+    from tasks.core import llm_clients
+
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    a = llm_clients.openai_client("http://127.0.0.1:9/v1", "k", 5.0)
+    b = llm_clients.openai_client("http://127.0.0.1:9/v1", "k", 5.0)
+    ctx = llm_clients.ssl_context()
+    assert isinstance(ctx, ssl.SSLContext) and ctx.verify_mode == ssl.CERT_REQUIRED
+    assert ctx.check_hostname
+    assert llm_clients.ssl_context() is ctx
+    for client in (a, b):  # the context the connections are opened with (httpx internals)
+        assert client._client._transport._pool._ssl_context is ctx
+    assert a.max_retries == 0 and a.timeout == 5.0
+    a.close(), b.close()
+    import certifi
+
+    monkeypatch.setenv("SSL_CERT_FILE", certifi.where())
+    other = llm_clients.ssl_context()
+    assert other is not ctx and other.verify_mode == ssl.CERT_REQUIRED

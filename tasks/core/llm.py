@@ -58,6 +58,7 @@ from pydantic import ValidationError
 
 from schemas.models import AgentOptions
 from tasks.agents import tool_protocol
+from tasks.core.llm_clients import openai_client
 from tasks.core import interrupt, storage
 from tasks.core.llm_calls import (  # noqa: F401 - re-exported
     JUDGE_CACHE,
@@ -229,12 +230,8 @@ class ChatModel:
         #: () -> context manager held around each HTTP request (None: none): the trials
         #: stage's :func:`tasks.core.concurrency.call_slot` (calls in flight across the stage)
         self.call_slot: Callable[[], Any] | None = None
-        self.client = openai.OpenAI(
-            base_url=resolved.base_url,
-            api_key=resolved.api_key,
-            max_retries=0,
-            timeout=self.options.request_timeout_s,
-        )
+        self.client = openai_client(resolved.base_url, resolved.api_key,
+                                    self.options.request_timeout_s)
 
     @property
     def in_flight(self) -> LLMCallRecord | None:
