@@ -8,7 +8,8 @@ INSERT statements and checking that a database really separates two queries
 (:func:`tasks.equivalence.verification.verify_counterexample`) live in
 :mod:`tasks.equivalence.verification`.
 
-The relational schema itself (tables, keys, types) is :mod:`tasks.equivalence.relschema`, re-exported here.
+The relational schema itself is :mod:`tasks.equivalence.relschema` (:class:`RelSchema`) over the shared
+model of :mod:`tasks.db.relschema` (columns, keys, tables), re-exported here.
 
 Engines follow the pair's dialect (:func:`engine_for`): PostgreSQL pairs run on a real
 PostgreSQL server (:mod:`tasks.db.pg_scratch`; its integer division, division-by-zero errors,
@@ -46,7 +47,7 @@ from tasks.equivalence.relschema import (  # noqa: F401 - re-exported
     enum_values,
     load_schema,
 )
-from tasks.equivalence.relschema_tables import type_category  # noqa: F401 - re-exported
+from tasks.db.relschema import type_category  # noqa: F401 - re-exported
 from tasks.scoring.result_match import compare_results, tolerance
 from tasks.equivalence.sql_dialects import (
     MYSQL_APPROXIMATION,

@@ -25,17 +25,8 @@ from typing import Any
 import duckdb
 from sqlglot import exp
 
-from tasks.equivalence.sql_dialects import sqlglot_dialect
-from tasks.equivalence.relschema_tables import (
-    Column,
-    ForeignKey,
-    SchemaError,
-    Table,
-    _CATEGORY_SQL,
-    _FK,
-    _T,
-    ident,
-)
+from tasks.db.relschema import _T, Column, ForeignKey, SchemaError, Table
+from tasks.equivalence.relschema_constraints import _CATEGORY_SQL, _FK, ident
 from tasks.equivalence.relschema_ddl import (
     _alter_table,
     _case_sensitive,
@@ -46,6 +37,7 @@ from tasks.equivalence.relschema_ddl import (
     _table_from_create,
     _unique_index,
 )
+from tasks.equivalence.sql_dialects import sqlglot_dialect
 
 
 @dataclass

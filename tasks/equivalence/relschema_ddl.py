@@ -1,6 +1,6 @@
 """Reading DDL statements into tables: CREATE TABLE (columns, inline and table constraints,
 CHECKs, LIKE), CREATE TYPE, CREATE UNIQUE INDEX and ALTER TABLE, each checked and turned into the
-:mod:`tasks.equivalence.relschema_tables` model for :meth:`tasks.equivalence.relschema.RelSchema.from_ddl`;
+shared :mod:`tasks.db.relschema` model for :meth:`tasks.equivalence.relschema.RelSchema.from_ddl`;
 :func:`_engine_type` writes a column's type back for an engine.
 
 Split out of :mod:`tasks.equivalence.relschema`; the code moved verbatim."""
@@ -14,16 +14,9 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.tokens import TokenType
 
+from tasks.db.relschema import _T, Column, SchemaError, Table, type_category
+from tasks.equivalence.relschema_constraints import _FK, UniqueIndex
 from tasks.equivalence.sql_dialects import sqlglot_dialect
-from tasks.equivalence.relschema_tables import (
-    Column,
-    SchemaError,
-    Table,
-    UniqueIndex,
-    _FK,
-    _T,
-    type_category,
-)
 
 
 def _case_sensitive(collation: str | None) -> bool:
@@ -125,7 +118,8 @@ def _table_from_create(st: exp.Create, raw: dict, where: str, notes: list[str]) 
             _add_column(table, item, fks, where)
         elif isinstance(item, exp.Identifier):
             # SQLite: a column without a type (any value, no affinity)
-            table.columns.append(Column(item.name, exp.DataType.build("TEXT"), "text", untyped=True))
+            table.columns.append(Column(item.name, dtype=exp.DataType.build("TEXT"), category="text",
+                                        untyped=True))
         elif isinstance(item, exp.LikeProperty):
             _like(table, item, raw, where)
         else:
@@ -165,7 +159,7 @@ def _like(table: Table, item: exp.LikeProperty, raw: dict, where: str) -> None:
         return (everything or opt in including) and opt not in excluding
 
     for c in other.columns:
-        copy = Column(c.name, c.dtype.copy(), c.category, c.not_null,
+        copy = Column(c.name, c.type, c.dtype.copy(), c.category, c.not_null,
                       c.generated.copy() if c.generated is not None and has("GENERATED") else None,
                       c.stored, c.collation, c.untyped, c.enum, c.set_members)
         table.columns.append(copy)
@@ -183,7 +177,8 @@ def _add_column(table: Table, item: exp.ColumnDef, fks: list[_FK], where: str) -
     kind = item.args.get("kind")
     untyped = not isinstance(kind, exp.DataType)
     dtype = kind if isinstance(kind, exp.DataType) else exp.DataType.build("TEXT")
-    col = Column(item.name, dtype, type_category(dtype), untyped=untyped)
+    col = Column(item.name, "" if untyped else dtype.sql(), dtype, type_category(dtype),
+                 untyped=untyped)
     if dtype.this == _T.ENUM:
         col.enum = [e.this for e in dtype.expressions if isinstance(e, exp.Literal)]
     elif dtype.this == _T.SET:
@@ -368,6 +363,7 @@ def _alter_table(st: exp.Alter, text: str, raw: dict) -> None:
                 and not action.args.get("using"):
             col = table.column(action.name)  # ALTER COLUMN ... TYPE
             col.dtype = action.args["dtype"]
+            col.type = col.dtype.sql()
             col.category = type_category(col.dtype)
         elif isinstance(action, exp.AlterColumn) and (action.args.get("default") is not None or (
                 action.args.get("drop") and action.args.get("allow_null") is None)):

@@ -480,7 +480,7 @@ def _type_defaults(col: Any) -> list[Any]:
     """Values of a column's declared type when the base pool holds none (``YEAR``, ``CHAR(1)``
     filled already, a DECIMAL(1, 0), ...)."""
     if col.category == "int":
-        from tasks.equivalence.relschema import _INT_RANGES
+        from tasks.db.relschema import _INT_RANGES
 
         lo, hi = _INT_RANGES.get(col.dtype.this, (0, 2))
         return [v for v in (lo, lo + 1, lo + 2, 0, 1) if lo <= v <= hi][:3]
@@ -493,7 +493,7 @@ def _type_defaults(col: Any) -> list[Any]:
 
 def build_domains(schema: RelSchema, analysis: _Analysis, *, fold: bool = False) -> dict[ColKey, list[Any]]:
     """Candidate non-NULL values for every column of the analysed tables: only values the
-    declared type holds (:meth:`tasks.equivalence.relschema.Column.accepts`); with ``fold`` (MySQL) no
+    declared type holds (:meth:`tasks.db.relschema.Column.accepts`); with ``fold`` (MySQL) no
     value ends in a space."""
     parent: dict[ColKey, ColKey] = {}
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
+from tasks.db.relschema import type_class
 from tasks.lifecycle.naming import split_words
-from tasks.lifecycle.schema import Schema, render_ddl, type_class
+from tasks.lifecycle.schema import Schema, render_ddl
 
 __all__ = [
     "TYPE_PHRASES",

@@ -22,6 +22,7 @@ import random
 import sqlite3
 from pathlib import Path
 
+from tasks.db.relschema import type_class
 from tasks.lifecycle.metrics import state_difference, table_digests
 from tasks.lifecycle.naming import split_words
 from tasks.lifecycle.schema import (
@@ -29,7 +30,6 @@ from tasks.lifecycle.schema import (
     read_sqlite_schema,
     run_script,
     sandbox_connection,
-    type_class,
 )
 
 __all__ = ["DML_TEMPLATES", "dml_items", "dml_state", "state_matches"]

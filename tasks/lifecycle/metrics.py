@@ -7,7 +7,7 @@ designed table contributes nothing to the numerators):
   table ``t``, E_t those of the matched designed table; attributes match by name
   (:mod:`tasks.lifecycle.naming`).
 - **ACC-Data** = the same with (attribute, data type) pairs: an attribute counts when it
-  matches *and* its type class (:func:`tasks.lifecycle.schema.type_class`) is the reference's.
+  matches *and* its type class (:func:`tasks.db.relschema.type_class`) is the reference's.
 - **ACC-Key** = the same with key constraints: each table's primary key (one constraint, its
   column set) and each foreign key (its (column, referenced column) pairs and the referenced
   table), compared through the table and column matching. None when the reference has no key.
@@ -38,8 +38,9 @@ import math
 import sqlite3
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 
+from tasks.db.relschema import Table, type_class
 from tasks.lifecycle.naming import match_names
-from tasks.lifecycle.schema import Schema, Table, type_class
+from tasks.lifecycle.schema import Schema
 from tasks.scoring.result_match import normalize_value
 
 __all__ = [

@@ -2,11 +2,13 @@
 rendered as DDL / design descriptions, and executed in a sandbox.
 
 A :class:`Schema` is a list of :class:`Table` (name, columns with their declared type, primary
-key, foreign keys). **Type classes** make declared types comparable across dialects
-(:func:`type_class`, SQLite affinity rules refined for dates): ``integer``, ``number`` (REAL,
-FLOAT, DOUBLE, DECIMAL, NUMERIC, MONEY), ``text`` (CHAR, VARCHAR, NVARCHAR, TEXT, CLOB, STRING,
-and an empty or unknown type), ``boolean`` (BOOL, BOOLEAN, BIT), ``date``, ``datetime``
-(DATETIME, TIMESTAMP), ``time``, ``blob`` (BLOB, BINARY, BYTEA).
+key, foreign keys) — the shared relational-schema model of :mod:`tasks.db.relschema`, whose
+names (``Column``, ``ForeignKey``, ``Table``, ``type_class``, ``TYPE_CLASSES``) are re-exported
+here. **Type classes** make declared types comparable across dialects
+(:func:`tasks.db.relschema.type_class`, SQLite affinity rules refined for dates): ``integer``,
+``number`` (REAL, FLOAT, DOUBLE, DECIMAL, NUMERIC, MONEY), ``text`` (CHAR, VARCHAR, NVARCHAR,
+TEXT, CLOB, STRING, and an empty or unknown type), ``boolean`` (BOOL, BOOLEAN, BIT), ``date``,
+``datetime`` (DATETIME, TIMESTAMP), ``time``, ``blob`` (BLOB, BINARY, BYTEA).
 
 Model DDL is executed by :func:`execute_ddl` in a fresh in-memory SQLite database: ``ATTACH``,
 ``DETACH`` and ``VACUUM`` are refused (nothing can touch the file system), execution is
@@ -24,6 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks.db.relschema import (  # noqa: F401 - the shared model, re-exported
+    TYPE_CLASSES,
+    Column,
+    ForeignKey,
+    SchemaError,
+    Table,
+    type_class,
+)
 from tasks.db.sqlite_guard import run_file_query, run_sandbox_script
 
 __all__ = [
@@ -46,70 +56,13 @@ __all__ = [
     "type_class",
 ]
 
-TYPE_CLASSES = ("integer", "number", "text", "boolean", "date", "datetime", "time", "blob")
 
-_TYPE_RULES = (
-    (re.compile(r"DATETIME|TIMESTAMP", re.IGNORECASE), "datetime"),
-    (re.compile(r"DATE", re.IGNORECASE), "date"),
-    (re.compile(r"^TIME|\bTIME\b", re.IGNORECASE), "time"),
-    (re.compile(r"BOOL|^BIT\b", re.IGNORECASE), "boolean"),
-    (re.compile(r"INT|^YEAR$", re.IGNORECASE), "integer"),
-    (re.compile(r"CHAR|CLOB|TEXT|STRING|VARCHAR", re.IGNORECASE), "text"),
-    (re.compile(r"BLOB|BINARY|BYTEA", re.IGNORECASE), "blob"),
-    (re.compile(r"REAL|FLOA|DOUB|DEC|NUM|MONEY", re.IGNORECASE), "number"),
-)
-
-
-def type_class(declared: str | None) -> str:
-    """The type class (one of :data:`TYPE_CLASSES`) of a declared column type, e.g.
-    ``NVARCHAR(120)`` → ``text``, ``NUMERIC(10,2)`` → ``number``, ``DATETIME`` → ``datetime``;
-    an empty or unknown type is ``text``."""
-    t = (declared or "").strip()
-    for rx, cls in _TYPE_RULES:
-        if rx.search(t):
-            return cls
-    return "text"
-
-
-class SchemaParseError(ValueError):
+class SchemaParseError(SchemaError):
     """A model answer holds no schema that can be read (the message says why)."""
 
 
-class DDLError(ValueError):
+class DDLError(SchemaError):
     """DDL did not execute in SQLite (the message is SQLite's)."""
-
-
-@dataclass(frozen=True)
-class Column:
-    """A column: ``name`` and ``type`` (as declared; :func:`type_class` compares them)."""
-
-    name: str
-    type: str = ""
-
-
-@dataclass(frozen=True)
-class ForeignKey:
-    """``columns`` of the owning table reference ``ref_columns`` of ``ref_table`` (empty
-    ``ref_columns``: the referenced table's primary key)."""
-
-    columns: tuple[str, ...]
-    ref_table: str
-    ref_columns: tuple[str, ...] = ()
-
-
-@dataclass
-class Table:
-    """A table: ``columns`` in order, ``primary_key`` column names, ``foreign_keys``."""
-
-    name: str
-    columns: list[Column] = field(default_factory=list)
-    primary_key: tuple[str, ...] = ()
-    foreign_keys: list[ForeignKey] = field(default_factory=list)
-
-    def column(self, name: str) -> Column | None:
-        """The column called ``name`` (case-insensitive) or None."""
-        low = name.lower()
-        return next((c for c in self.columns if c.name.lower() == low), None)
 
 
 @dataclass

@@ -32,8 +32,9 @@ from sqlglot import exp
 from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from schemas.lifecycle import SCHEMA_VARIANTS
+from tasks.db.relschema import Column, ForeignKey, Table
 from tasks.lifecycle.naming import split_words
-from tasks.lifecycle.schema import Column, ForeignKey, Schema, Table, read_sqlite_schema, render_ddl
+from tasks.lifecycle.schema import Schema, read_sqlite_schema, render_ddl
 
 __all__ = [
     "VARIANTS",
