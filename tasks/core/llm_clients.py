@@ -10,10 +10,11 @@ per batch, all while the run's first trials wait to start). It is httpx's own de
 from __future__ import annotations
 
 import functools
-import os
 import ssl
 
 import openai
+
+from tasks.core.settings import env_get
 
 
 @functools.lru_cache(maxsize=8)
@@ -27,7 +28,7 @@ def ssl_context() -> ssl.SSLContext:
     """httpx's default certificate-verifying TLS context (``SSL_CERT_FILE`` / ``SSL_CERT_DIR``
     honoured as httpx honours them), built once per process and per value of those two
     variables; shared by every client (an ``ssl.SSLContext`` is safe to share)."""
-    return _context_for(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    return _context_for(env_get("SSL_CERT_FILE"), env_get("SSL_CERT_DIR"))
 
 
 def openai_client(base_url: str | None, api_key: str | None, timeout: float) -> openai.OpenAI:
