@@ -419,7 +419,7 @@ def scored_trials(
     ).fill_null(True)
     # the staleness check is a query of its own, reduced to a count and the first stale key as
     # it streams: the scored answers and reasons never sit beside the joined columns (at 10M
-    # trials that halved the peak memory of the join)
+    # trials the load's peak RSS fell from 3.03 to 2.66 GB; the trials are read twice)
     n_stale, first = (
         trials.select("trial_key", "answer", "terminate_reason")
         .join(
