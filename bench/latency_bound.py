@@ -22,13 +22,16 @@ can beat (every call slot busy on a model call all the time). A model call holds
 wave floor printed, ``ceil(T / concurrency) × c × latency`` for T trials of c calls (10 s for
 200 trials at 64), is what a schedule that held a slot per whole trial (querylab before the two
 bounds were decoupled) could not beat: W below it shows the decoupling at work.
-During the ``--concurrency`` run the proportional set size (PSS: shared pages split between the
-processes sharing them) of querylab's process tree — the harness, its query workers and the
-sandbox zygote with every trial's session — is sampled every 2 s (reading every process's
-``smaps_rollup`` costs ~1 ms of CPU per process, ~130 ms a sample here, CPU the trials compete
-for: at 0.2 s it took 1.9 s in a 25 s run; the peak is a plateau of seconds: the sessions stay
-open, recycled into the warm pool); its peak is printed with
-the harness process's own peak RSS (target: ≤ 1.5 GB at 64 concurrent calls).
+The ``--concurrency`` run is made twice with the same settings: once timed (W), once with the
+proportional set size (PSS: shared pages split between the processes sharing them) of
+querylab's process tree — the harness, its query workers and the sandbox zygote with every
+trial's session — sampled every 2 s. The sampler is kept out of the timed run: reading every
+process's ``smaps_rollup`` costs ~1 ms of CPU per process, ~130 ms a sample here, CPU the trials
+compete for (measured: ratio 1.43 with it, 1.30 without, same machine, back to back). The
+peak is a plateau of seconds (the sessions stay open, recycled into the warm pool); it is
+printed with the harness process's own peak RSS (target: ≤ 1.5 GB at 64 concurrent calls).
+Prefect's fixed cost per flow run (an empty flow mapping as many tasks; ~1.1 s here, 1 s of it
+Prefect 3.9's flow-run heartbeat thread joined at the end) is printed too: it is part of W.
 
 The last line is the figure:
 ``latency-bound: W s for 1000 calls x 0.5 s at concurrency 64; limit L s; ratio W/L``
@@ -110,6 +113,29 @@ class MemorySampler:
         self._thread.join()
 
 
+def _empty_flow_s(batch_size: int, n_batches: int) -> float:
+    """Wall seconds of a Prefect flow run that maps ``n_batches`` tasks doing nothing (best of
+    3): Prefect's fixed cost per flow run, part of every W (in Prefect 3.9 ~1 s of it is the
+    flow run's heartbeat thread, joined at the end, that sleeps in 1 s steps)."""
+    from prefect import flow, task
+
+    @task
+    def nothing(i: int) -> int:
+        return i
+
+    @flow
+    def empty() -> None:
+        for f in nothing.map(range(n_batches)):
+            f.result()
+
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        empty()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def measure(runs: list[tuple[str, int]], trials: int, latency: float,
             batch_size: int = 25, max_trials: int | None = None) -> tuple[dict, str, int]:
     """Run ``trials`` trials (rounded up to whole queries) through the production trials flow
@@ -143,14 +169,24 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
             with get_client(sync_client=True) as client:
                 client.api_version()
             for name, conc in runs:
-                root = str(_TMP / f"a-{name}")
                 admitted = resolve_max_trials(conc, max_trials if name == "concurrency" else None)
                 flow = run_trials.with_options(task_runner=EnvTaskRunner(admitted))
-                with MemorySampler({server.pid}) as mem:
+
+                def run(tag: str) -> tuple[dict, float]:
+                    root = str(_TMP / f"a-{name}-{tag}")
                     t0 = time.perf_counter()
-                    out = flow(f"lat-{name}", [uri], ["openai:bench"], per_query,
+                    out = flow(f"lat-{name}-{tag}", [uri], ["openai:bench"], per_query,
                                batch_size, root, max_concurrency=conc, max_trials=admitted)
-                    wall = time.perf_counter() - t0
+                    return out, time.perf_counter() - t0
+
+                # the timed run has no memory sampler: reading every process's smaps_rollup
+                # takes CPU the trials compete for (~1 s of a 10 s run here); the peak PSS is
+                # taken on a second, identical run
+                out, wall = run("timed")
+                mem = None
+                if name == "concurrency":
+                    with MemorySampler({server.pid}) as mem:
+                        _, sampled_wall = run("sampled")
                 trials_df = pl.read_parquet(out["trials"])
                 llm = pl.read_parquet(out["llm_calls"])
                 calls = pl.read_parquet(out["tool_calls"])
@@ -160,12 +196,15 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
                 results[name] = {
                     "concurrency": conc, "max_trials": admitted, "wall": wall,
                     "trials": trials_df.height,
-                    "pss_mb": mem.peak_kb / 1024, "procs": mem.peak_procs,
+                    "pss_mb": mem.peak_kb / 1024 if mem else None,
+                    "procs": mem.peak_procs if mem else None,
+                    "sampled_wall": sampled_wall if mem else None,
                     "call_s": llm["latency_s"].mean(), "queue_s": llm["queue_s"].mean(),
                     "tool_ms": 1000 * calls["duration_s"].mean(),
                     "by_tool": dict(calls.group_by("tool").agg(
                         (1000 * pl.col("duration_s").mean()).round(1)).iter_rows()),
                 }
+            results["prefect_flow_s"] = _empty_flow_s(batch_size, -(-n_calls // 5 // batch_size))
     finally:
         peak_requests = stop_server(server)
         _close_all()
@@ -197,16 +236,22 @@ def main() -> None:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"machine: {os.cpu_count()} CPUs, load average {load}; server saw at most "
           f"{peak_requests} requests at once")
+    prefect_s = results.pop("prefect_flow_s")
     for name, r in results.items():
         c = r["concurrency"]
         limit = n_calls * args.latency / c
         floor = math.ceil(r["trials"] / c) * 5 * args.latency
+        memory = ("" if r["pss_mb"] is None else
+                  f"; peak PSS {r['pss_mb']:.0f} MB over {r['procs']} processes (a second run, "
+                  f"sampled: {r['sampled_wall']:.2f} s)")
         print(f"{name:<12} max-concurrency {c:3d} max-trials {r['max_trials']:3d}: "
               f"{r['wall']:6.2f} s for {r['trials']} trials "
-              f"({n_calls} calls, model call {r['call_s']:.3f} s + {r['queue_s']:.3f} s waiting for a call slot, tool call {r['tool_ms']:.1f} ms "
-              f"mean); limit {limit:.2f} s, whole-trial wave floor {floor:.2f} s; ratio "
-              f"{r['wall'] / limit:.2f}; peak PSS {r['pss_mb']:.0f} MB over {r['procs']} "
-              f"processes; tool ms by tool {r['by_tool']}")
+              f"({n_calls} calls, model call {r['call_s']:.3f} s + {r['queue_s']:.3f} s waiting "
+              f"for a call slot, tool call {r['tool_ms']:.1f} ms mean); limit {limit:.2f} s, "
+              f"whole-trial wave floor {floor:.2f} s; ratio {r['wall'] / limit:.2f}"
+              f"{memory}; tool ms by tool {r['by_tool']}")
+    print(f"Prefect's own cost per flow run (an empty flow mapping as many tasks): "
+          f"{prefect_s:.2f} s, part of every W above")
     print(f"harness process peak RSS {rss_mb:.0f} MB")
     if "defaults" in results:
         d = results["defaults"]
