@@ -25,8 +25,8 @@ bounds were decoupled) could not beat: W below it shows the decoupling at work.
 The ``--concurrency`` run is made twice with the same settings: once timed (W), once with the
 proportional set size (PSS: shared pages split between the processes sharing them) of
 querylab's process tree — the harness, its query workers and the sandbox zygote with every
-trial's session — sampled every 2 s (the sampled run, second, starts with the sandbox pool warm: W is the
-colder run). The sampler is kept out of the timed run: reading every process's
+trial's session — sampled every 2 s (the sampled run, second, starts with the sandbox pool
+warm: W is the colder run). The sampler is kept out of the timed run: reading every process's
 ``smaps_rollup`` costs ~1 ms of CPU per process, ~130 ms a sample here, CPU the trials compete
 for (back to back: W 11.2 s with it, 10.1 and 10.2 s without; W moves in whole seconds, see
 below, so the sampler's own cost is under 1 s). The peak is a plateau of seconds (the sessions
