@@ -7,12 +7,14 @@ realistic argument templates (SQL with joins / LIKE / catalog queries / SELECT *
 finds with and without filters and $regex, Python with regexes / string surgery / substring
 tests, list_db, return_answer), 2 model calls per trial in ``llm_calls``, verdicts in
 ``scores.parquet``. A child process writes them chunk by chunk (``--chunk`` trials) as the
-run's ``trials/*.parquet`` and ``score/scores.parquet``; this process then computes each table
+run's ``trials/*.parquet`` and ``score/scores.parquet``, laid out as querylab writes them
+(sorted by trial key, row groups of :data:`tasks.core.batching.COMBINE_ROW_GROUP` rows:
+:func:`tasks.trials.stage.combine_trials`, :func:`tasks.scoring.stage.score_run`); this process then computes each table
 the way :func:`tasks.report.stage.compute_report_tables` does: trials and scores loaded by a
 streaming scan and join (:func:`tasks.report.loaders.load_report_trials`: the columns the
 tables read, low-cardinality ones categorical), ``llm_calls`` scanned for the cost table,
-``tool_calls`` never loaded (each table streams a lazy scan of it). Times include the reads; the peak RSS is this process's
-(generation excluded).
+``tool_calls`` never loaded (each table streams a lazy scan of it). Times include the reads;
+the peak RSS is this process's (generation excluded).
 
 Usage: ``.venv/bin/python bench/report_scale.py [--trials N] [--calls-per-trial 5]
 [--data-dir DIR]`` (``--data-dir`` keeps the generated run and reuses it next time). The last line
@@ -35,6 +37,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tasks.core.batching import COMBINE_ROW_GROUP
 from tasks.report.failure_modes import (
     classify_failures,
     failure_mode_table,
@@ -226,12 +229,15 @@ def synthetic_run(n_trials: int, n_calls: int, seed: int = 7, offset: int = 0,
         )
         .with_columns(
             ("openai:model-" + pl.col("agent")).alias("agent"),
-            ("ds" + pl.col("dataset")).alias("dataset"),
-            ("q" + pl.col("query_id")).alias("query_id"),
+            # zero-padded, so that generation order is key order: the trials stage's artifacts
+            # are sorted by trial key (tasks.trials.stage.combine_trials)
+            ("ds" + pl.col("dataset").str.zfill(2)).alias("dataset"),
+            ("q" + pl.col("query_id").str.zfill(2)).alias("query_id"),
         )
         .with_columns(
             pl.concat_str(
-                ["agent", "dataset", "query_id", pl.col("trial").cast(pl.String)], separator="|"
+                ["agent", "dataset", "query_id", pl.col("trial").cast(pl.String).str.zfill(6)],
+                separator="|",
             ).alias("trial_key"),
             pl.when(pl.col("terminate_reason") == "api_error")
             .then(pl.lit("APIError: 500"))
@@ -300,11 +306,11 @@ def synthetic_run(n_trials: int, n_calls: int, seed: int = 7, offset: int = 0,
     )
     manifests = [
         {
-            "name": f"ds{di}",
+            "name": f"ds{di:02d}",
             "databases": {f"db_{x}": {} for x in range(N_QUERIES + 1)},
             "queries": [
                 {
-                    "id": f"q{qi}",
+                    "id": f"q{qi:02d}",
                     "requires": {
                         "sources": [f"db_{qi}.t_{qi}", f"db_{qi + 1}.c_{qi}"],
                         "operations": [
@@ -365,7 +371,7 @@ def write_run(root: str, n_trials: int, calls_per_trial: int, chunk: int,
               stored_features: bool = True) -> None:
     """Write a synthetic run ``bench`` of ``n_trials`` trials (``calls_per_trial`` tool calls
     and 2 model calls each, verdicts in ``score/scores.parquet``) under artifact root ``root``,
-    ``chunk`` trials at a time (one row group each: memory stays at one chunk's), plus the
+    ``chunk`` trials at a time (memory stays at one chunk's), plus the
     datasets' requirements in ``manifests.json`` beside it. ``tool_calls`` gets its stored
     per-call features the way the trials stage writes them
     (:func:`tasks.report.tool_use.tool_calls_with_features`), unless ``stored_features`` is
@@ -404,7 +410,7 @@ def write_run(root: str, n_trials: int, calls_per_trial: int, chunk: int,
             table = _conform(df, schema)
             if name == "tool_calls" and stored_features:  # what the trials stage writes
                 table = tool_calls_with_features(table)
-            writers[uri].write_table(table, row_group_size=1 << 20)
+            writers[uri].write_table(table, row_group_size=COMBINE_ROW_GROUP)
         del trials, calls, llm, scores
         gc.collect()
     for w in writers.values():
@@ -444,7 +450,7 @@ def main() -> None:
     root = args.data_dir or tempfile.mkdtemp(prefix="querylab-bench-report-")
     # what the kept run was generated with: reused only when it matches
     params = {"trials": args.trials, "calls_per_trial": args.calls_per_trial,
-              "old_artifacts": args.old_artifacts}
+              "old_artifacts": args.old_artifacts, "layout": "sorted, 65536-row groups"}
     marker = Path(root) / "bench-params.json"
     try:
         start = time.perf_counter()

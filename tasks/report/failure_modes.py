@@ -55,6 +55,7 @@ from tasks.report.metrics import as_strings, with_verdicts
 from tasks.report.tool_use import (
     DATA_TOOLS,
     EXTRACTION_METHODS,
+    PARTITION_TRIALS,
     call_features,
     features_for_report,
     source_refs,
@@ -221,7 +222,8 @@ def _call_evidence(features: pl.LazyFrame, split: pl.DataFrame) -> list[pl.LazyF
 
 
 def _trajectory_evidence(
-    tool_calls: pl.LazyFrame, tid: pl.Expr, bad: pl.DataFrame, codes: pl.DataFrame
+    tool_calls: pl.LazyFrame, tid: pl.Expr, bad: pl.DataFrame, codes: pl.DataFrame,
+    stored: bool | None = None,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The incorrect trials' per-trial stats (:func:`_call_evidence`: tid, data_calls, the
     :data:`_FM_FEATURES` any-ofs, first_db and last_db; one row per ``tid`` with calls) and
@@ -233,8 +235,11 @@ def _trajectory_evidence(
     trial as they stream). An older artifact is read :data:`CALLS_PER_SLICE` rows at a time,
     each slice's calls of ``bad`` trials parsed eagerly (:func:`call_features`, both cores);
     the slices' partial results are merged (sums, any-ofs, least / greatest database, distinct
-    pairs), so a trial whose calls straddle two slices gets the same figures as in one pass."""
-    tool_calls, stored = features_for_report(tool_calls, "failure modes")
+    pairs), so a trial whose calls straddle two slices gets the same figures as in one pass.
+    ``stored``: whether ``tool_calls`` carries the stored features, when the caller checked
+    (:func:`tasks.report.tool_use.features_for_report`); checked here otherwise."""
+    if stored is None:
+        tool_calls, stored = features_for_report(tool_calls, "failure modes")
     split = _split_sources(codes)
     cols = ("tid", "tool", "db", "source_refs", *_FM_FEATURES)
     if stored:
@@ -284,6 +289,16 @@ def _trajectory_evidence(
     return stats, pairs
 
 
+def answer_flags() -> tuple[pl.Expr, pl.Expr]:
+    """``(no_answer, has_error)``: all that the rules read of a trial's ``answer`` (null or
+    blank) and ``error`` (not null), as two Boolean expressions over those columns."""
+    return (
+        (pl.col("answer").is_null() | (pl.col("answer").str.strip_chars() == ""))
+        .alias("no_answer"),
+        pl.col("error").is_not_null().alias("has_error"),
+    )
+
+
 def classify_failures(
     trials: pl.DataFrame,
     tool_calls: pl.DataFrame | pl.LazyFrame,
@@ -293,7 +308,10 @@ def classify_failures(
 
     ``trials``: scored trials — ``TRIALS`` columns (run_id, trial_key, agent, dataset,
     query_id, trial, answer, terminate_reason, error) with ``verdict`` (or ``is_correct``);
-    only ``incorrect`` ones are labelled, errored ones never. ``tool_calls``: ``TOOL_CALLS`` rows (any
+    instead of answer and error it may carry only what the rules read of them, the booleans
+    ``no_answer`` (answer null or blank) and ``has_error`` (error not null), as
+    :func:`tasks.report.loaders.load_report_trials` gives them. Only ``incorrect`` trials are
+    labelled, errored ones never. ``tool_calls``: ``TOOL_CALLS`` rows (any
     superset; only the incorrect trials' calls are read). ``requirements``: output of
     :func:`requirements_from_manifests`; None or a missing query makes its trials FM1
     ``requirements_unknown`` unless FM5/FM1 fired first. Returns the
@@ -308,9 +326,9 @@ def classify_failures(
         "dataset",
         "query_id",
         "trial",
-        "answer",
         "terminate_reason",
-        "error",
+        *(("no_answer", "has_error") if {"no_answer", "has_error"} <= set(trials.columns)
+          else ("answer", "error")),
     ]
     missing = [c for c in need if c not in trials.columns]
     if missing:
@@ -329,10 +347,12 @@ def classify_failures(
                 {k: trials.schema[k] for k in ("dataset", "query_id")}),  # String or Categorical
             on=["dataset", "query_id"],
             how="left",
+            maintain_order="left",
         )
-        .sort("trial_key")  # the labels' order: kept by every join below
-        .collect()
     )
+    # the labels' order, kept by every join below: trials as querylab writes them are sorted
+    # by key already (then no sort: it would gather every column of the incorrect trials)
+    bad = (bad if trials["trial_key"].is_sorted() else bad.sort("trial_key")).collect()
 
     # required sources and operations per query, as small integer-coded tables
     req = requirements.with_row_index("qid")
@@ -379,51 +399,18 @@ def classify_failures(
         schema={"missing_ops": pl.UInt8, "missing_operations": pl.List(pl.String)},
     )
 
-    stats, touched = _trajectory_evidence(
-        tool_calls.lazy(), tid, bad.select("tid"), codes.select(pl.col("norm").alias("source"), "sid")
-    )
-    need_src = bad.select("tid", "qid").join(req_src, on="qid")
-    # sid order is source order: the ids' lists, sorted, map to sorted source lists
-    missing_src = (
-        need_src.join(touched, on=["tid", "sid"], how="anti")
-        .group_by("tid")
-        .agg(
-            pl.col("sid").sort().replace_strict(codes["sid"], codes["source"])
-            .alias("missing_sources")
-        )
-    )
-    # data_calls beside the evident operations: one join of the per-trial evidence
-    evidence = pl.concat([stats.lazy().select("tid", "data_calls"),
-                          _evidence(stats.lazy()).select("evident_ops")], how="horizontal")
-    empty = pl.lit([], dtype=pl.List(pl.String))
-    lf = (
-        bad.lazy()
-        .join(evidence.collect().lazy(), on="tid", how="left", maintain_order="left")
-        .join(req_ops.lazy(), on="qid", how="left", maintain_order="left")
-        .with_columns(
-            (pl.col("required_ops").fill_null(0) & ~pl.col("evident_ops").fill_null(0))
-            .alias("missing_ops")
-        )
-        .join(ops_of_mask.lazy(), on="missing_ops", how="left", maintain_order="left")
-        .join(missing_src.lazy(), on="tid", how="left", maintain_order="left")
-        .with_columns(
-            pl.col("data_calls").fill_null(0),
-            pl.col("qid").is_not_null().alias("known"),
-            pl.col("missing_sources").fill_null(empty),
-            pl.col("missing_operations").fill_null(empty),
-        )
-    )
     reason = pl.col("terminate_reason")
     # the reason rules on each distinct terminate reason (a few), not on every trial's text
     reasons = bad["terminate_reason"].cast(pl.String).unique().drop_nulls()
     runtime = reasons.filter(
         reasons.is_in(RUNTIME_REASONS) | reasons.str.contains(RUNTIME_REASON_PATTERN))
     runtime_reason = reason.is_in(runtime.to_list())
-    no_answer = pl.col("answer").is_null() | (pl.col("answer").str.strip_chars() == "")
+    no_answer, has_error = (
+        answer_flags() if "answer" in need else (pl.col("no_answer"), pl.col("has_error")))
     rule = (
         pl.when(runtime_reason)
         .then(pl.lit("runtime_stop"))
-        .when(no_answer & pl.col("error").is_not_null())
+        .when(no_answer & has_error)
         .then(pl.lit("runtime_error"))
         .when((reason == "replay") & (pl.col("data_calls") == 0))
         .then(pl.lit("replay_no_trajectory"))
@@ -440,18 +427,65 @@ def classify_failures(
         .otherwise(pl.lit("operation_missing"))
     )
     mode = rule.replace_strict(RULES, return_dtype=pl.String)
-    out = lf.with_columns(rule.alias("rule"), mode.alias("failure_mode")).select(
-        *as_strings("run_id"),
-        "trial_key",
-        *as_strings("agent", "dataset", "query_id"),
-        pl.col("trial").cast(pl.Int32),
-        *as_strings("terminate_reason"),
-        "failure_mode",
-        "rule",
-        "missing_sources",
-        "missing_operations",
-    )
-    return out.collect(engine="streaming")
+    empty = pl.lit([], dtype=pl.List(pl.String))
+    calls, stored = features_for_report(tool_calls.lazy(), "failure modes")
+
+    def label(part: pl.DataFrame) -> pl.DataFrame:
+        """The labels of ``part``, consecutive rows of ``bad``."""
+        stats, touched = _trajectory_evidence(
+            calls, tid, part.select("tid"), codes.select(pl.col("norm").alias("source"), "sid"),
+            stored,
+        )
+        need_src = part.select("tid", "qid").join(req_src, on="qid")
+        # sid order is source order: the ids' lists, sorted, map to sorted source lists
+        missing_src = (
+            need_src.join(touched, on=["tid", "sid"], how="anti")
+            .group_by("tid")
+            .agg(
+                pl.col("sid").sort().replace_strict(codes["sid"], codes["source"])
+                .alias("missing_sources")
+            )
+        )
+        # data_calls beside the evident operations: one join of the per-trial evidence
+        evidence = pl.concat([stats.lazy().select("tid", "data_calls"),
+                              _evidence(stats.lazy()).select("evident_ops")], how="horizontal")
+        lf = (
+            part.lazy()
+            .join(evidence.collect().lazy(), on="tid", how="left", maintain_order="left")
+            .join(req_ops.lazy(), on="qid", how="left", maintain_order="left")
+            .with_columns(
+                (pl.col("required_ops").fill_null(0) & ~pl.col("evident_ops").fill_null(0))
+                .alias("missing_ops")
+            )
+            .join(ops_of_mask.lazy(), on="missing_ops", how="left", maintain_order="left")
+            .join(missing_src.lazy(), on="tid", how="left", maintain_order="left")
+            .with_columns(
+                pl.col("data_calls").fill_null(0),
+                pl.col("qid").is_not_null().alias("known"),
+                pl.col("missing_sources").fill_null(empty),
+                pl.col("missing_operations").fill_null(empty),
+            )
+        )
+        out = lf.with_columns(rule.alias("rule"), mode.alias("failure_mode")).select(
+            *as_strings("run_id"),
+            "trial_key",
+            *as_strings("agent", "dataset", "query_id"),
+            pl.col("trial").cast(pl.Int32),
+            *as_strings("terminate_reason"),
+            "failure_mode",
+            "rule",
+            "missing_sources",
+            "missing_operations",
+        )
+        return out.collect(engine="streaming")
+
+    # consecutive slices of the incorrect trials (sorted by key: the labels' order), each
+    # labelled on its own, so the per-trial evidence of at most PARTITION_TRIALS trials is in
+    # memory at a time (an older artifact without stored features: one slice, its calls
+    # parsed slice by slice instead); every rule reads only its own trial's rows
+    step = PARTITION_TRIALS if stored else max(bad.height, 1)
+    parts = [label(bad.slice(o, step)) for o in range(0, max(bad.height, 1), step)]
+    return parts[0] if len(parts) == 1 else pl.concat(parts)
 
 
 def _unique(keys: pl.Series) -> bool:

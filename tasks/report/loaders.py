@@ -10,6 +10,7 @@ import polars as pl
 from schemas import artifacts
 from tasks.core import storage
 from tasks.core.layout import RunLayout
+from tasks.report.failure_modes import answer_flags
 from tasks.scoring.stage import audit_uri, scan_scores, scored_trials
 
 
@@ -58,9 +59,12 @@ REPORT_CATEGORICAL = ("run_id", "agent", "hints", "dataset", "query_id", "termin
 
 def load_report_trials(artifacts_root: str, run_id: str) -> pl.DataFrame:
     """A run's trials as the report's tables read them: the :data:`REPORT_TRIAL_COLUMNS` of
-    ``trials.parquet`` with ``verdict`` and ``is_correct`` of the scores joined on (in trials
-    order) and the :data:`REPORT_CATEGORICAL` columns as ``pl.Categorical``, read by one
-    streaming scan and join of the two files (the staleness check of
+    ``trials.parquet`` — ``answer`` and ``error`` replaced by the booleans ``no_answer``
+    (null or blank) and ``has_error`` (not null), all that the failure-mode rules read of
+    them (:func:`tasks.report.failure_modes.answer_flags`) — with ``verdict`` and
+    ``is_correct`` of the scores joined on (in trials order) and the
+    :data:`REPORT_CATEGORICAL` columns as ``pl.Categorical``, read by streaming scans and a join
+    (by position when the files are aligned) of the two files (the staleness check of
     :func:`tasks.scoring.stage.scored_trials` included): at 10M trials about 1 GB instead of
     the 1.5 GB of every column (and 3 GB instead of 5 GB of peak memory while joining).
     ScoringError when the run is not scored or its scores are stale; StorageError when it has
@@ -68,8 +72,12 @@ def load_report_trials(artifacts_root: str, run_id: str) -> pl.DataFrame:
     trials = storage.scan_parquet(
         _trials_uri(artifacts_root, run_id, "trials"), artifacts.TRIALS
     ).select(REPORT_TRIAL_COLUMNS)
+    # the answers and errors only as the failure-mode rules read them (two booleans instead
+    # of two strings: about 0.3 GB less at 10M trials); checked against the scores first
+    trials = trials.with_columns(answer_flags())
     return scored_trials(trials, scan_scores(artifacts_root, run_id), run_id,
-                         verdicts=("verdict", "is_correct"), categorical=REPORT_CATEGORICAL)
+                         verdicts=("verdict", "is_correct"), categorical=REPORT_CATEGORICAL,
+                         drop=("answer", "error"))
 
 
 def load_messages(artifacts_root: str, run_id: str) -> pl.DataFrame | None:

@@ -370,6 +370,31 @@ def trial_id_expr(trials: pl.DataFrame) -> pl.Expr:
     return pl.col("trial_key").alias("tid")
 
 
+#: Trials per partition of the report's per-trial groupings (:func:`trial_partitions`): a run
+#: with more is grouped one tid-hash partition at a time, so the grouping's memory is that of
+#: at most this many trials (at 10M trials the tool-use table's peak fell by about 1 GB).
+PARTITION_TRIALS = 2_500_000
+
+
+def trial_partitions(n_trials: int) -> list[pl.Expr | None]:
+    """Filters on ``tid`` (:func:`trial_id_expr`) that cut ``n_trials`` trials into
+    ``ceil(n_trials / PARTITION_TRIALS)`` disjoint parts by a hash of tid (every trial, and every
+    call of it, in exactly one part); ``[None]`` (no filter) for a run of at most
+    :data:`PARTITION_TRIALS` trials. A table grouped part by part streams its calls once per
+    part (a pass of a few columns: about 0.8 s for 50M calls here)."""
+    k = max(1, -(-int(n_trials) // PARTITION_TRIALS))
+    if k == 1:
+        return [None]
+    part = pl.col("tid").hash(seed=0x9E3779B9) % k
+    return [part == i for i in range(k)]
+
+
+def filter_partition(lf: pl.LazyFrame, where: pl.Expr | None) -> pl.LazyFrame:
+    """``lf`` (with a ``tid`` column) cut to one part of :func:`trial_partitions` (unchanged for
+    ``None``)."""
+    return lf if where is None else lf.filter(where)
+
+
 #: Turn numbers below this are counted per trial in byte lanes by :func:`trial_tool_stats`
 #: (8 turns a UInt64 lane); a run with a greater (or negative) turn takes the two-key path.
 LANE_TURNS = 64
@@ -405,8 +430,11 @@ def _turn_lanes(features: pl.LazyFrame) -> int | None:
     return hi // 8 + 1
 
 
+_CHECK = object()
+
+
 def trial_tool_stats(
-    features: pl.LazyFrame, with_dbs: bool = False, per_turn: bool = True
+    features: pl.LazyFrame, with_dbs: bool = False, per_turn: bool = True, lanes=_CHECK
 ) -> pl.LazyFrame:
     """Per-trial aggregates of :func:`call_features` output with a ``tid`` column (see
     :func:`trial_id_expr`), one row per tid with calls: tool_calls, failed_calls,
@@ -423,7 +451,9 @@ def trial_tool_stats(
     overflows); trials with more calls are counted again by (trial, turn) (:func:`_turn_counts`),
     and a run with turns outside the lanes is counted that way throughout. With ``per_turn``
     the lane check streams ``turn`` once and the grouping is collected (the returned
-    LazyFrame decodes its lanes as it is read); otherwise the plan stays lazy."""
+    LazyFrame decodes its lanes as it is read); otherwise the plan stays lazy. ``lanes``: the
+    lane check's result (:func:`_turn_lanes`) when the caller made it already, e.g. once over
+    all calls before grouping them partition by partition."""
     tool = pl.col("tool")
     names = features.collect_schema().names()
     flags = [f for f in (*EXTRACTION_METHODS, "key_reformat", "adj_close") if f in names]
@@ -446,7 +476,8 @@ def trial_tool_stats(
     ]
     turn_cols = ["turns", "max_calls_per_turn", "parallel_turns"]
     order = ["tid", "tool_calls", *counts, *(turn_cols if per_turn else []), *flags]
-    lanes = _turn_lanes(features) if per_turn else 0
+    if lanes is _CHECK:
+        lanes = _turn_lanes(features) if per_turn else 0
     if not per_turn:
         stats = features.group_by("tid").agg(per_trial)
     elif lanes is None:  # turns outside the lanes: by (trial, turn), then by trial
@@ -522,63 +553,68 @@ def tool_use_table(trials: pl.DataFrame, tool_calls: pl.DataFrame | pl.LazyFrame
     with ≥ 2 calls / turns) and max_calls_per_turn; extract_<method> = share of trials whose
     trajectory used that extraction method (``sql_pattern``, ``python_regex``,
     ``python_string``, ``model_call``).
+
+    The calls are grouped by trial one partition of trials at a time (:func:`trial_partitions`),
+    each reduced to integer sums per (agent, dataset) at once; the shares and means are taken
+    from the merged sums (exact: integer sums, the same figures in one part or many).
     """
     tid = trial_id_expr(trials)
     calls, stored = features_for_report(tool_calls, "tool use")
     cols = ["trial_key", "turn", "tool", "success"]
-    # one streaming pass over the calls: only the flags and counts per trial are kept
+    # one streaming pass over the calls per partition: only the flags and counts per trial kept
     if stored:
         features = calls.select(*cols, *TOOL_USE_FEATURES).with_columns(tid)
     else:
         features = call_features(calls.select(*cols, "arguments").with_columns(tid),
                                  TOOL_USE_FEATURES, with_db=False, lazy=True)
-    per_trial = trial_tool_stats(  # collected: one grouping of the calls by trial
-        features.select("tid", "turn", "tool", "success", *TOOL_USE_FEATURES)
-    )
+    features = features.select("tid", "turn", "tool", "success", *TOOL_USE_FEATURES)
+    lanes = _turn_lanes(features)  # once, for every partition
     keys = trials.lazy().select(tid, "agent", "dataset")
-    joined = keys.join(per_trial, on="tid", how="left")
-    zero = [
-        "tool_calls",
-        "failed_calls",
-        "explore_calls",
-        "explore_base",
-        "db_calls",
-        "python_calls",
-        "turns",
-        "parallel_turns",
+    counts = ["tool_calls", "failed_calls", "explore_calls", "explore_base", "db_calls",
+              "python_calls", "turns", "parallel_turns"]
+    sums = [
+        pl.len().cast(pl.Int64).alias("trials"),
+        *[pl.col(c).sum().cast(pl.Int64) for c in counts],
+        pl.col("max_calls_per_turn").max().cast(pl.Int32),
+        *[pl.col(m).sum().cast(pl.Int64) for m in EXTRACTION_METHODS],
     ]
-    joined = joined.with_columns(
-        *[pl.col(c).fill_null(0) for c in zero],
-        *[pl.col(m).fill_null(False) for m in EXTRACTION_METHODS],
-    )
+    partials = []
+    for where in trial_partitions(trials.height):
+        per_trial = trial_tool_stats(filter_partition(features, where), lanes=lanes)  # collected
+        joined = filter_partition(keys, where).join(per_trial, on="tid", how="left").with_columns(
+            *[pl.col(c).fill_null(0) for c in counts],
+            *[pl.col(m).fill_null(False) for m in EXTRACTION_METHODS],
+        )
+        # streamed: integer sums, the same in any order
+        partials.append(joined.group_by("agent", "dataset").agg(sums).collect(
+            engine="streaming"))
+    per_ds = pl.concat(partials).group_by("agent", "dataset").agg(
+        pl.exclude("max_calls_per_turn").sum(), pl.col("max_calls_per_turn").max())
+    per_agent = per_ds.group_by("agent").agg(
+        pl.exclude("dataset", "max_calls_per_turn").sum(), pl.col("max_calls_per_turn").max())
 
-    def aggs() -> list[pl.Expr]:
+    def figures() -> list[pl.Expr]:
         def ratio(a: str, b: str) -> pl.Expr:
-            return pl.col(a).sum() / pl.when(pl.col(b).sum() > 0).then(pl.col(b).sum())
+            return pl.col(a) / pl.when(pl.col(b) > 0).then(pl.col(b))
 
         return [
-            pl.len().cast(pl.Int64).alias("trials"),
-            pl.col("tool_calls").sum().cast(pl.Int64),
-            pl.col("tool_calls").mean().alias("calls_per_trial"),
+            "trials",
+            "tool_calls",
+            (pl.col("tool_calls") / pl.col("trials")).alias("calls_per_trial"),
             ratio("failed_calls", "tool_calls").alias("failed_call_share"),
             ratio("explore_calls", "explore_base").alias("exploration_share"),
-            pl.col("db_calls").sum().cast(pl.Int64),
-            pl.col("python_calls").sum().cast(pl.Int64),
+            "db_calls",
+            "python_calls",
             ratio("db_calls", "python_calls").alias("db_python_ratio"),
-            pl.col("turns").sum().cast(pl.Int64),
+            "turns",
             ratio("parallel_turns", "turns").alias("parallel_turn_share"),
-            pl.col("max_calls_per_turn").max().cast(pl.Int32),
-            *[pl.col(m).mean().alias(f"extract_{m}") for m in EXTRACTION_METHODS],
+            "max_calls_per_turn",
+            *[(pl.col(m) / pl.col("trials")).alias(f"extract_{m}") for m in EXTRACTION_METHODS],
         ]
 
-    per_ds = joined.group_by("agent", "dataset").agg(aggs()).with_columns(
-        pl.col("agent", "dataset").cast(pl.String))  # String or Categorical in the trials
-    per_agent = joined.group_by("agent").agg(aggs()).with_columns(
-        pl.col("agent").cast(pl.String), pl.lit(ALL).alias("dataset"))
-    # streamed: integer sums and means of integer / boolean columns, the same in any order
-    out = pl.concat([per_ds, per_agent.select(per_ds.collect_schema().names())]).collect(
-        engine="streaming")
-    first = ["agent", "dataset"]
-    return out.select(*first, *[c for c in out.columns if c not in first]).sort(
-        "agent", pl.col("dataset") == ALL, "dataset"
-    )
+    out = pl.concat([
+        per_ds.select(pl.col("agent", "dataset").cast(pl.String), *figures()),
+        per_agent.select(pl.col("agent").cast(pl.String), pl.lit(ALL).alias("dataset"),
+                         *figures()),
+    ])  # agent / dataset: String or Categorical in the trials
+    return out.sort("agent", pl.col("dataset") == ALL, "dataset")

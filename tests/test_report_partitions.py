@@ -1,0 +1,90 @@
+"""The report's tables computed partition by partition (a large run: tool use and cost by
+tid-hash partitions, failure modes by consecutive slices of the incorrect trials) equal the
+tables computed in one pass, whatever the trials' order (issue 17: 10M trials in 4 GB)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from schemas import artifacts
+from tasks.report import tool_use
+from tasks.report.failure_modes import (
+    classify_failures,
+    failure_mode_table,
+    requirements_from_manifests,
+)
+from tasks.report.metrics import cost_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from report_scale import synthetic_run  # noqa: E402  (the bench's realistic trajectories)
+
+
+@pytest.fixture(scope="module")
+def run():
+    trials, calls, llm, manifests = synthetic_run(3_000, 15_000, seed=11)
+    calls = pl.from_arrow(tool_use.tool_calls_with_features(
+        pa.Table.from_pylist(calls.to_dicts(), schema=artifacts.TOOL_CALLS)))
+    return trials, calls, llm, requirements_from_manifests(manifests)
+
+
+def _tables(trials, calls, llm, reqs):
+    labels = classify_failures(trials, calls.lazy(), reqs)
+    return {
+        "tool_use": tool_use.tool_use_table(trials, calls.lazy()),
+        "cost": cost_table(trials, llm.lazy()),
+        "labels": labels,
+        "failure_modes": failure_mode_table(trials, labels),
+    }
+
+
+@pytest.mark.parametrize("order", ["key", "shuffled"])
+def test_partitioned_tables_equal_one_pass(run, monkeypatch, order):
+    trials, calls, llm, reqs = run
+    if order == "shuffled":  # not sorted by key: failure modes sort the incorrect trials
+        trials = trials.sample(fraction=1.0, shuffle=True, seed=3)
+    else:
+        trials = trials.sort("trial_key")
+    monkeypatch.setattr(tool_use, "PARTITION_TRIALS", 10**9)
+    whole = _tables(trials, calls, llm, reqs)
+    for n in (700, 1_001):
+        monkeypatch.setattr(tool_use, "PARTITION_TRIALS", n)
+        monkeypatch.setattr("tasks.report.failure_modes.PARTITION_TRIALS", n)
+        assert len(tool_use.trial_partitions(trials.height)) == -(-trials.height // n) > 1
+        parts = _tables(trials, calls, llm, reqs)
+        for name, table in whole.items():
+            assert parts[name].equals(table), name
+    assert whole["labels"]["trial_key"].is_sorted()
+    assert whole["tool_use"]["tool_calls"].sum() == 2 * calls.height  # per dataset + ALL rows
+    assert whole["cost"].filter(pl.col("dataset") == "ALL")["llm_calls"].sum() == llm.height
+
+
+def test_partitions_cover_every_trial_once():
+    tids = pl.DataFrame({"tid": pl.Series(range(10_000), dtype=pl.UInt64)})
+    wheres = tool_use.trial_partitions(10 * tool_use.PARTITION_TRIALS)
+    assert len(wheres) == 10
+    sizes = [tids.filter(w).height for w in wheres]
+    assert sum(sizes) == tids.height and min(sizes) > 800
+    assert tool_use.trial_partitions(tool_use.PARTITION_TRIALS) == [None]
+
+
+def test_labels_from_answer_flags_equal_labels_from_answers(run):
+    """The report's loader keeps only the booleans the rules read of answer and error."""
+    from tasks.report.failure_modes import answer_flags
+
+    trials, calls, _, reqs = run
+    i = pl.int_range(pl.len())
+    trials = trials.with_columns(  # blank and missing answers, errors beside answers
+        pl.when(i % 7 == 0).then(pl.lit("  ")).when(i % 11 == 0).then(None)
+        .otherwise(pl.col("answer")).alias("answer"),
+        pl.when(i % 5 == 0).then(pl.lit("Timeout")).otherwise(pl.col("error")).alias("error"),
+    )
+    raw = classify_failures(trials, calls.lazy(), reqs)
+    flags = classify_failures(trials.with_columns(answer_flags()).drop("answer", "error"),
+                              calls.lazy(), reqs)
+    assert flags.equals(raw)
+    assert {"no_answer", "runtime_error"} <= set(raw["rule"])
