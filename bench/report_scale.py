@@ -9,10 +9,11 @@ tests, list_db, return_answer), 2 model calls per trial in ``llm_calls``, verdic
 ``scores.parquet``. A child process writes them chunk by chunk (``--chunk`` trials) as the
 run's ``trials/*.parquet`` and ``score/scores.parquet``, laid out as querylab writes them
 (sorted by trial key, row groups of :data:`tasks.core.batching.COMBINE_ROW_GROUP` rows:
-:func:`tasks.trials.stage.combine_trials`, :func:`tasks.scoring.stage.score_run`); this process then computes each table
-the way :func:`tasks.report.stage.compute_report_tables` does: trials and scores loaded by a
-streaming scan and join (:func:`tasks.report.loaders.load_report_trials`: the columns the
-tables read, low-cardinality ones categorical), ``llm_calls`` scanned for the cost table,
+:func:`tasks.trials.stage.combine_trials`, :func:`tasks.scoring.stage.score_run`); this
+process then computes each table the way :func:`tasks.report.stage.compute_report_tables`
+does: trials and scores loaded by streaming scans, paired by position
+(:func:`tasks.report.loaders.load_report_trials`: the columns the tables read, low-cardinality
+ones categorical, answers and errors as two booleans), ``llm_calls`` scanned for the cost table,
 ``tool_calls`` never loaded (each table streams a lazy scan of it). Times include the reads;
 the peak RSS is this process's (generation excluded).
 

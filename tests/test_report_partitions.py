@@ -88,3 +88,28 @@ def test_labels_from_answer_flags_equal_labels_from_answers(run):
                               calls.lazy(), reqs)
     assert flags.equals(raw)
     assert {"no_answer", "runtime_error"} <= set(raw["rule"])
+
+
+def test_repeated_and_null_keys_label_as_one_pass(run, monkeypatch):
+    """Keys that repeat (never cut apart) or are null (sorted first, matching no call) give
+    the one-pass labels and costs at any partition size (found by an adversarial review)."""
+    trials, calls, llm, reqs = run
+    bad = trials.sort("trial_key").filter(pl.col("verdict") == "incorrect")
+    twice = pl.concat([bad.head(3), bad.head(3)]).sort("trial_key")
+    nulls = bad.head(4).with_columns(
+        pl.when(pl.int_range(pl.len()) == 0).then(None).otherwise(pl.col("trial_key"))
+        .alias("trial_key")).sort("trial_key", nulls_last=True)  # flagged sorted, nulls last
+    monkeypatch.setattr(tool_use, "PARTITION_TRIALS", 10**9)
+    whole = [classify_failures(t, calls.lazy(), reqs) for t in (twice, nulls)]
+    null_llm = pl.concat(
+        [llm, llm.head(3).with_columns(pl.lit(None, pl.String).alias("trial_key"))])
+    cost = cost_table(nulls, null_llm.lazy())
+    for n in (1, 2):
+        monkeypatch.setattr(tool_use, "PARTITION_TRIALS", n)
+        monkeypatch.setattr("tasks.report.failure_modes.PARTITION_TRIALS", n)
+        assert [classify_failures(t, calls.lazy(), reqs) for t in (twice, nulls)][0].equals(
+            whole[0])
+        assert classify_failures(nulls, calls.lazy(), reqs).equals(whole[1])
+        assert cost_table(nulls, null_llm.lazy()).equals(cost)
+    assert whole[1]["trial_key"][0] is None  # nulls first, as the sort puts them
+    assert cost["llm_calls"].sum() == 2 * 2 * 3  # 3 keyed trials x 2 calls, per dataset + ALL

@@ -352,7 +352,9 @@ def classify_failures(
     )
     # the labels' order, kept by every join below: trials as querylab writes them are sorted
     # by key already (then no sort: it would gather every column of the incorrect trials)
-    bad = (bad if trials["trial_key"].is_sorted() else bad.sort("trial_key")).collect()
+    keys = trials["trial_key"]
+    in_order = keys.null_count() == 0 and keys.is_sorted()  # (the sorted flag ignores nulls)
+    bad = (bad if in_order else bad.sort("trial_key")).collect()
 
     # required sources and operations per query, as small integer-coded tables
     req = requirements.with_row_index("qid")
@@ -483,7 +485,10 @@ def classify_failures(
     # labelled on its own, so the per-trial evidence of at most PARTITION_TRIALS trials is in
     # memory at a time (an older artifact without stored features: one slice, its calls
     # parsed slice by slice instead); every rule reads only its own trial's rows
-    step = PARTITION_TRIALS if stored else max(bad.height, 1)
+    # (a run whose keys are not unique groups by the key strings: one slice, so that the
+    # repeated rows of a key are never cut apart)
+    sliced = stored and bad.schema["tid"] != pl.String
+    step = PARTITION_TRIALS if sliced else max(bad.height, 1)
     parts = [label(bad.slice(o, step)) for o in range(0, max(bad.height, 1), step)]
     return parts[0] if len(parts) == 1 else pl.concat(parts)
 

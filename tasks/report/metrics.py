@@ -438,7 +438,8 @@ def cost_table(
         if missing:
             raise ValueError(f"cost_table llm_calls needs columns {missing}; got {names}")
         priced = pl.col("priced") if "priced" in names else pl.lit(None, pl.Boolean)
-        calls = llm_calls.lazy().select(tid, "cache_hit", "attempts", priced.alias("priced"))
+        calls = llm_calls.lazy().filter(pl.col("trial_key").is_not_null()).select(  # as a join
+            tid, "cache_hit", "attempts", priced.alias("priced"))  # on the keys: nulls match none
         sums = [
             pl.len().cast(pl.Int64).alias("llm_calls"),
             pl.col("cache_hit").sum().cast(pl.Int64).alias("_hits"),

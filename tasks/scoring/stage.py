@@ -405,12 +405,12 @@ def scored_trials(
     streaming queries (the scored answers are compared in them, never kept). When the two are
     aligned row for row (the same, strictly ascending trial keys: the artifacts as querylab
     writes them) the verdicts are put beside the trials by position instead of by a join on
-    the keys (the same rows, less memory and time). ``categorical``
-    names String columns (of ``trials`` or ``verdicts``) to hold as ``pl.Categorical``: same
-    values, 4 bytes a row instead of at least 16 (for low-cardinality columns such as agent,
-    dataset, query_id or verdict of a large run), cast as the rows stream in.
-    ``drop``: trial columns the staleness check reads but the result leaves out (e.g. the
-    answers, once their check is done). Raises ScoringError when the scores are stale: a trial without a score, or scored with
+    the keys (the same rows, less memory and time). ``categorical`` names String columns (of
+    ``trials`` or ``verdicts``) to hold as ``pl.Categorical``: same values, 4 bytes a row
+    instead of at least 16 (for low-cardinality columns such as agent, dataset, query_id or
+    verdict of a large run), cast as the rows stream in. ``drop``: trial columns the staleness
+    check reads but the result leaves out (e.g. the answers, once their check is done).
+    Raises ScoringError when the scores are stale: a trial without a score, or scored with
     another answer or terminate reason than it has now (trials re-run after scoring)."""
     names = trials.collect_schema().names()
     cat = [c for c in categorical if c in names]
