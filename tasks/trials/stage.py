@@ -451,8 +451,9 @@ def _run_concurrently(
     (``(index, query_id, trial, key, index, previous)``, at most ``most`` of them), each inside its
     :func:`tasks.core.concurrency.trial_slot` (at most ``max_trials`` trials of the stage at
     once), each of their model calls inside a :func:`tasks.core.concurrency.call_slot` (at most
-    ``max_concurrency`` calls of the stage, and the model's cap, in flight; waiters served in
-    the trials' admission order, :func:`tasks.core.concurrency.as_trial`); returns index →
+    ``max_concurrency`` calls of the stage, and the model's cap, in flight; waiters served by
+    their trials' admission order and calls made, :func:`tasks.core.concurrency.call_slot`);
+    returns index →
     rows. The batch's thread takes the slots and hands the trial to a
     pool thread (which gives them back), so a batch never holds more threads than trials in
     flight. Each trial runs in a copy of the batch's context (Prefect's settings and run
@@ -478,7 +479,7 @@ def _run_concurrently(
         return out
 
     def as_admitted(rank: int, item: tuple) -> dict:
-        as_trial(rank)  # its model calls wait for call slots in admission order
+        as_trial(rank)  # its model calls wait for call slots by rank and calls made
         return run_one(*item)
 
     def held(ctx: contextvars.Context, hold, rank: int, item: tuple) -> dict:
