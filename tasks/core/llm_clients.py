@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import ssl
+import threading
 
 import openai
 
@@ -24,11 +25,18 @@ def _context_for(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
     return httpx2.create_ssl_context()
 
 
+_BUILDING = threading.Lock()
+
+
 def ssl_context() -> ssl.SSLContext:
     """httpx's default certificate-verifying TLS context (``SSL_CERT_FILE`` / ``SSL_CERT_DIR``
     honoured as httpx honours them), built once per process and per value of those two
-    variables; shared by every client (an ``ssl.SSLContext`` is safe to share)."""
-    return _context_for(env_get("SSL_CERT_FILE"), env_get("SSL_CERT_DIR"))
+    variables; shared by every client (an ``ssl.SSLContext`` is safe to share). Built under a
+    lock: the batches of a trials stage start side by side and each makes a client, and
+    without it every one of them built its own context on the first call (``lru_cache`` does
+    not hold concurrent callers of a missing entry)."""
+    with _BUILDING:
+        return _context_for(env_get("SSL_CERT_FILE"), env_get("SSL_CERT_DIR"))
 
 
 def openai_client(base_url: str | None, api_key: str | None, timeout: float) -> openai.OpenAI:

@@ -30,9 +30,11 @@ here), :mod:`tasks.trials.agent_runner` (the agent a batch runs) and
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
@@ -276,6 +278,22 @@ def batch_errored(artifacts_root: str, run_id: str, key: str) -> int:
     return sum(is_errored(r) for r in reasons)
 
 
+_FROZEN = threading.Event()
+
+
+def _freeze_long_lived() -> None:
+    """Move every object alive now out of the garbage collector's generations, once per
+    process (``gc.freeze``): the modules, Prefect's and the model clients' classes and schemas
+    live until the process exits, and every full collection during the trials walked them
+    under the GIL, stopping every trial (``bench/latency_bound.py``: 0.4-0.9 s per full
+    collection, one or two per run). Objects frozen are still freed when their last reference goes; only
+    reference cycles among them that become garbage later are never reclaimed. Objects made
+    later (the trials' own) are collected as usual."""
+    if not _FROZEN.is_set():
+        _FROZEN.set()
+        gc.freeze()
+
+
 def run_batch(
     run_id: str,
     artifacts_root: str,
@@ -306,6 +324,7 @@ def run_batch(
     if int(max_concurrency) < 1:
         raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
     max_trials = resolve_max_trials(max_concurrency, max_trials)
+    _freeze_long_lived()
     out_uri = batch_uri(artifacts_root, run_id, batch["key"], "trials")
     finished: dict[str, dict] = {}
     if storage.exists(out_uri):
@@ -451,8 +470,9 @@ def _run_concurrently(
     (``(index, query_id, trial, key, index, previous)``, at most ``most`` of them), each inside its
     :func:`tasks.core.concurrency.trial_slot` (at most ``max_trials`` trials of the stage at
     once), each of their model calls inside a :func:`tasks.core.concurrency.call_slot` (at most
-    ``max_concurrency`` calls of the stage, and the model's cap, in flight; waiters served in
-    the trials' admission order, :func:`tasks.core.concurrency.as_trial`); returns index →
+    ``max_concurrency`` calls of the stage, and the model's cap, in flight; waiters served by
+    their trials' admission order and calls made, :func:`tasks.core.concurrency.call_slot`);
+    returns index →
     rows. The batch's thread takes the slots and hands the trial to a
     pool thread (which gives them back), so a batch never holds more threads than trials in
     flight. Each trial runs in a copy of the batch's context (Prefect's settings and run
@@ -478,7 +498,7 @@ def _run_concurrently(
         return out
 
     def as_admitted(rank: int, item: tuple) -> dict:
-        as_trial(rank)  # its model calls wait for call slots in admission order
+        as_trial(rank)  # its model calls wait for call slots by rank and calls made
         return run_one(*item)
 
     def held(ctx: contextvars.Context, hold, rank: int, item: tuple) -> dict:
