@@ -286,9 +286,9 @@ def _freeze_long_lived() -> None:
     process (``gc.freeze``): the modules, Prefect's and the model clients' classes and schemas
     live until the process exits, and every full collection during the trials walked them
     under the GIL, stopping every trial (``bench/latency_bound.py``: 0.4-0.9 s per full
-    collection, one or two per run). Objects frozen are still freed when their last reference goes; only
-    reference cycles among them that become garbage later are never reclaimed. Objects made
-    later (the trials' own) are collected as usual."""
+    collection, one or two per run). Objects frozen are still freed when their last reference
+    goes; only reference cycles among them that become garbage later are never reclaimed.
+    Objects made later (the trials' own) are collected as usual."""
     if not _FROZEN.is_set():
         _FROZEN.set()
         gc.freeze()
