@@ -223,7 +223,7 @@ def _call_evidence(features: pl.LazyFrame, split: pl.DataFrame) -> list[pl.LazyF
 
 def _trajectory_evidence(
     tool_calls: pl.LazyFrame, tid: pl.Expr, bad: pl.DataFrame, codes: pl.DataFrame,
-    stored: bool | None = None,
+    stored: bool,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """The incorrect trials' per-trial stats (:func:`_call_evidence`: tid, data_calls, the
     :data:`_FM_FEATURES` any-ofs, first_db and last_db; one row per ``tid`` with calls) and
@@ -236,10 +236,8 @@ def _trajectory_evidence(
     each slice's calls of ``bad`` trials parsed eagerly (:func:`call_features`, both cores);
     the slices' partial results are merged (sums, any-ofs, least / greatest database, distinct
     pairs), so a trial whose calls straddle two slices gets the same figures as in one pass.
-    ``stored``: whether ``tool_calls`` carries the stored features, when the caller checked
-    (:func:`tasks.report.tool_use.features_for_report`); checked here otherwise."""
-    if stored is None:
-        tool_calls, stored = features_for_report(tool_calls, "failure modes")
+    ``stored``: whether ``tool_calls`` carries the stored features
+    (:func:`tasks.report.tool_use.features_for_report`)."""
     split = _split_sources(codes)
     cols = ("tid", "tool", "db", "source_refs", *_FM_FEATURES)
     if stored:

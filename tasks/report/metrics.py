@@ -24,7 +24,7 @@ from statistics import NormalDist
 import polars as pl
 
 from schemas.report import ALL, ALL_DATASETS, ALL_QUERIES
-from tasks.report.tool_use import filter_partition, trial_id_expr, trial_partitions
+from tasks.report.tool_use import filter_partition, partition_sums, trial_id_expr
 
 DEFAULT_KS = (1, 2, 3, 5, 10, 20, 50)
 
@@ -449,24 +449,20 @@ def cost_table(
         ]
         # integer sums per (agent, dataset), one partition of the trials at a time (the join's
         # table holds at most PARTITION_TRIALS keys), merged; the shares from the merged sums
-        partials = [
-            filter_partition(calls, where).join(filter_partition(keys.lazy(), where), on="tid",
-                                                how="inner")
-            .group_by("agent", "dataset").agg(sums).collect(engine="streaming")
-            for where in trial_partitions(keys.height)
-        ]
-        merged = pl.concat(partials).group_by("agent", "dataset").agg(pl.all().sum())
+        per_ds, per_agent = partition_sums(
+            lambda where: filter_partition(calls, where)
+            .join(filter_partition(keys.lazy(), where), on="tid", how="inner")
+            .group_by("agent", "dataset").agg(sums),
+            keys.height,
+        )
         share = (pl.col("_hits") / pl.when(pl.col("_hit_n") > 0).then(pl.col("_hit_n"))).alias(
             "response_cache_hit_share")
         cols = ["llm_calls", share, "retries", "unpriced_calls"]
         by = pl.concat([
-            merged.select(*as_strings("agent", "dataset"), *cols),
-            merged.group_by("agent").agg(pl.exclude("dataset").sum()).select(
-                *as_strings("agent"), pl.lit(ALL).alias("dataset"), *cols),
-        ]).lazy()
-        table = table.join(
-            by.collect(engine="streaming"), on=["agent", "dataset"], how="left"
-        ).with_columns(
+            per_ds.select(*as_strings("agent", "dataset"), *cols),
+            per_agent.select(*as_strings("agent"), pl.lit(ALL).alias("dataset"), *cols),
+        ])
+        table = table.join(by, on=["agent", "dataset"], how="left").with_columns(
             *[pl.col(c).fill_null(0) for c in ("llm_calls", "retries", "unpriced_calls")]
         )
     else:

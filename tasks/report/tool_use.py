@@ -46,6 +46,7 @@ Everything is vectorised Polars string expressions; no Python loop runs over cal
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import polars as pl
 
@@ -395,6 +396,23 @@ def filter_partition(lf: pl.LazyFrame, where: pl.Expr | None) -> pl.LazyFrame:
     return lf if where is None else lf.filter(where)
 
 
+def partition_sums(
+    partial: Callable[[pl.Expr | None], pl.LazyFrame], n_trials: int,
+    maxima: tuple[str, ...] = (),
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``(per_dataset, per_agent)``: the figures of ``partial(where)`` — one part's rows per
+    (agent, dataset) of integer sums, and of maxima for the ``maxima`` columns — for every part
+    of :func:`trial_partitions` (``n_trials`` trials), each collected streaming, merged per
+    (agent, dataset) and per agent: sums summed, maxima maxed (exact in any number of parts)."""
+    def merge(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+        return df.group_by(keys).agg((pl.exclude(*maxima) if maxima else pl.all()).sum(),
+                                     *[pl.col(m).max() for m in maxima])
+
+    parts = [partial(where).collect(engine="streaming") for where in trial_partitions(n_trials)]
+    per_dataset = merge(pl.concat(parts), ["agent", "dataset"])
+    return per_dataset, merge(per_dataset.drop("dataset"), ["agent"])
+
+
 #: Turn numbers below this are counted per trial in byte lanes by :func:`trial_tool_stats`
 #: (8 turns a UInt64 lane); a run with a greater (or negative) turn takes the two-key path.
 LANE_TURNS = 64
@@ -578,20 +596,16 @@ def tool_use_table(trials: pl.DataFrame, tool_calls: pl.DataFrame | pl.LazyFrame
         pl.col("max_calls_per_turn").max().cast(pl.Int32),
         *[pl.col(m).sum().cast(pl.Int64) for m in EXTRACTION_METHODS],
     ]
-    partials = []
-    for where in trial_partitions(trials.height):
+
+    def partial(where: pl.Expr | None) -> pl.LazyFrame:
         per_trial = trial_tool_stats(filter_partition(features, where), lanes=lanes)  # collected
         joined = filter_partition(keys, where).join(per_trial, on="tid", how="left").with_columns(
             *[pl.col(c).fill_null(0) for c in counts],
             *[pl.col(m).fill_null(False) for m in EXTRACTION_METHODS],
         )
-        # streamed: integer sums, the same in any order
-        partials.append(joined.group_by("agent", "dataset").agg(sums).collect(
-            engine="streaming"))
-    per_ds = pl.concat(partials).group_by("agent", "dataset").agg(
-        pl.exclude("max_calls_per_turn").sum(), pl.col("max_calls_per_turn").max())
-    per_agent = per_ds.group_by("agent").agg(
-        pl.exclude("dataset", "max_calls_per_turn").sum(), pl.col("max_calls_per_turn").max())
+        return joined.group_by("agent", "dataset").agg(sums)  # integer sums: any order
+
+    per_ds, per_agent = partition_sums(partial, trials.height, maxima=("max_calls_per_turn",))
 
     def figures() -> list[pl.Expr]:
         def ratio(a: str, b: str) -> pl.Expr:
