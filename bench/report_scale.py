@@ -14,8 +14,10 @@ process then computes each table the way :func:`tasks.report.stage.compute_repor
 does: trials and scores loaded by streaming scans, paired by position
 (:func:`tasks.report.loaders.load_report_trials`: the columns the tables read, low-cardinality
 ones categorical, answers and errors as two booleans), ``llm_calls`` scanned for the cost table,
-``tool_calls`` never loaded (each table streams a lazy scan of it). Times include the reads;
-the peak RSS is this process's (generation excluded).
+``tool_calls`` never loaded (each table streams a lazy scan of it), the failure labels
+streamed slice by slice into ``report/failure_labels.parquet`` and the failure-mode table
+counted from that file (:func:`tasks.report.stage.write_failure_labels`). Times include the
+reads and that write; the peak RSS is this process's (generation excluded).
 
 Usage: ``.venv/bin/python bench/report_scale.py [--trials N] [--calls-per-trial 5]
 [--data-dir DIR]`` (``--data-dir`` keeps the generated run and reuses it next time). The last line
@@ -39,11 +41,7 @@ import polars as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.core.batching import COMBINE_ROW_GROUP
-from tasks.report.failure_modes import (
-    classify_failures,
-    failure_mode_table,
-    requirements_from_manifests,
-)
+from tasks.report.failure_modes import requirements_from_manifests
 from tasks.report.metrics import (
     cost_table,
     pass_at_1_ci,
@@ -446,6 +444,7 @@ def main() -> None:
 
     from tasks.core import storage
     from tasks.report.loaders import load_report_trials, scan_llm_calls, scan_tool_calls
+    from tasks.report.stage import write_failure_labels
 
     keep = args.data_dir is not None
     root = args.data_dir or tempfile.mkdtemp(prefix="querylab-bench-report-")
@@ -489,21 +488,22 @@ def main() -> None:
                 pass_at_1_ci(trials),
             )
 
-        def failures():
-            labels = classify_failures(trials, calls, requirements)
-            return labels, failure_mode_table(trials, labels)
+        labels_uri = str(Path(root) / "report" / "failure_labels.parquet")
+
+        def failures():  # as the report stage does: labels streamed to their artifact
+            return write_failure_labels(trials, calls, requirements, labels_uri)
 
         times["pass@k + pass^k + CI"], (per_query, *_) = _timed("pass@k + pass^k + CI", passk, r)
         times["cost"], cost = _timed(
             "cost (llm_calls)", lambda: cost_table(trials, scan_llm_calls(root, "bench")), r)
-        times["failure modes"], (labels, fm) = _timed("failure modes", failures, r)
+        times["failure modes"], (n_labels, fm) = _timed("failure modes", failures, r)
         times["tool use"], tu = _timed("tool use", lambda: tool_use_table(trials, calls), r)
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
     print(
         f"rows: pass@k {per_query.height:,}, cost {cost.height}, failure labels "
-        f"{labels.height:,}, tool use {tu.height}"
+        f"{n_labels:,}, tool use {tu.height}"
     )
     print(
         "failure modes (all agents):",

@@ -113,3 +113,58 @@ def test_repeated_and_null_keys_label_as_one_pass(run, monkeypatch):
         assert cost_table(nulls, null_llm.lazy()).equals(cost)
     assert whole[1]["trial_key"][0] is None  # nulls first, as the sort puts them
     assert cost["llm_calls"].sum() == 2 * 2 * 3  # 3 keyed trials x 2 calls, per dataset + ALL
+
+
+@pytest.mark.parametrize("coded", [False, True])
+def test_streamed_labels_artifact_equals_one_pass(run, monkeypatch, tmp_path, coded):
+    """The report stage streams the labels into ``failure_labels.parquet`` slice by slice and
+    counts the failure-mode table from the written file: the artifact holds the one-pass
+    labels (byte for byte with one slice), the table is the one-pass table, with the trials'
+    keys as String or Categorical (as the report's loader holds them)."""
+    from schemas import report as rs
+    from tasks.core import storage
+    from tasks.report.failure_modes import LABEL_CODED
+    from tasks.report.stage import write_failure_labels
+
+    trials, calls, _, reqs = run
+    trials = trials.sort("trial_key")
+    if coded:
+        trials = trials.with_columns(
+            pl.col(c).cast(pl.Categorical) for c in LABEL_CODED if c in trials.columns)
+    monkeypatch.setattr(tool_use, "PARTITION_TRIALS", 10**9)
+    labels = classify_failures(trials, calls.lazy(), reqs)
+    assert labels.height > 1_001 and all(labels[c].dtype == pl.String for c in LABEL_CODED)
+    table = failure_mode_table(trials, labels)
+    whole = storage.write_parquet(str(tmp_path / "whole.parquet"), labels.to_arrow(),
+                                  rs.FAILURE_LABELS)
+    for n in (10**9, 700):
+        monkeypatch.setattr("tasks.report.failure_modes.PARTITION_TRIALS", n)
+        uri = str(tmp_path / f"streamed-{n}.parquet")
+        written, streamed = write_failure_labels(trials, calls.lazy(), reqs, uri)
+        assert written == labels.height
+        assert streamed.equals(table)
+        back = pl.from_arrow(storage.read_parquet(uri, rs.FAILURE_LABELS))
+        assert back.equals(labels)
+        if n == 10**9:  # one slice: the bytes of writing the labels whole
+            assert Path(uri).read_bytes() == Path(whole).read_bytes()
+        else:
+            assert pq_row_groups(uri) == -(-labels.height // n)
+
+
+def pq_row_groups(uri: str) -> int:
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(uri).metadata.num_row_groups
+
+
+def test_failure_mode_table_from_a_scan_checks_its_labels(run, tmp_path):
+    """Counted from the written artifact, a missing or repeated label is still refused."""
+    trials, calls, _, reqs = run
+    labels = classify_failures(trials, calls.lazy(), reqs)
+    assert failure_mode_table(trials, labels.lazy()).equals(failure_mode_table(trials, labels))
+    for broken in (labels.slice(1), pl.concat([labels.slice(1), labels.head(1).with_columns(
+            pl.lit(labels["trial_key"][2]).alias("trial_key"))])):
+        path = tmp_path / "labels.parquet"
+        broken.write_parquet(path)
+        with pytest.raises(ValueError, match="every incorrect trial needs exactly one label"):
+            failure_mode_table(trials, pl.scan_parquet(path))

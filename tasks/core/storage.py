@@ -314,6 +314,7 @@ def write_parquet_batches(uri: str, schema: pa.Schema, batches) -> int:
                 if batch.num_rows:
                     writer.write_batch(batch)
                     rows += batch.num_rows
+                del batch  # not held while the producer makes the next one
         if target is None:
             from boto3.s3.transfer import TransferConfig
 

@@ -48,6 +48,8 @@ Everything is vectorised Polars; the only Python loops run over manifests and qu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import polars as pl
 
 from schemas.report import ALL, FAILURE_MODES
@@ -302,7 +304,35 @@ def classify_failures(
     tool_calls: pl.DataFrame | pl.LazyFrame,
     requirements: pl.DataFrame | None = None,
 ) -> pl.DataFrame:
-    """Label every incorrect trial with FM1–FM5 by the rules of this module.
+    """Label every incorrect trial with FM1–FM5 by the rules of this module: the
+    :func:`failure_label_slices` concatenated (same arguments, same errors), so a caller that
+    writes or counts the labels slice by slice never holds them all (the report stage:
+    :func:`tasks.report.stage.write_failure_labels`)."""
+    parts = list(failure_label_slices(trials, tool_calls, requirements))
+    labels = parts[0] if len(parts) == 1 else pl.concat(parts)
+    return labels.with_columns(as_strings(*LABEL_CODED))
+
+
+#: Label columns :func:`failure_label_slices` gives as ``pl.Categorical`` / ``pl.Enum``
+#: (4 bytes or less a row instead of a string view: about 0.4 GB less per 2.5M labels) —
+#: the keys as the trials hold them (String stays String), ``rule`` and ``failure_mode`` as
+#: Enums; :func:`classify_failures` gives them all as String.
+LABEL_CODED = ("run_id", "agent", "dataset", "query_id", "terminate_reason", "failure_mode",
+               "rule")
+_RULE_ENUM = pl.Enum(list(RULES))
+_MODE_ENUM = pl.Enum(list(FAILURE_MODES))
+
+
+def failure_label_slices(
+    trials: pl.DataFrame,
+    tool_calls: pl.DataFrame | pl.LazyFrame,
+    requirements: pl.DataFrame | None = None,
+) -> Iterator[pl.DataFrame]:
+    """Label every incorrect trial with FM1–FM5 by the rules of this module, yielding the
+    labels of consecutive slices of at most ``PARTITION_TRIALS`` incorrect trials (one slice
+    for a run whose trial keys do not hash to unique ids, or without the stored per-call
+    features), in trial_key order across slices. Nothing is computed until the first slice
+    is asked for (the ValueError below included).
 
     ``trials``: scored trials — ``TRIALS`` columns (run_id, trial_key, agent, dataset,
     query_id, trial, answer, terminate_reason, error) with ``verdict`` (or ``is_correct``);
@@ -312,10 +342,11 @@ def classify_failures(
     labelled, errored ones never. ``tool_calls``: ``TOOL_CALLS`` rows (any
     superset; only the incorrect trials' calls are read). ``requirements``: output of
     :func:`requirements_from_manifests`; None or a missing query makes its trials FM1
-    ``requirements_unknown`` unless FM5/FM1 fired first. Returns the
+    ``requirements_unknown`` unless FM5/FM1 fired first. Yields frames of the
     ``schemas.report.FAILURE_LABELS`` columns, one row per incorrect trial, sorted by
-    trial_key; ``missing_sources`` / ``missing_operations`` are sorted lists (empty when none)
-    and are filled for every incorrect trial, whatever its mode.
+    trial_key (at least one frame, empty without incorrect trials; the :data:`LABEL_CODED`
+    columns coded, not String); ``missing_sources`` / ``missing_operations`` are sorted
+    lists (empty when none) and are filled for every incorrect trial, whatever its mode.
     """
     need = [
         "run_id",
@@ -426,7 +457,9 @@ def classify_failures(
         .then(pl.lit("operations_evident"))
         .otherwise(pl.lit("operation_missing"))
     )
-    mode = rule.replace_strict(RULES, return_dtype=pl.String)
+    # rule and mode as Enums (a byte a row, not a string), like the keys: see LABEL_CODED
+    mode = rule.replace_strict(RULES, return_dtype=_MODE_ENUM)
+    rule = rule.cast(_RULE_ENUM)
     empty = pl.lit([], dtype=pl.List(pl.String))
     calls, stored = features_for_report(tool_calls.lazy(), "failure modes")
 
@@ -467,11 +500,13 @@ def classify_failures(
             )
         )
         out = lf.with_columns(rule.alias("rule"), mode.alias("failure_mode")).select(
-            *as_strings("run_id"),
+            "run_id",
             "trial_key",
-            *as_strings("agent", "dataset", "query_id"),
+            "agent",
+            "dataset",
+            "query_id",
             pl.col("trial").cast(pl.Int32),
-            *as_strings("terminate_reason"),
+            "terminate_reason",
             "failure_mode",
             "rule",
             "missing_sources",
@@ -487,8 +522,8 @@ def classify_failures(
     # repeated rows of a key are never cut apart)
     sliced = stored and bad.schema["tid"] != pl.String
     step = PARTITION_TRIALS if sliced else max(bad.height, 1)
-    parts = [label(bad.slice(o, step)) for o in range(0, max(bad.height, 1), step)]
-    return parts[0] if len(parts) == 1 else pl.concat(parts)
+    for offset in range(0, max(bad.height, 1), step):
+        yield label(bad.slice(offset, step))
 
 
 def _unique(keys: pl.Series) -> bool:
@@ -502,24 +537,39 @@ def _unique(keys: pl.Series) -> bool:
     return keys.n_unique() == keys.len()
 
 
-def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFrame:
+def failure_mode_table(
+    trials: pl.DataFrame, labels: pl.DataFrame | pl.LazyFrame
+) -> pl.DataFrame:
     """Failure-mode counts per (agent, dataset) and per agent (``dataset == "ALL"``).
 
     ``trials`` (agent, dataset, trial_key, ``verdict`` or ``is_correct``) gives ``trials``
     (scored), ``errored`` (beside them) and ``incorrect``;
-    ``labels`` (:func:`classify_failures` output) gives one count column per mode FM1–FM5
-    and ``FM<i>_share`` = count / incorrect (null without incorrect trials). Raises
-    ValueError when labels and incorrect trials disagree (a label per incorrect trial is the
-    invariant that keeps denominators unchanged). Returns ``schemas.report.FAILURE_MODE_TABLE``
-    columns.
+    ``labels`` (:func:`classify_failures` output, or a lazy scan of it as written to
+    ``failure_labels.parquet``: then only its trial_key, agent, dataset and failure_mode are
+    streamed, never held) gives one count column per mode FM1–FM5 and ``FM<i>_share`` =
+    count / incorrect (null without incorrect trials). Raises ValueError when labels and
+    incorrect trials disagree (a label per incorrect trial is the invariant that keeps
+    denominators unchanged). Returns ``schemas.report.FAILURE_MODE_TABLE`` columns.
     """
     verdict_cols = [c for c in ("verdict", "is_correct") if c in trials.columns]
     trials = with_verdicts(trials.select("agent", "dataset", *verdict_cols))
     verdict = pl.col("verdict")
     n_bad = int((trials["verdict"] == "incorrect").sum())
-    if labels.height != n_bad or not _unique(labels["trial_key"]):
+    mode_aggs = [(pl.col("failure_mode") == m).sum().cast(pl.Int64).alias(m) for m in FAILURE_MODES]
+    if isinstance(labels, pl.LazyFrame):
+        # the key checks and the counts per (agent, dataset): two streaming passes over
+        # four columns of the file
+        lf = labels.select("trial_key", *as_strings("agent", "dataset"), "failure_mode")
+        n_labels, n_keys = lf.select(pl.len(), pl.col("trial_key").n_unique()).collect(
+            engine="streaming").row(0)
+        unique = n_keys == n_labels
+        tally = lf.group_by("agent", "dataset").agg(mode_aggs).collect(engine="streaming")
+    else:
+        n_labels, unique = labels.height, _unique(labels["trial_key"])
+        tally = labels.group_by("agent", "dataset").agg(mode_aggs)
+    if n_labels != n_bad or not unique:
         raise ValueError(
-            f"{labels.height} failure labels for {n_bad} incorrect trials: every incorrect trial "
+            f"{n_labels} failure labels for {n_bad} incorrect trials: every incorrect trial "
             "needs exactly one label"
         )
     base_aggs = [
@@ -527,11 +577,11 @@ def failure_mode_table(trials: pl.DataFrame, labels: pl.DataFrame) -> pl.DataFra
         (verdict == "errored").sum().cast(pl.Int64).alias("errored"),
         (verdict == "incorrect").sum().cast(pl.Int64).alias("incorrect"),
     ]
-    mode_aggs = [(pl.col("failure_mode") == m).sum().cast(pl.Int64).alias(m) for m in FAILURE_MODES]
+    tally = tally.with_columns(as_strings("agent", "dataset"))
     frames = []
     for keys, label in ((["agent", "dataset"], None), (["agent"], ALL)):
         base = trials.group_by(keys).agg(base_aggs).with_columns(as_strings(*keys))
-        modes = labels.group_by(keys).agg(mode_aggs)
+        modes = tally.group_by(keys).agg(pl.col(m).sum() for m in FAILURE_MODES)
         t = base.join(modes, on=keys, how="left").with_columns(
             *[pl.col(m).fill_null(0) for m in FAILURE_MODES]
         )

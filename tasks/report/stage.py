@@ -25,13 +25,14 @@ report says how to retry them. Nothing here imports Prefect unless a flow runs i
 from __future__ import annotations
 
 import polars as pl
+import pyarrow as pa
 
 from schemas import artifacts
 from schemas import report as rs
 from tasks.core import storage
 from tasks.report.failure_modes import (
     REQUIREMENTS_SCHEMA,
-    classify_failures,
+    failure_label_slices,
     failure_mode_table,
     requirements_from_manifests,
     unchecked_operations,
@@ -156,6 +157,34 @@ def _write(artifacts_root: str, run_id: str, name: str, df: pl.DataFrame, schema
     )
 
 
+def write_failure_labels(
+    trials: pl.DataFrame,
+    tool_calls: pl.DataFrame | pl.LazyFrame,
+    requirements: pl.DataFrame,
+    uri: str,
+) -> tuple[int, pl.DataFrame]:
+    """Label the incorrect trials (:func:`tasks.report.failure_modes.failure_label_slices`,
+    same arguments and errors) and stream the labels into ``uri`` (``FAILURE_LABELS``, one
+    slice at a time: at 10M trials the 5M labels are never held together), then count them
+    into the failure-mode table from the written artifact
+    (:func:`tasks.report.failure_modes.failure_mode_table`). Returns (labels written, table).
+    The artifact's bytes equal those of writing the concatenated labels in one go whenever
+    there is one slice (fewer than ``PARTITION_TRIALS`` incorrect trials)."""
+    schema = rs.FAILURE_LABELS
+
+    def batches():
+        for part in failure_label_slices(trials, tool_calls, requirements):
+            # one chunk, so one batch: row groups cut as writing the slice whole would
+            table = artifacts.check_schema(part.rechunk().to_arrow(), schema, uri)
+            del part
+            yield from table.to_batches()
+            del table
+            pa.default_memory_pool().release_unused()  # the slice's buffers, back to the OS
+
+    n = storage.write_parquet_batches(uri, schema, batches())
+    return n, failure_mode_table(trials, storage.scan_parquet(uri, schema))
+
+
 def hint_conditions_of(trials: pl.DataFrame) -> dict[str, str]:
     """Agent (as named in the trial rows) → its hint condition: ``on``, ``off`` or ``n/a``
     (agents that read no prompt: oracle, replay; also trials written before the condition was
@@ -228,8 +257,8 @@ def compute_report_tables(
     summary = pass_at_k_summary(per_query)
     ci = pass_at_1_ci(trials, confidence)
     cost = cost_table(trials, llm_calls)
-    labels = classify_failures(trials, tool_calls, requirements)
-    fm = failure_mode_table(trials, labels)
+    labels_uri = report_uri(artifacts_root, run_id, "failure_labels.parquet")
+    n_labels, fm = write_failure_labels(trials, tool_calls, requirements, labels_uri)
     tool_use = tool_use_table(trials, tool_calls)
     uris = {
         "pass_at_k": _write(artifacts_root, run_id, "pass_at_k", per_query, rs.PASS_AT_K),
@@ -238,9 +267,7 @@ def compute_report_tables(
         ),
         "pass_at_1_ci": _write(artifacts_root, run_id, "pass_at_1_ci", ci, rs.PASS_AT_1_CI),
         "cost": _write(artifacts_root, run_id, "cost", cost, rs.COST),
-        "failure_labels": _write(
-            artifacts_root, run_id, "failure_labels", labels, rs.FAILURE_LABELS
-        ),
+        "failure_labels": labels_uri,
         "failure_modes": _write(artifacts_root, run_id, "failure_modes", fm, rs.FAILURE_MODE_TABLE),
         "tool_use": _write(artifacts_root, run_id, "tool_use", tool_use, rs.TOOL_USE),
     }
@@ -272,7 +299,7 @@ def compute_report_tables(
             "agents": trials["agent"].n_unique(),
             "datasets": trials["dataset"].n_unique(),
             "queries": trials.select("dataset", "query_id").unique().height,
-            "incorrect": labels.height,
+            "incorrect": n_labels,
             "tool_calls": tool_calls.select(pl.len()).collect().item(),
             "flagged": audit["trial_key"].n_unique() if audit.height else 0,
         },
