@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.core.batching import COMBINE_ROW_GROUP
 from tasks.report.failure_modes import requirements_from_manifests
+from tasks.report.features import tool_calls_with_features
 from tasks.report.metrics import (
     cost_table,
     pass_at_1_ci,
@@ -49,7 +50,7 @@ from tasks.report.metrics import (
     pass_at_k_summary,
     pass_at_k_wide,
 )
-from tasks.report.tool_use import tool_calls_with_features, tool_use_table
+from tasks.report.tool_use import tool_use_table
 
 N_AGENTS, N_DATASETS, N_QUERIES = 10, 20, 50
 
@@ -373,7 +374,7 @@ def write_run(root: str, n_trials: int, calls_per_trial: int, chunk: int,
     ``chunk`` trials at a time (memory stays at one chunk's), plus the
     datasets' requirements in ``manifests.json`` beside it. ``tool_calls`` gets its stored
     per-call features the way the trials stage writes them
-    (:func:`tasks.report.tool_use.tool_calls_with_features`), unless ``stored_features`` is
+    (:func:`tasks.report.features.tool_calls_with_features`), unless ``stored_features`` is
     False (an artifact from before them: the report then parses the calls itself)."""
     import pyarrow.parquet as pq
 

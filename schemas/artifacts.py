@@ -104,7 +104,7 @@ LLM_CALLS = artifact_schema(
 #: ``arguments`` is the raw JSON text the agent sent; ``result_size`` is the length in characters
 #: of the full tool result; ``duration_s`` in seconds. The columns after ``duration_s`` are typed
 #: per-call features computed once when the calls are written
-#: (:func:`tasks.report.tool_use.with_call_features`: ``db`` of list_db / query_db, ``is_mongo``,
+#: (:func:`tasks.report.features.with_call_features`: ``db`` of list_db / query_db, ``is_mongo``,
 #: the detection booleans of the tool-use analysis and ``source_refs``, the tables / collections
 #: a query_db call references); null in artifacts written before them (the report then computes
 #: them itself).

@@ -183,7 +183,7 @@ FAILURE_JUDGE = _schema(
 )
 
 #: Tool use per (agent, dataset) and per agent (``"ALL"``). Shares in [0, 1]; see
-#: :mod:`tasks.report.tool_use` for the detection rules. ``db_python_ratio`` is null without Python
+#: :mod:`tasks.report.features` for the detection rules. ``db_python_ratio`` is null without Python
 #: calls; ``extract_*`` are shares of trials whose trajectory used that extraction method.
 TOOL_USE = _schema(
     "tool_use",

@@ -233,12 +233,12 @@ def test_a_failure_of_the_per_call_features_keeps_the_paid_batch(tmp_path, manif
     the batch is still written, without the features, and the trials keep their verdicts."""
     from polars.exceptions import PanicException
 
-    from tasks.report import tool_use
+    from tasks.report import features
 
     def panics(table):
         raise PanicException("simulated panic")
 
-    monkeypatch.setattr(tool_use, "tool_calls_with_features", panics)
+    monkeypatch.setattr(features, "tool_calls_with_features", panics)
     script = [
         tool_calls(("list_db", {"db": "listings"})),
         tool_calls(("return_answer", {"answer": "Facebook"})),

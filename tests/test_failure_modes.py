@@ -16,7 +16,7 @@ from tasks.report.failure_modes import (
     requirements_from_manifests,
     unchecked_operations,
 )
-from tasks.report.tool_use import with_call_features
+from tasks.report.features import with_call_features
 
 MANIFEST = {
     "name": "movies",
@@ -299,7 +299,7 @@ def test_source_touch_with_dots_in_database_or_collection_names():
 def test_sliced_old_artifact_equals_one_pass(monkeypatch):
     """An artifact without stored features is parsed in slices; a trial whose calls straddle
     slices gets the same label as from the stored features' single streaming pass."""
-    from tasks.report import failure_modes
+    from tasks.report import failure_evidence
 
     keys = [k("oscars", n) for n in range(3)] + [k("vol", 3)]
     calls = []
@@ -315,7 +315,7 @@ def test_sliced_old_artifact_equals_one_pass(monkeypatch):
     trials = pl.DataFrame([trial(x) for x in keys])
     reqs = requirements_from_manifests([MANIFEST])
     whole = classify_failures(trials, with_call_features(calls_df), reqs)
-    monkeypatch.setattr(failure_modes, "CALLS_PER_SLICE", 3)
+    monkeypatch.setattr(failure_evidence, "CALLS_PER_SLICE", 3)
     sliced = classify_failures(trials, calls_df.sample(fraction=1.0, shuffle=True, seed=3), reqs)
     assert sliced.equals(whole)
     assert whole["failure_mode"].to_list() == ["FM3", "FM4", "FM4", "FM4"]

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from schemas import artifacts
-from tasks.report import tool_use
+from tasks.report import features, tool_use
 from tasks.report.failure_modes import (
     classify_failures,
     failure_mode_table,
@@ -27,7 +27,7 @@ from report_scale import synthetic_run  # noqa: E402  (the bench's realistic tra
 @pytest.fixture(scope="module")
 def run():
     trials, calls, llm, manifests = synthetic_run(3_000, 15_000, seed=11)
-    calls = pl.from_arrow(tool_use.tool_calls_with_features(
+    calls = pl.from_arrow(features.tool_calls_with_features(
         pa.Table.from_pylist(calls.to_dicts(), schema=artifacts.TOOL_CALLS)))
     return trials, calls, llm, requirements_from_manifests(manifests)
 

@@ -13,13 +13,13 @@ import pyarrow as pa
 from schemas import artifacts
 from tasks.core import storage
 from tasks.report.failure_modes import classify_failures, requirements_from_manifests
-from tasks.report.loaders import _trials_uri, scan_tool_calls
-from tasks.report.tool_use import (
+from tasks.report.features import (
     STORED_FEATURES,
     has_stored_features,
     tool_calls_with_features,
-    tool_use_table,
 )
+from tasks.report.loaders import _trials_uri, scan_tool_calls
+from tasks.report.tool_use import tool_use_table
 
 RAW = [f.name for f in artifacts.TOOL_CALLS if f.name not in STORED_FEATURES]
 
@@ -114,7 +114,7 @@ def test_report_tables_equal_from_stored_and_old_artifacts(tmp_path, caplog):
         storage.write_parquet(_trials_uri(root, run, "tool_calls"), table, schema)
         lf = scan_tool_calls(root, run)
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="tasks.report.tool_use"):
+        with caplog.at_level(logging.WARNING, logger="tasks.report.features"):
             assert has_stored_features(lf) == (run == "new")
             tables[run] = (tool_use_table(trials, lf), classify_failures(trials, lf, reqs))
         fallback = [r for r in caplog.records if "without stored per-call features" in r.message]
@@ -139,9 +139,9 @@ def test_partly_stored_artifact_falls_back_for_every_row():
 def test_batch_and_large_write_paths_agree(monkeypatch):
     """A trials batch (one lazy plan) and a large artifact (parallel eager parse) get the
     same stored columns."""
-    from tasks.report import tool_use
+    from tasks.report import features
 
     raw = pa.Table.from_pylist(_calls().to_dicts(), schema=artifacts.TOOL_CALLS)
     small = tool_calls_with_features(raw)
-    monkeypatch.setattr(tool_use, "SMALL_WRITE", 0)
+    monkeypatch.setattr(features, "SMALL_WRITE", 0)
     assert tool_calls_with_features(raw).equals(small)

@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 
 from schemas.report import ALL
-from tasks.report.tool_use import call_features, tool_use_table, with_call_features
+from tasks.report.features import TOOL_USE_FEATURES, call_features, with_call_features
+from tasks.report.tool_use import tool_use_table
 
 
 def call(key: str, i: int, tool: str, turn: int, ok: bool = True, **args) -> dict:
@@ -221,7 +222,7 @@ def test_turn_lanes_equal_per_turn_grouping(monkeypatch):
 
     def per_trial(frame):
         tid = tool_use.trial_id_expr(trials)
-        feats = call_features(frame.with_columns(tid), tool_use.TOOL_USE_FEATURES,
+        feats = call_features(frame.with_columns(tid), TOOL_USE_FEATURES,
                               with_db=False)
         return tool_use.trial_tool_stats(feats.lazy()).collect().sort("tid")
 

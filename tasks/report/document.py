@@ -344,7 +344,7 @@ def build_document(
             "with two or more tool calls over turns with any. `extract_*`: share of trials "
             "whose trajectory used that way of reading values out of text (pattern match in "
             "the query, regex or string search in Python, a model call). Rules: "
-            "`tasks/report/tool_use.py`.",
+            "`tasks/report/features.py`.",
             [
                 Table(name, _with_errored(tool_use, fm).select("agent", "dataset", *cols))
                 for name, cols in TOOL_USE_VIEWS.items()

@@ -31,7 +31,8 @@ FM4 wrong implementation — every required source was touched and every require
 FM2 wrong plan — otherwise: every source was touched but a required operation left no trace
     (rule ``operation_missing``; ``missing_operations`` lists them).
 
-Operation evidence (``requires.operations``; per-call signals from :mod:`tasks.report.tool_use`):
+Operation evidence (``requires.operations``; per-call signals from :mod:`tasks.report.features`,
+per trial from :mod:`tasks.report.failure_evidence`):
 
 - ``join_reformatted_key``: ``query_db`` on at least two distinct databases **and** a key
   reformatting construct somewhere in the trajectory (Python string surgery such as
@@ -53,16 +54,14 @@ from collections.abc import Iterator
 import polars as pl
 
 from schemas.report import ALL, FAILURE_MODES
-from tasks.report.metrics import as_strings, with_verdicts
-from tasks.report.tool_use import (
-    DATA_TOOLS,
-    EXTRACTION_METHODS,
-    PARTITION_TRIALS,
-    call_features,
-    features_for_report,
-    source_refs,
-    trial_id_expr,
+from tasks.report.failure_evidence import (
+    CHECKED_OPERATIONS,
+    evident_operations,
+    trajectory_evidence,
 )
+from tasks.report.features import features_for_report
+from tasks.report.metrics import as_strings, with_verdicts
+from tasks.report.tool_use import PARTITION_TRIALS, trial_id_expr
 
 #: Terminate reasons that are runtime failures (FM5).
 RUNTIME_REASONS = (
@@ -87,8 +86,6 @@ RUNTIME_REASONS = (
 #: Any other terminate reason matching this (case-insensitive) is a runtime failure too.
 RUNTIME_REASON_PATTERN = r"(?i)error|timeout|timed_out|limit|budget|max_|exceeded"
 
-#: Operations whose presence can be checked in a trajectory (see the module docstring).
-CHECKED_OPERATIONS = ("join_reformatted_key", "extract_from_text", "use_adjusted_close")
 
 RULES = {
     "runtime_stop": "FM5",
@@ -151,142 +148,6 @@ def requirements_from_manifests(manifests: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=REQUIREMENTS_SCHEMA).unique(
         subset=["dataset", "query_id"], keep="first", maintain_order=True
     )
-
-
-def _evidence(stats: pl.LazyFrame) -> pl.LazyFrame:
-    """(tid, evident_ops) from :func:`_trajectory_evidence` stats: a UInt8 bit mask, bit ``i``
-    set when ``CHECKED_OPERATIONS[i]`` is evident in the trajectory."""
-    evident = {
-        "join_reformatted_key": (pl.col("first_db") != pl.col("last_db")).fill_null(False)
-        & pl.col("key_reformat"),
-        "extract_from_text": pl.any_horizontal(*EXTRACTION_METHODS),
-        "use_adjusted_close": pl.col("adj_close"),
-    }
-    return stats.select(
-        "tid",
-        pl.sum_horizontal(
-            evident[op].cast(pl.UInt8) * (1 << i) for i, op in enumerate(CHECKED_OPERATIONS)
-        ).cast(pl.UInt8).alias("evident_ops"),
-    )
-
-
-#: Tool calls parsed per slice by the classifier when ``tool_calls`` lacks the stored per-call
-#: features (an older artifact): bounds its memory (about 200 bytes a call) whatever the size
-#: of the run. With the stored features the calls are streamed in one pass instead.
-CALLS_PER_SLICE = 2_000_000
-
-_FM_FEATURES = (*EXTRACTION_METHODS, "key_reformat", "adj_close")
-
-
-def _split_sources(codes: pl.DataFrame) -> pl.DataFrame:
-    """``codes`` (normalised ``source`` → ``sid``) as (db, ref, sid) rows, one per way of
-    cutting ``source`` at a dot: a call on database ``db`` referencing ``ref`` touches ``sid``
-    exactly when ``db + "." + ref`` is its source (a database or collection name may hold
-    dots), so the calls are joined on two columns without building a string per call."""
-    rows = [
-        (source[:i], source[i + 1:], sid)
-        for source, sid in codes.select("source", "sid").iter_rows()
-        for i, ch in enumerate(source)
-        if ch == "."
-    ]
-    return pl.DataFrame(rows, schema={"db": pl.String, "ref": pl.String, "sid": pl.UInt32},
-                        orient="row")
-
-
-def _call_evidence(features: pl.LazyFrame, split: pl.DataFrame) -> list[pl.LazyFrame]:
-    """Lazy per-trial evidence of ``features`` (per-call rows with tid, tool, db,
-    source_refs and the :data:`_FM_FEATURES` booleans): [stats (tid, data_calls, one any-of
-    column per feature, first_db / last_db: the least and greatest database queried with
-    ``query_db``, so that two or more were queried exactly when they differ), pairs
-    (distinct tid, sid touched; ``split``: :func:`_split_sources`)]."""
-    tool = pl.col("tool")
-    queried = (tool == "query_db") & pl.col("db").is_not_null()
-    # per-call values as columns, then plain sums / any-ofs / min / max (the streaming engine's
-    # own aggregations, not an expression evaluated per group)
-    stats = features.with_columns(
-        tool.is_in(DATA_TOOLS).alias("data_calls"),
-        pl.when(queried).then(pl.col("db")).alias("qdb"),
-    ).group_by("tid").agg(
-        pl.col("data_calls").sum().cast(pl.Int64),
-        *[pl.col(f).any() for f in _FM_FEATURES],
-        pl.col("qdb").min().alias("first_db"),
-        pl.col("qdb").max().alias("last_db"),
-    )
-    pairs = (
-        features.filter(queried)
-        .select("tid", "db", pl.col("source_refs").alias("ref"))
-        .explode("ref")
-        .join(split.lazy(), on=["db", "ref"])
-        .select("tid", "sid")
-        .unique()
-    )
-    return [stats, pairs]
-
-
-def _trajectory_evidence(
-    tool_calls: pl.LazyFrame, tid: pl.Expr, bad: pl.DataFrame, codes: pl.DataFrame,
-    stored: bool,
-) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """The incorrect trials' per-trial stats (:func:`_call_evidence`: tid, data_calls, the
-    :data:`_FM_FEATURES` any-ofs, first_db and last_db; one row per ``tid`` with calls) and
-    touched (tid, sid) pairs (``codes``: normalised ``source`` → ``sid``).
-
-    ``tool_calls`` (possibly a scanned artifact, never loaded whole) carrying the stored
-    per-call features is streamed once (only their small typed columns and trial_key are
-    read; the calls of trials not in ``bad`` are dropped in the scan, the rest reduced per
-    trial as they stream). An older artifact is read :data:`CALLS_PER_SLICE` rows at a time,
-    each slice's calls of ``bad`` trials parsed eagerly (:func:`call_features`, both cores);
-    the slices' partial results are merged (sums, any-ofs, least / greatest database, distinct
-    pairs), so a trial whose calls straddle two slices gets the same figures as in one pass.
-    ``stored``: whether ``tool_calls`` carries the stored features
-    (:func:`tasks.report.tool_use.features_for_report`)."""
-    split = _split_sources(codes)
-    cols = ("tid", "tool", "db", "source_refs", *_FM_FEATURES)
-    if stored:
-        calls = (
-            tool_calls.select("trial_key", *cols[1:])
-            .with_columns(tid)
-            .join(bad.lazy(), on="tid", how="semi")
-            .select(cols)
-        )
-        # two streaming passes over the scan, one per result: collected together they would
-        # share (materialise) the selected calls
-        parts = [[e.collect(engine="streaming") for e in _call_evidence(calls, split)]]
-    else:
-        lf = tool_calls.select("trial_key", "turn", "tool", "arguments", "success")
-        n = lf.select(pl.len()).collect().item()
-        parts = []
-        for offset in range(0, n, CALLS_PER_SLICE):
-            calls = (
-                lf.slice(offset, CALLS_PER_SLICE)
-                .with_columns(tid)
-                .join(bad.lazy(), on="tid", how="semi")
-                .drop("trial_key")
-                .collect(engine="streaming")
-            )
-            features = call_features(calls, _FM_FEATURES, with_db=True).lazy()
-            features = features.with_columns(source_refs()).select(cols)
-            parts.append(pl.collect_all(_call_evidence(features, split)))
-            del calls, features
-    tid_type = bad.schema["tid"]
-    empty = _call_evidence(
-        pl.LazyFrame(schema={"tid": tid_type, "tool": pl.String, "db": pl.String,
-                             "source_refs": pl.List(pl.String),
-                             **{f: pl.Boolean for f in _FM_FEATURES}}),
-        split,
-    )
-    stats, pairs = (
-        pl.concat([e.collect(), *[p[i] for p in parts]]) for i, e in enumerate(empty)
-    )
-    if len(parts) > 1:  # merge the slices' partial results
-        stats = stats.group_by("tid").agg(
-            pl.col("data_calls").sum(),
-            *[pl.col(f).any() for f in _FM_FEATURES],
-            pl.col("first_db").min(),
-            pl.col("last_db").max(),
-        )
-        pairs = pairs.unique()
-    return stats, pairs
 
 
 def answer_flags() -> tuple[pl.Expr, pl.Expr]:
@@ -465,7 +326,7 @@ def failure_label_slices(
 
     def label(part: pl.DataFrame) -> pl.DataFrame:
         """The labels of ``part``, consecutive rows of ``bad``."""
-        stats, touched = _trajectory_evidence(
+        stats, touched = trajectory_evidence(
             calls, tid, part.select("tid"), codes.select(pl.col("norm").alias("source"), "sid"),
             stored,
         )
@@ -480,8 +341,11 @@ def failure_label_slices(
             )
         )
         # data_calls beside the evident operations: one join of the per-trial evidence
-        evidence = pl.concat([stats.lazy().select("tid", "data_calls"),
-                              _evidence(stats.lazy()).select("evident_ops")], how="horizontal")
+        evidence = pl.concat(
+            [stats.lazy().select("tid", "data_calls"),
+             evident_operations(stats.lazy()).select("evident_ops")],
+            how="horizontal",
+        )
         lf = (
             part.lazy()
             .join(evidence.collect().lazy(), on="tid", how="left", maintain_order="left")

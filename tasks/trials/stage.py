@@ -440,7 +440,7 @@ def run_batch(
             return table
         from polars.exceptions import PanicException
 
-        from tasks.report.tool_use import tool_calls_with_features
+        from tasks.report.features import tool_calls_with_features
         try:
             return tool_calls_with_features(table)
         except (Exception, PanicException) as exc:  # noqa: BLE001 - model output is hostile
