@@ -87,3 +87,26 @@ def test_a_spec_accepts_a_registered_engine_with_no_other_edit(tmp_path):
         assert err.value.problem.startswith(problem), err.value.problem
         assert err.value.problem.endswith("postgres, mongodb, sqlite, duckdb, toy")
         assert "\n" not in str(err.value)
+
+
+def test_an_engine_of_a_plugin_registers_through_the_entry_point_group(tmp_path, monkeypatch):
+    """An engine outside the repository registers through the ``querylab`` entry-point group,
+    as agent kinds and validators do: the first lookup imports the plugin module."""
+    from importlib.metadata import EntryPoint
+
+    from tasks.core import registries
+    from tasks.db import registry
+
+    (tmp_path / "qlab_engine_plugin.py").write_text(
+        "from tasks.db.registry import FileEngine, register_engine\n"
+        "from tasks.db.sqlite import SQLiteDatabase, load_sqlite\n"
+        "@register_engine\nclass EpEngine(FileEngine):\n    name = 'ep-engine'\n"
+        "    database = SQLiteDatabase\n"
+        "    def write(self, path, tables):\n        load_sqlite(path, tables)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registries, "entry_points",
+                        lambda group: [EntryPoint("eng", "qlab_engine_plugin", group)])
+    monkeypatch.setattr(registries, "_loaded", False)
+    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))  # forget it afterwards
+    assert "ep-engine" in engine_names()
+    assert get_engine("ep-engine").database is SQLiteDatabase

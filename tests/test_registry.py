@@ -145,6 +145,7 @@ def test_plugins_of_the_querylab_entry_point_group_are_loaded(tmp_path, monkeypa
     from importlib.metadata import EntryPoint
 
     from tasks.agents import registry
+    from tasks.core import registries
 
     (tmp_path / "qlab_ep_plugin.py").write_text(
         "from tasks.agents.registry import AgentKind, agentkind\n"
@@ -153,8 +154,8 @@ def test_plugins_of_the_querylab_entry_point_group_are_loaded(tmp_path, monkeypa
     eps = [EntryPoint("good", "qlab_ep_plugin", "querylab"),
            EntryPoint("broken", "qlab_no_such_module", "querylab")]
     seen = []
-    monkeypatch.setattr(registry, "entry_points", lambda group: seen.append(group) or eps)
-    monkeypatch.setattr(registry, "_loaded", False)
+    monkeypatch.setattr(registries, "entry_points", lambda group: seen.append(group) or eps)
+    monkeypatch.setattr(registries, "_loaded", False)
     monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))  # forget ep-toy afterwards
     assert parse_agent_spec("ep-toy:a") == ("ep-toy", "a")
     assert seen == ["querylab"]

@@ -1,7 +1,7 @@
 """The built-in agent kinds, registered in :mod:`tasks.agents.registry`: ``oracle`` (the
 reference solutions), ``openai:<model>`` (an OpenAI-compatible API), ``local:<model>`` (a
 GGUF model served by llama.cpp) and ``replay:<file>`` (recorded answers). Each suite runs them
-with its own code (trials: :class:`tasks.trials.stage._Agent`; text2sql:
+with its own code (trials: :class:`tasks.trials.agent_runner._Agent`; text2sql:
 ``make_generator``; lifecycle: ``make_agent``); here they are declared and their
 arguments checked."""
 

@@ -27,15 +27,12 @@ unknown agent there, with the same one-line message listing what that suite acce
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable
 from importlib import import_module
-from importlib.metadata import entry_points
 from typing import Any, ClassVar
 
 from tasks.core.llm import AgentConfigError
-from tasks.core.registries import check_unclaimed
+from tasks.core.registries import ENTRY_POINT_GROUP, check_unclaimed, load_entry_points
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -49,19 +46,11 @@ __all__ = [
     "usage",
 ]
 
-log = logging.getLogger(__name__)
 
-#: setuptools entry-point group whose modules register agent kinds and validators.
-ENTRY_POINT_GROUP = "querylab"
 #: The suites that run agents.
 SUITES = frozenset({"trials", "text2sql", "lifecycle"})
 
 _KINDS: dict[str, type[AgentKind]] = {}
-_loaded = False
-_loading = False
-#: Held while the built-ins and plugins are imported: another thread asking meanwhile waits
-#: instead of seeing an empty registry (a Dask worker's threads all start at once).
-_load_lock = threading.RLock()
 
 
 class AgentKind:
@@ -116,27 +105,12 @@ def agentkind(name: str) -> Callable[[type[AgentKind]], type[AgentKind]]:
 
 
 def load_plugins() -> None:
-    """Register the built-in kinds and validators, then import every module of the ``querylab``
-    entry-point group (once per process). A plugin that fails to import is logged and
-    skipped (its kinds stay unknown, which the spec error then says)."""
-    global _loaded, _loading
-    if _loaded:
-        return
-    with _load_lock:
-        if _loaded or _loading:  # done by another thread, or a plugin of this one asking
-            return
-        _loading = True
-        try:
-            import_module("tasks.agents.kinds")
-            for ep in entry_points(group=ENTRY_POINT_GROUP):
-                try:
-                    ep.load()
-                except Exception as exc:  # a broken plugin must not break the built-in kinds
-                    log.warning("querylab plugin %s (%s) failed to load: %s",
-                                ep.name, ep.value, exc)
-            _loaded = True
-        finally:
-            _loading = False
+    """Register the built-in kinds, then import every module of the ``querylab``
+    entry-point group (:func:`tasks.core.registries.load_entry_points`, once per process). A
+    plugin that fails to import is logged and skipped (its kinds stay unknown, which the spec
+    error then says)."""
+    import_module("tasks.agents.kinds")  # (the import system's lock makes other threads wait)
+    load_entry_points()
 
 
 def kind_names(suite: str | None = None) -> list[str]:

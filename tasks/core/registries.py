@@ -1,14 +1,58 @@
-"""One rule for every registry (agent kinds, validators, engines): a name belongs to one class.
+"""One rule for every registry (agent kinds, validators, engines): a name belongs to one class;
+and one way in for plugins: the modules of the ``querylab`` entry-point group.
 
 Registering the same class again (a module imported twice, ``importlib.reload``) is allowed;
 another class under a taken name — a plugin trying to replace a built-in, say — is refused.
 A class is "the same" when its module *and* qualified name match, so a plugin class that
 happens to share a built-in's class name cannot take its place.
+
+A plugin module (an agent kind, a validator, an engine: whatever it decorates) is declared in
+its package's ``pyproject.toml`` under ``[project.entry-points.querylab]`` and imported by
+:func:`load_entry_points` the first time any registry is asked for a name.
 """
 
 from __future__ import annotations
 
-__all__ = ["check_unclaimed"]
+import logging
+import threading
+from importlib.metadata import entry_points
+
+__all__ = ["ENTRY_POINT_GROUP", "check_unclaimed", "load_entry_points"]
+
+log = logging.getLogger(__name__)
+
+#: setuptools entry-point group whose modules register agent kinds, validators and engines.
+ENTRY_POINT_GROUP = "querylab"
+
+_loaded = False
+_loading = False
+#: Held while the plugins are imported: another thread asking meanwhile waits instead of
+#: seeing a registry without them (a Dask worker's threads all start at once).
+_load_lock = threading.RLock()
+
+
+def load_entry_points() -> None:
+    """Import every module of the :data:`ENTRY_POINT_GROUP` entry-point group, once per
+    process (a plugin asking a registry while it is imported is not re-entered). A plugin that
+    fails to import is logged (``querylab plugin <name> (<module>) failed to load: ...``) and
+    skipped: its names stay unknown, which the registries' errors then say."""
+    global _loaded, _loading
+    if _loaded:
+        return
+    with _load_lock:
+        if _loaded or _loading:  # done by another thread, or a plugin of this one asking
+            return
+        _loading = True
+        try:
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                try:
+                    ep.load()
+                except Exception as exc:  # a broken plugin must not break the built-ins
+                    log.warning("querylab plugin %s (%s) failed to load: %s",
+                                ep.name, ep.value, exc)
+            _loaded = True
+        finally:
+            _loading = False
 
 
 def check_unclaimed(known: type | None, cls: type, noun: str, name: str) -> None:

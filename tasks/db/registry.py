@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tasks.core.registries import check_unclaimed
+from tasks.core.registries import check_unclaimed, load_entry_points
 
 if TYPE_CHECKING:  # pragma: no cover
     from schemas.settings import Settings
@@ -109,6 +109,8 @@ def register_engine(cls: type[Engine]) -> type[Engine]:
 
 def _builtin() -> None:
     import tasks.db.databases  # noqa: F401 - imports (and so registers) the four built-in engines
+
+    load_entry_points()  # and engines of plugins (the ``querylab`` entry-point group)
 
 
 def get_engine(name: str) -> Engine:

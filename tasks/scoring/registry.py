@@ -12,7 +12,8 @@ returns a :class:`tasks.scoring.validate.Verdict`; a dataset spec names it in a 
 
 Built-in kinds: ``number`` and ``items`` (:mod:`tasks.scoring.validate`), ``dab_script``
 (:mod:`tasks.scoring.dab_validator`). Kinds outside the repository register when their module is
-imported or through the ``querylab`` entry-point group (:func:`tasks.agents.registry.load_plugins`).
+imported or through the ``querylab`` entry-point group
+(:func:`tasks.core.registries.load_entry_points`).
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ def validator(name: str) -> Callable[[type[Validator]], type[Validator]]:
 def _load() -> None:
     import_module("tasks.scoring.validate")
     import_module("tasks.scoring.dab_validator")
-    from tasks.agents.registry import load_plugins
+    from tasks.core.registries import load_entry_points
 
-    load_plugins()
+    load_entry_points()
 
 
 def validator_kinds() -> list[str]:
