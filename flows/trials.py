@@ -10,7 +10,9 @@ from tasks.core.concurrency import DEFAULT_MAX_CONCURRENCY
 from tasks.core.progress import StageProgress, count_finished_trials
 from tasks.core.runs import gather
 from tasks.core.task_runners import EnvTaskRunner
-from tasks.trials.stage import combine_trials, describe_agents, plan_batches, run_trial_batch
+from tasks.trials.stage import (
+    combine_trials, describe_agents, plan_batches, run_trial_batch, warm_up_stage,
+)
 
 
 @flow(name="trials", flow_run_name="trials-batches-{run_id}", task_runner=EnvTaskRunner())
@@ -56,6 +58,7 @@ def run_trials(
     rows carry no verdict: the score stage (:mod:`tasks.scoring.stage`) judges them.
     """
     root = artifacts_root or Settings.from_env().artifacts
+    warm_up_stage(agents)  # model clients' TLS context, in the background
     with local_model.serving():
         agents_uri = describe_agents(run_id, root, agents, manifest_uris, agent_options, hints,
                                      agent_defaults)

@@ -338,6 +338,25 @@ def test_out_of_range_usage_is_a_malformed_response_not_a_crash(tmp_path, usage)
     assert not list((tmp_path / "artifacts").rglob("*.json"))
 
 
+def test_trials_stage_warm_up_builds_the_shared_tls_context(monkeypatch):
+    """The trials stage's warm-up builds, in a daemon thread, the TLS context its model
+    clients then share; a stage without a model agent starts nothing."""
+    from tasks.core import llm_clients
+    from tasks.trials.stage import warm_up_stage
+
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    llm_clients._context_for.cache_clear()
+    assert warm_up_stage(["oracle", "replay:answers.json", "bad|name"]) is None
+    thread = warm_up_stage(["oracle", "openai:some-model"])
+    assert thread is not None and thread.daemon
+    thread.join(30)
+    assert llm_clients._context_for.cache_info().currsize == 1
+    client = llm_clients.openai_client("http://127.0.0.1:9/v1", "k", 5.0)
+    assert client._client._transport._pool._ssl_context is llm_clients.ssl_context()
+    client.close()
+
+
 def test_model_clients_share_one_tls_context_per_cert_setting(monkeypatch, tmp_path):
     """Every ChatModel's HTTP client verifies certificates on one process-wide TLS context
     (building one loads the CA bundle, ~30 ms each); a different SSL_CERT_FILE gets its own."""

@@ -201,6 +201,33 @@ class ResponseCache:
 # --------------------------------------------------------------------------------------------
 
 
+class _SlotHold:
+    """A call slot (a context manager, :func:`tasks.core.concurrency.call_slot`) entered now
+    and exited once, by whichever thread comes first: the thread running the request
+    (:meth:`around`) or the caller's (:meth:`release`). Thread-safe."""
+
+    def __init__(self, slot: Any):
+        self._slot = slot
+        slot.__enter__()
+        self._held = True
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        """Exit the slot unless it was exited already."""
+        with self._lock:
+            if not self._held:
+                return
+            self._held = False
+        self._slot.__exit__(None, None, None)
+
+    def around(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, then :meth:`release` (whatever it raised)."""
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.release()
+
+
 class ChatModel:
     """Chat Completions calls for one resolved model with querylab's retries and cache.
 
@@ -377,17 +404,25 @@ class ChatModel:
                 # a no-op for the plain JSON querylab builds that costs ms on long histories
                 # in a thread of its own: abandoned at once on Ctrl-C / SIGTERM
                 queued = time.monotonic()
-                with self.call_slot() if self.call_slot is not None else nullcontext():
+                hold = _SlotHold(self.call_slot() if self.call_slot is not None
+                                 else nullcontext())
+                try:
                     record.queue_s += time.monotonic() - queued
                     if deadline is not None:  # the wait for the slot moved the deadline
                         timeout = min(timeout, max(0.001, until() - time.monotonic()))
+                    # the request's own thread gives the slot back as the response is in: the
+                    # next waiter starts its request without waiting for this trial's thread
+                    # to wake up first (one thread hand-over less per call under the GIL)
                     if self.limits is None:
                         resp = interrupt.call(
-                            self.client.post, "/chat/completions", body=kwargs,
+                            hold.around, self.client.post, "/chat/completions", body=kwargs,
                             cast_to=ChatCompletion, options={"timeout": timeout},
                         )
                     else:
-                        resp = interrupt.call(self._limited_post, kwargs, timeout, until())
+                        resp = interrupt.call(hold.around, self._limited_post, kwargs, timeout,
+                                              until())
+                finally:
+                    hold.release()  # not started, or abandoned (Ctrl-C): given back here
                 if not resp.choices:
                     raise _EmptyResponse("the response has no choices")
                 break

@@ -39,6 +39,16 @@ def ssl_context() -> ssl.SSLContext:
         return _context_for(env_get("SSL_CERT_FILE"), env_get("SSL_CERT_DIR"))
 
 
+def warm_up() -> None:
+    """Do now what this process's first model client would otherwise wait for: the TLS context
+    (:func:`ssl_context`: loading the CA bundle, ~25-45 ms) and the HTTP transport's lazy
+    imports (a throwaway client, closed at once; it opens no connection). The trials stage
+    runs it in the background as it starts (:func:`tasks.trials.stage.warm_up_stage`), so its
+    first batches find both ready. Raises what building the context raises (a bad
+    ``SSL_CERT_FILE``: the first real client reports it again)."""
+    openai.DefaultHttpxClient(verify=ssl_context()).close()
+
+
 def openai_client(base_url: str | None, api_key: str | None, timeout: float) -> openai.OpenAI:
     """An ``openai.OpenAI`` client of ``base_url`` (no SDK retries: querylab retries itself;
     ``timeout`` seconds per request unless a request says otherwise) on :func:`ssl_context`,

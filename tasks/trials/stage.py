@@ -103,6 +103,7 @@ __all__ = [
     "run_batch",
     "run_trial_batch",
     "trial_key",
+    "warm_up_stage",
     "work_root",
 ]
 
@@ -520,6 +521,30 @@ def _run_concurrently(
     for index, future in futures.items():
         out[index] = future.result()
     return out
+
+
+def warm_up_stage(agents: list[str]) -> threading.Thread | None:
+    """Start, in a daemon thread, the once-per-process set-up the first batches of a trials
+    stage would otherwise do on their trials' path: for ``openai:`` / ``local:`` agents, the
+    model clients' TLS context and HTTP imports (:func:`tasks.core.llm_clients.warm_up`),
+    ~0.1 s of the first batch's start in a fresh process while the other batches wait for it.
+    Called as the stage starts, so it overlaps the flow's own first steps (checking the
+    agents, Prefect's task-run bookkeeping). Returns the thread, or None when no agent calls
+    a model. Errors are ignored: each batch builds its own client and reports what fails."""
+    # by prefix: a malformed agent is check_agents' to report, not this warm-up's
+    if not any(str(a).partition(":")[0] in ("openai", "local") for a in agents):
+        return None
+    from tasks.core import llm_clients
+
+    def run() -> None:
+        try:
+            llm_clients.warm_up()
+        except Exception:  # noqa: BLE001 - the batches' own clients report it
+            log.debug("model client warm-up failed", exc_info=True)
+
+    thread = threading.Thread(target=run, daemon=True, name="warm-up-trials")
+    thread.start()
+    return thread
 
 
 def _batch_run_name(parameters: dict) -> str:
