@@ -366,7 +366,7 @@ def test_cli_find_run_and_report(prefect_harness, tmp_path, shop_db, capsys, set
 def test_spider_database_built_by_the_text_to_sql_task(tmp_path):
     """Pairs over a Spider database by name: execution match says *equivalent* on the real
     data, the finder shows why they are not (a singer whose age is NULL)."""
-    from tests.conftest import SHARED_DATA
+    from tests.helpers import SHARED_DATA
 
     spider = pytest.importorskip("tasks.text2sql.spider")
     source = SHARED_DATA / "spider" / "databases" / "concert_singer"

@@ -28,7 +28,7 @@ from tasks.lifecycle.rewrite import (
     rewrite_items,
 )
 from tasks.lifecycle.runner import RunContext, run_item
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 from tests.fakes.openai_server import ScriptedOpenAIServer, error, message
 
 CHINOOK = SHARED_DATA / "chinook" / "Chinook_Sqlite.sqlite"

@@ -26,7 +26,7 @@ from tasks.lifecycle.agents import (
 from tasks.lifecycle.items import generate_phase_items, prepare_databases
 from tasks.lifecycle.runner import SYSTEM_PROMPTS, RunContext, progressive_prompt, run_item
 from tasks.lifecycle.schema import read_sqlite_schema
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 from tests.fakes.openai_server import ScriptedOpenAIServer, message, tool_calls
 
 SPIDER_DIR = SHARED_DATA / "spider" / "databases"

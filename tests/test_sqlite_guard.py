@@ -14,7 +14,7 @@ import pytest
 
 from tasks.db import sqlite_guard
 from tasks.lifecycle.schema import run_readonly
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 SPIDER_DIR = SHARED_DATA / "spider" / "databases"
 QUESTIONS = SHARED_DATA / "spider" / "dev.json"
