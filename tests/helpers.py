@@ -27,23 +27,34 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 def register_model(base_url: str, directory: Path, setenv: Callable[[str, str], None], *,
-                   name: str, key_env: str, key: str, prices: str,
-                   model: str | None = None, context_window: int = 100_000,
-                   filename: str = "models.yaml") -> str:
+                   name: str, prices: str, key_env: str | None = None, key: str | None = None,
+                   api_key_required: bool | None = None, model: str | None = None,
+                   context_window: int = 100_000, filename: str = "models.yaml",
+                   **fields) -> str:
     """Write a one-model models table (``directory/filename``) registering ``name`` at
-    ``base_url`` (``prices``: the YAML flow mapping, USD per million tokens; ``model``: the
-    upstream model id, omitted when None) and point ``QUERYLAB_MODELS`` at it, with the API key
-    ``key`` in ``key_env``; both set through ``setenv`` (pytest's ``monkeypatch.setenv``).
-    Returns the agent spec ``"openai:<name>"``."""
-    upstream = f"model: {model}, " if model is not None else ""
+    ``base_url`` and point ``QUERYLAB_MODELS`` at it; returns the agent spec ``"openai:<name>"``.
+
+    ``prices``: the YAML flow mapping, USD per million tokens; ``model``: the upstream model id;
+    ``key_env``: the entry's ``api_key_env``, and ``key`` the API key put in it; ``model``,
+    ``key_env`` and ``api_key_required`` are left out of the entry when None (the table's
+    defaults), as is the key. ``fields``: further entry fields (``tool_protocol``,
+    ``max_concurrency``, ...). Variables are set through ``setenv`` (pytest's
+    ``monkeypatch.setenv``, undone after the test)."""
+    entry = [f"name: {name}"]
+    if model is not None:
+        entry.append(f"model: {model}")
+    entry.append(f"base_url: '{base_url}'")
+    if key_env is not None:
+        entry.append(f"api_key_env: {key_env}")
+    if api_key_required is not None:
+        entry.append(f"api_key_required: {json.dumps(api_key_required)}")
+    entry += [f"prices: {prices}", f"context_window: {context_window}"]
+    entry += [f"{field}: {json.dumps(value)}" for field, value in fields.items()]
     path = Path(directory) / filename
-    path.write_text(
-        "models:\n"
-        f"  - {{name: {name}, {upstream}base_url: '{base_url}', api_key_env: {key_env}, "
-        f"prices: {prices}, context_window: {context_window}}}\n"
-    )
+    path.write_text("models:\n  - {" + ", ".join(entry) + "}\n")
     setenv("QUERYLAB_MODELS", str(path))
-    setenv(key_env, key)
+    if key is not None:
+        setenv(key_env, key)
     return f"openai:{name}"
 
 
@@ -419,15 +430,3 @@ def text2sql_generator(srv, cache=None, **config):
     settings = Settings(openai_base_url=srv.base_url, openai_api_key="sk-test")
     config = {"api_retries": 0, **config}
     return OpenAIGenerator("scripted", settings, GenerationConfig(**config), cache)
-
-
-def price_model(monkeypatch, tmp_path, base_url: str, prices=(2.0, 10.0), name="scripted"):
-    """Put ``name`` in a QUERYLAB_MODELS file at ``base_url`` with USD ``prices`` per million
-    input / output tokens (the only place prices come from)."""
-    path = tmp_path / "models.yaml"
-    path.write_text(
-        f"models:\n  - {{name: {name}, base_url: '{base_url}', "
-        "api_key_env: QUERYLAB_OPENAI_API_KEY, api_key_required: false, "
-        f"prices: {{input: {prices[0]}, output: {prices[1]}}}, context_window: 100000}}\n"
-    )
-    monkeypatch.setenv("QUERYLAB_MODELS", str(path))

@@ -31,7 +31,7 @@ from tests.fakes.openai_server import (
     message,
     tool_calls,
 )
-from tests.helpers import browser_dom, fixed_ground_truth
+from tests.helpers import browser_dom, fixed_ground_truth, register_model
 
 QUERY = "nasdaq_top_volume_2012"  # ground truth: Facebook
 
@@ -462,11 +462,8 @@ def test_named_endpoint_overrides_the_models_table(tmp_path, manifest_uri, monke
     from tasks.core.llm import endpoint_warning
     from tasks.trials.stage import check_agents
 
-    table = tmp_path / "models.yaml"
-    table.write_text("models:\n  - {name: tbl-m, base_url: 'https://api.example.invalid/v1', "
-                     "api_key_env: QL_TBL_KEY, prices: {input: 1, output: 1}, "
-                     "context_window: 1000}\n")
-    monkeypatch.setenv("QUERYLAB_MODELS", str(table))
+    register_model("https://api.example.invalid/v1", tmp_path, monkeypatch.setenv, name="tbl-m",
+                   key_env="QL_TBL_KEY", prices="{input: 1, output: 1}", context_window=1000)
     monkeypatch.delenv("QL_TBL_KEY", raising=False)  # not needed once the endpoint is named
     root = str(tmp_path / "art")
     with ScriptedOpenAIServer(lambda b, i: tool_calls(("return_answer", {"answer": "x"}))) as srv:

@@ -460,7 +460,7 @@ def test_text2sql_validation_runs_as_the_read_only_role(pg_server_url, monkeypat
     from schemas.settings import Settings
     from tasks.text2sql.generators import generate_with_validation
     from tasks.text2sql.validation import PostgresValidator, tpcds_validator_dsn
-    from tests.helpers import TPCDS_VALID_REPLY, price_model, text2sql_generator
+    from tests.helpers import TPCDS_VALID_REPLY, register_model, text2sql_generator
 
     leak = "ANALYZE SELECT CAST(pg_read_file('/etc/os-release') AS int)"
     script = [message(f"```sql\n{leak}\n```"),
@@ -472,7 +472,9 @@ def test_text2sql_validation_runs_as_the_read_only_role(pg_server_url, monkeypat
         ).fetchone()
         assert user.endswith("_ro") and superuser is False
         with ScriptedOpenAIServer(script) as srv:
-            price_model(monkeypatch, tmp_path, srv.base_url)
+            register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="scripted",
+                           prices="{input: 2.0, output: 10.0}",
+                           key_env="QUERYLAB_OPENAI_API_KEY", api_key_required=False)
             gen = text2sql_generator(srv)
             rows = generate_with_validation(gen, "3", "the prompt", validator.validate, 3)
             retries = [r["messages"][-1]["content"] for r in srv.requests[1:]]

@@ -28,7 +28,7 @@ from tasks.text2sql.generators import (
 from tasks.text2sql.stage import plan_generation_batches
 from tasks.text2sql.validation import PostgresValidator, tpcds_postgres_dsn
 from tests.fakes.openai_server import ScriptedOpenAIServer, error, message
-from tests.helpers import SHARED_DATA, TPCDS_VALID_REPLY, price_model, text2sql_generator
+from tests.helpers import SHARED_DATA, TPCDS_VALID_REPLY, register_model, text2sql_generator
 
 QUESTIONS = str(SHARED_DATA / "tpcds" / "business_questions.json")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -53,7 +53,9 @@ def test_invalid_twice_then_valid_is_a_success_after_three_attempts(
     script = [message(INVALID[0], usage), message(INVALID[1], usage),
               message(TPCDS_VALID_REPLY, usage)]
     with ScriptedOpenAIServer(script) as srv:
-        price_model(monkeypatch, tmp_path, srv.base_url, (2.0, 10.0))
+        register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="scripted",
+                       prices="{input: 2.0, output: 10.0}", key_env="QUERYLAB_OPENAI_API_KEY",
+                       api_key_required=False)
         gen = text2sql_generator(srv, ResponseCache(str(tmp_path / "artifacts")))
         assert gen.resolved.priced and gen.resolved.prices.input == 2.0
         rows = generate_with_validation(gen, "3", "the prompt", validator.validate, max_retries=3)
@@ -226,8 +228,9 @@ def generation_run(prefect_harness, settings, tmp_path_factory):
     replay.write_text(json.dumps({"query_id": 3, "sql": "SELECT * FROM nowhere"}) + "\n")
     generators = ["openai:scripted", f"replay:{replay}", "oracle"]
     with ScriptedOpenAIServer(_responder) as srv, pytest.MonkeyPatch.context() as mp:
-        price_model(mp, tmp, srv.base_url, (1.0, 2.0))
-        mp.setenv("QUERYLAB_OPENAI_API_KEY", "sk-test-SECRET")
+        register_model(srv.base_url, tmp, mp.setenv, name="scripted",
+                       prices="{input: 1.0, output: 2.0}", key_env="QUERYLAB_OPENAI_API_KEY",
+                       key="sk-test-SECRET", api_key_required=False)
         out = text2sql_generation(
             "t2s-flow",
             generators,
