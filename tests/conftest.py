@@ -41,9 +41,6 @@ os.environ.update(
     }
 )
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
 @pytest.fixture(scope="session")
 def pg_server_url() -> str:
     """A libpq URL of a PostgreSQL server for the whole test session.

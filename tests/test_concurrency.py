@@ -18,6 +18,7 @@ from tasks.core.concurrency import (
     Limiter, call_slot, default_max_trials, limiter, stage_slot_name, trial_slot,
 )
 from tests.fakes.openai_server import ScriptedOpenAIServer, delay, tool_calls
+from tests.helpers import register_model
 
 QUERY = "nasdaq_top_volume_2012"
 
@@ -35,30 +36,29 @@ def _slow_turn(body: dict, index: int):
     return delay(0.15, step)
 
 
-def _models(tmp_path, monkeypatch, srv, extra: str = "") -> str:
-    path = tmp_path / "models.yaml"
-    path.write_text(f"models:\n  - {{name: conc-m, base_url: '{srv.base_url}', "
-                    f"prices: {{input: 1, output: 1}}, context_window: 100000{extra}}}\n")
-    monkeypatch.setenv("QUERYLAB_MODELS", str(path))
-    return "openai:conc-m"
+def _models(tmp_path, monkeypatch, srv, model_cap: int | None = None) -> str:
+    """Model ``conc-m`` at ``srv`` (with its own ``max_concurrency`` when ``model_cap``)."""
+    cap = {"max_concurrency": model_cap} if model_cap else {}
+    return register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="conc-m",
+                          prices="{input: 1, output: 1}", **cap)
 
 
-@pytest.mark.parametrize(("argv", "extra", "cap", "trials_cap"), [
-    (["--max-concurrency", "4"], "", 4, 8),
+@pytest.mark.parametrize(("argv", "model_cap", "cap", "trials_cap"), [
+    (["--max-concurrency", "4"], None, 4, 8),
     # the model's own cap wins over a larger stage cap
-    (["--max-concurrency", "16"], ", max_concurrency: 2", 2, 32),
+    (["--max-concurrency", "16"], 2, 2, 32),
     # trials admitted bounded apart from calls in flight
-    (["--max-concurrency", "4", "--max-trials", "6"], "", 4, 6),
+    (["--max-concurrency", "4", "--max-trials", "6"], None, 4, 6),
 ])
 def test_cli_run_never_has_more_trials_in_flight_than_the_cap(
-    prefect_harness, settings, stocks_manifest, tmp_path, monkeypatch, capsys, argv, extra, cap,
+    prefect_harness, settings, stocks_manifest, tmp_path, monkeypatch, capsys, argv, model_cap, cap,
     trials_cap,
 ):
     from querylab.cli import main
 
     run_id = f"conc-{cap}-{trials_cap}"
     with ScriptedOpenAIServer(_slow_turn) as srv:
-        agent = _models(tmp_path, monkeypatch, srv, extra)
+        agent = _models(tmp_path, monkeypatch, srv, model_cap)
         # 5 queries x 4 trials = 20 trials in batches of 3 (7 batches): batch size is no bound
         status = main(["run", "--agent", agent, "--dataset", "stocks", "--trials", "4",
                        "--batch-size", "3", "--run-id", run_id, *argv])
@@ -79,7 +79,7 @@ def test_cli_run_never_has_more_trials_in_flight_than_the_cap(
     # trials admitted never beyond their bound; more trials than call slots were admitted
     # (20 trials start at once: those past the call cap wait for a call slot, not a trial one)
     assert admitted.in_use == 0 and cap < admitted.peak <= trials_cap, (admitted.peak, cap)
-    if extra:
+    if model_cap:
         return
     from querylab.cli import main as cli_main
 
@@ -233,7 +233,7 @@ def test_waiting_for_a_call_slot_is_not_the_trials_wall_time(
 
     run_id = "queued-trials"
     with ScriptedOpenAIServer(_queued_turn) as srv:
-        agent = _models(tmp_path, monkeypatch, srv, ", max_concurrency: 1")
+        agent = _models(tmp_path, monkeypatch, srv, model_cap=1)
         status = main(["run", "--agent", agent, "--dataset", "stocks", "--trials", "2",
                        "--trial-timeout", "4", "--run-id", run_id])
         peak = srv.max_in_flight

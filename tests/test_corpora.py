@@ -17,7 +17,7 @@ from tasks.text2sql.corpora import (
     tpcds_schema,
 )
 from tasks.text2sql.sql_features import extract_features
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 SPIDER_GOLD = SHARED_DATA / "sql_corpora" / "spider_dev_gold.sql"
 BIRD_GOLD = SHARED_DATA / "sql_corpora" / "bird_dev_gold.sql"

@@ -256,7 +256,7 @@ def test_schema_errors_are_clear():
 
 
 def test_spider_schema_and_queries(tmp_path):
-    from tests.conftest import SHARED_DATA
+    from tests.helpers import SHARED_DATA
 
     ddl_file = SHARED_DATA / "spider" / "databases" / "concert_singer" / "schema.sql"
     if not ddl_file.exists():

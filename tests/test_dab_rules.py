@@ -275,7 +275,7 @@ def test_run_a_dab_fixture_with_the_oracle(imported, prefect_harness, settings, 
 
 
 @pytest.fixture
-def scripted_model(tmp_path, monkeypatch):
+def total_as_text_model(tmp_path, monkeypatch):
     """A scripted server: query1 (the total) answered by text without a tool call (a
     ``no_tool_call`` ending), every other question by return_answer("4.5"); yields (agent, server)."""
     lock = threading.Lock()
@@ -293,10 +293,10 @@ def scripted_model(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_hints_on_and_off_prompts_in_the_transcripts(imported, suite, prefect_harness, settings,
-                                                     scripted_model):
+                                                     total_as_text_model):
     from flows.benchmark import benchmark
 
-    agent, srv = scripted_model
+    agent, srv = total_as_text_model
     out = benchmark(run_id="dab-hints", datasets=["tinyshop"], agents=[agent], n_trials=1,
                     batch_size=10, artifacts_root=settings.artifacts, hints=["off", "on"],
                     agent_options={"cache": "off"})

@@ -14,6 +14,7 @@ import pytest
 
 from tasks.core import storage
 from tests.fakes.openai_server import ScriptedOpenAIServer, raw_tool_calls
+from tests.helpers import register_model
 
 #: Columns that hold wall-clock timings or the run id (everything else must be equal).
 VOLATILE = {"latency_s", "queue_s", "duration_s", "run_id"}
@@ -61,12 +62,9 @@ def test_trials_on_a_local_dask_cluster_equal_the_thread_pool_run(
     manifest = storage.join(settings.artifacts, "datasets", "stocks", stocks_manifest["version"],
                             "manifest.json")
     with ScriptedOpenAIServer(_turn) as srv:
-        path = tmp_path / "models.yaml"
-        path.write_text(f"models:\n  - {{name: dask-m, base_url: '{srv.base_url}', "
-                        "api_key_env: QL_DASK_KEY, prices: {input: 1, output: 2}, "
-                        "context_window: 100000}\n")
-        monkeypatch.setenv("QUERYLAB_MODELS", str(path))  # reaches the workers by environment
-        monkeypatch.setenv("QL_DASK_KEY", "sk-dask-test")
+        # the table and the key reach the workers by environment
+        register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="dask-m",
+                       key_env="QL_DASK_KEY", key="sk-dask-test", prices="{input: 1, output: 2}")
         agents = ["openai:dask-m", "oracle"]
         outs = {}
         for name, runner in (("threads", "threads"), ("dask", "dask")):

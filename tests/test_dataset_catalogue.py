@@ -22,7 +22,7 @@ from tasks.datasets.spec import load_spec, spec_path
 from tasks.agents.tools import ToolBox
 from tasks.scoring.scoring_file import full_manifest
 from tasks.scoring.validate import check_answer, is_correct, normalise
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 CATALOGUE = ("movies", "stocks", "flights", "superstore", "aircraft", "military", "news",
              "pancancer", "github", "music")

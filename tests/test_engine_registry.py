@@ -68,9 +68,9 @@ def test_a_spec_accepts_a_registered_engine_with_no_other_edit(tmp_path):
     import yaml
 
     from tasks.datasets.spec import SpecError, load_spec
-    from tests.test_spec_errors import base
+    from tests.helpers import scaffold_spec
 
-    raw = base()
+    raw = scaffold_spec()
     raw["databases"]["lab"]["engine"] = "toy"
     path = tmp_path / "toy.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -78,7 +78,7 @@ def test_a_spec_accepts_a_registered_engine_with_no_other_edit(tmp_path):
     for edit, problem in (
             (lambda db: db.update(engine="nosuch"), "unknown engine 'nosuch'; fix: use one of "),
             (lambda db: db.pop("engine"), "required field missing; fix: add `engine:` one of ")):
-        raw = base()
+        raw = scaffold_spec()
         edit(raw["databases"]["lab"])
         path.write_text(yaml.safe_dump(raw))
         with pytest.raises(SpecError) as err:

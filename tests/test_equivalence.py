@@ -24,6 +24,7 @@ from tasks.equivalence.tables import (
     time_table,
 )
 from tests.fakes.openai_server import ScriptedOpenAIServer, message
+from tests.helpers import register_model
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "equivalence"
 DDL = ("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER);"
@@ -270,14 +271,9 @@ def test_flow_over_pairs_and_methods(prefect_harness, tmp_path, shop_db, monkeyp
     options = {"budget": {"max_instances": 150, "time_limit_s": 60}}
     with ScriptedOpenAIServer(_judge_reply) as srv:
         # the judge's prices come from the models table (here a QUERYLAB_MODELS file)
-        models = tmp_path / "models.yaml"
-        models.write_text(
-            f"models:\n  - {{name: scripted, base_url: '{srv.base_url}', "
-            "api_key_env: QUERYLAB_OPENAI_API_KEY, prices: {input: 1.0, output: 4.0}, "
-            "context_window: 100000}\n"
-        )
-        monkeypatch.setenv("QUERYLAB_MODELS", str(models))
-        monkeypatch.setenv("QUERYLAB_OPENAI_API_KEY", "sk-test-SECRET")
+        register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="scripted",
+                       key_env="QUERYLAB_OPENAI_API_KEY", key="sk-test-SECRET",
+                       prices="{input: 1.0, output: 4.0}")
         out = equivalence(run_id="eq-flow", pairs_path=str(pairs), methods=methods,
                           options=options, batch_size=3, artifacts_root=settings.artifacts)
         assert srv.request_count == 2 * 4 and not srv.errors
@@ -366,7 +362,7 @@ def test_cli_find_run_and_report(prefect_harness, tmp_path, shop_db, capsys, set
 def test_spider_database_built_by_the_text_to_sql_task(tmp_path):
     """Pairs over a Spider database by name: execution match says *equivalent* on the real
     data, the finder shows why they are not (a singer whose age is NULL)."""
-    from tests.conftest import SHARED_DATA
+    from tests.helpers import SHARED_DATA
 
     spider = pytest.importorskip("tasks.text2sql.spider")
     source = SHARED_DATA / "spider" / "databases" / "concert_singer"

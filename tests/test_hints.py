@@ -72,7 +72,7 @@ def test_plan_batches_doubles_prompt_agents_only(stocks_manifest, settings):
 
 
 @pytest.fixture
-def scripted_model(tmp_path, monkeypatch):
+def answers_facebook_model(tmp_path, monkeypatch):
     """A scripted server that answers every request with return_answer("Facebook"), registered
     as model ``hint-m``; yields (agent name, server)."""
     lock = threading.Lock()
@@ -88,10 +88,10 @@ def scripted_model(tmp_path, monkeypatch):
 
 
 def test_hints_on_and_off_in_one_run_over_http(prefect_harness, settings, stocks_manifest,
-                                               scripted_model, tmp_path):
+                                               answers_facebook_model, tmp_path):
     from flows.benchmark import benchmark
 
-    agent, srv = scripted_model
+    agent, srv = answers_facebook_model
     root = str(tmp_path / "artifacts")
     out = benchmark(run_id="hints-both", datasets=["stocks"], agents=[agent, "oracle"],
                     n_trials=1, batch_size=10, artifacts_root=root, hints=["off", "on"],

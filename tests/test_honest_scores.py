@@ -31,6 +31,7 @@ from tests.fakes.openai_server import (
     message,
     tool_calls,
 )
+from tests.helpers import browser_dom, fixed_ground_truth, register_model
 
 QUERY = "nasdaq_top_volume_2012"  # ground truth: Facebook
 
@@ -167,7 +168,7 @@ def test_messages_audit_and_viewer_in_chromium(tmp_path, manifest_uri, model, st
     viewer.unlink()
     assert main(["view", "--run-id", run_id, "--artifacts", root]) == 0
     assert viewer.exists()
-    dom = _dom(viewer, tmp_path, f"trial={key0}")
+    dom = browser_dom(viewer, tmp_path, f"trial={key0}")
     check = _check(dom)
     assert check["status"] == "ok" and check["trials"] == "2" and check["selected"] == key0
     pane = dom[dom.index('id="detail"'):]
@@ -178,34 +179,14 @@ def test_messages_audit_and_viewer_in_chromium(tmp_path, manifest_uri, model, st
         assert html.escape(content, quote=False) in pane, content[:80]
     assert pane.count('data-role="tool"') == 3 and pane.count("<details") >= 3  # collapsed
     # filters from the URL fragment: the flagged trial alone; model output stays text
-    dom = _dom(viewer, tmp_path, f"flagged=only&trial={key1}")
+    dom = browser_dom(viewer, tmp_path, f"flagged=only&trial={key1}")
     check = _check(dom)
     assert check["shown"] == "1" and check["selected"] == key1
     pane = dom[dom.index('id="detail"'):]
     assert html.escape(HOSTILE_ANSWER, quote=False) in pane and '<img src="x"' not in dom
     assert "<title>querylab transcripts" in dom and "pwned" not in dom.split("</title>")[0]
     assert "/etc/hostname" in pane  # the audit finding is shown
-    assert _check(_dom(viewer, tmp_path, "verdict=errored"))["shown"] == "0"
-
-
-def _dom(page: Path, tmp_path: Path, fragment: str) -> str:
-    """The page's DOM after load in headless Chromium, opened at ``#<fragment>``."""
-    res = _browse_fragment(page, tmp_path, fragment)
-    assert res.returncode == 0, res.stderr[-2000:]
-    return res.stdout
-
-
-def _browse_fragment(page: Path, tmp_path: Path, fragment: str):
-    import subprocess
-
-    from tests.helpers import CHROMIUM_FLAGS, chromium
-
-    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.iterdir()))}"
-    return subprocess.run(
-        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom",
-         page.resolve().as_uri() + "#" + fragment],
-        check=False, capture_output=True, text=True, timeout=120,
-    )
+    assert _check(browser_dom(viewer, tmp_path, "verdict=errored"))["shown"] == "0"
 
 
 def _check(dom: str) -> dict[str, str]:
@@ -254,15 +235,6 @@ def test_audit_flags_answer_key_reads_and_prompt_free_answers(tmp_path, manifest
 
 
 # -- rescoring without model calls ---------------------------------------------------------------
-
-
-def fixed_ground_truth(spec_text: str, query_id: str, sql: str) -> str:
-    """A spec's text with query ``query_id``'s ground-truth SQL replaced by ``sql`` (a "fix")."""
-    start = spec_text.index(f"  - id: {query_id}\n")
-    head = spec_text.index("    ground_truth:\n", start)
-    end = spec_text.index("    validator:", head)
-    return (spec_text[:head] + f"    ground_truth:\n      sql: \"{sql}\"\n"
-            + spec_text[end:])
 
 
 @pytest.mark.slow
@@ -490,11 +462,8 @@ def test_named_endpoint_overrides_the_models_table(tmp_path, manifest_uri, monke
     from tasks.core.llm import endpoint_warning
     from tasks.trials.stage import check_agents
 
-    table = tmp_path / "models.yaml"
-    table.write_text("models:\n  - {name: tbl-m, base_url: 'https://api.example.invalid/v1', "
-                     "api_key_env: QL_TBL_KEY, prices: {input: 1, output: 1}, "
-                     "context_window: 1000}\n")
-    monkeypatch.setenv("QUERYLAB_MODELS", str(table))
+    register_model("https://api.example.invalid/v1", tmp_path, monkeypatch.setenv, name="tbl-m",
+                   key_env="QL_TBL_KEY", prices="{input: 1, output: 1}", context_window=1000)
     monkeypatch.delenv("QL_TBL_KEY", raising=False)  # not needed once the endpoint is named
     root = str(tmp_path / "art")
     with ScriptedOpenAIServer(lambda b, i: tool_calls(("return_answer", {"answer": "x"}))) as srv:

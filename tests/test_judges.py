@@ -19,6 +19,7 @@ from tasks.equivalence.judges import (
     run_judge,
 )
 from tests.fakes.openai_server import ScriptedOpenAIServer, error, message
+from tests.helpers import register_model
 
 SCHEMA = ("CREATE TABLE employee (id INTEGER PRIMARY KEY, name TEXT NOT NULL, "
           "salary INTEGER NOT NULL);")
@@ -119,12 +120,9 @@ def _client(srv, model: str = "scripted", **options):
 def test_run_judge_over_http_records_tokens_cost_and_temperature_zero(tmp_path, monkeypatch):
     usage = {"prompt_tokens": 1200, "completion_tokens": 300}
     with ScriptedOpenAIServer([message(GOOD_COUNTEREXAMPLE, usage=usage)]) as srv:
-        models = tmp_path / "models.yaml"  # prices come from the models table only
-        models.write_text(
-            f"models:\n  - {{name: judge-model, base_url: '{srv.base_url}', "
-            "prices: {input: 2.0, output: 8.0}, context_window: 100000}\n"
-        )
-        monkeypatch.setenv("QUERYLAB_MODELS", str(models))
+        # prices come from the models table only
+        register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="judge-model",
+                       prices="{input: 2.0, output: 8.0}")
         chat = judge_model("judge-model", Settings(), artifacts_root=str(tmp_path / "art"))
         out = run_judge(chat, "counter_example", "semantic",
                         sql1=PAIR.sql1, sql2=PAIR.sql2, schema_ddl=SCHEMA)

@@ -42,7 +42,7 @@ from tasks.lifecycle.runner import db_path
 from tasks.lifecycle.schema import execute_ddl, read_sqlite_schema, sqlite_ddl
 from tasks.scoring.result_match import results_match
 from tasks.text2sql.spider import run_sqlite
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 SPIDER_DIR = SHARED_DATA / "spider" / "databases"
 QUESTIONS = SHARED_DATA / "spider" / "dev.json"

@@ -28,8 +28,8 @@ from tasks.lifecycle.rewrite import (
     rewrite_items,
 )
 from tasks.lifecycle.runner import RunContext, run_item
-from tests.conftest import SHARED_DATA
 from tests.fakes.openai_server import ScriptedOpenAIServer, error, message
+from tests.helpers import SHARED_DATA, register_model
 
 CHINOOK = SHARED_DATA / "chinook" / "Chinook_Sqlite.sqlite"
 CFG = LifecycleConfig(include_chinook=True, spider_db_ids=[], design_table_counts=[1, 2], seed=5)
@@ -57,13 +57,9 @@ class _Responder:
 @pytest.fixture
 def models_env(tmp_path, monkeypatch):
     def setup(base_url: str) -> Settings:
-        path = tmp_path / "models.yaml"
-        path.write_text(
-            f"models:\n  - {{name: rw, base_url: '{base_url}', "
-            "api_key_env: QUERYLAB_OPENAI_API_KEY, api_key_required: false, "
-            "prices: {input: 1.0, output: 2.0}, context_window: 100000}\n"
-        )
-        monkeypatch.setenv("QUERYLAB_MODELS", str(path))
+        register_model(base_url, tmp_path, monkeypatch.setenv, name="rw",
+                       key_env="QUERYLAB_OPENAI_API_KEY", api_key_required=False,
+                       prices="{input: 1.0, output: 2.0}")
         return Settings(openai_base_url=base_url, openai_api_key="sk-test")
 
     return setup

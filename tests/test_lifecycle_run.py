@@ -26,8 +26,8 @@ from tasks.lifecycle.agents import (
 from tasks.lifecycle.items import generate_phase_items, prepare_databases
 from tasks.lifecycle.runner import SYSTEM_PROMPTS, RunContext, progressive_prompt, run_item
 from tasks.lifecycle.schema import read_sqlite_schema
-from tests.conftest import SHARED_DATA
 from tests.fakes.openai_server import ScriptedOpenAIServer, message, tool_calls
+from tests.helpers import SHARED_DATA, register_model
 
 SPIDER_DIR = SHARED_DATA / "spider" / "databases"
 QUESTIONS = SHARED_DATA / "spider" / "dev.json"
@@ -71,22 +71,18 @@ def test_oracle_scores_one_on_every_phase(setup):
 # ------------------------------------------------------------- scripted model, hand computed
 
 
-def _models_file(directory: Path, base_url: str) -> Path:
-    """A QUERYLAB_MODELS file pricing model ``scripted`` at ``base_url`` (USD 1 / 2 per million
-    input / output tokens): prices come from the models table only."""
-    path = directory / "models.yaml"
-    path.write_text(
-        f"models:\n  - {{name: scripted, base_url: '{base_url}', "
-        "api_key_env: QUERYLAB_OPENAI_API_KEY, api_key_required: false, "
-        "prices: {input: 1.0, output: 2.0}, context_window: 100000}\n"
-    )
-    return path
+def _register_scripted(directory: Path, base_url: str, setenv, key: str | None = None) -> None:
+    """A QUERYLAB_MODELS file (in ``directory``) pricing model ``scripted`` at ``base_url``
+    (USD 1 / 2 per million input / output tokens): prices come from the models table only."""
+    register_model(base_url, directory, setenv, name="scripted",
+                   key_env="QUERYLAB_OPENAI_API_KEY", key=key, api_key_required=False,
+                   prices="{input: 1.0, output: 2.0}")
 
 
 def _agent(srv: ScriptedOpenAIServer, cache=None, **cfg) -> OpenAIAgent:
     settings = Settings(openai_base_url=srv.base_url, openai_api_key="sk-test")
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
-        mp.setenv("QUERYLAB_MODELS", str(_models_file(Path(tmp), srv.base_url)))
+        _register_scripted(Path(tmp), srv.base_url, mp.setenv)
         config = LifecycleConfig(**{"api_retries": 0, **cfg})
         agent = OpenAIAgent("scripted", settings, config, cache)
     assert agent.resolved.priced
@@ -430,8 +426,7 @@ def flow_run(prefect_harness, settings, tmp_path_factory):
         ScriptedOpenAIServer(_Responder(settings.artifacts, run_id)) as srv,
         pytest.MonkeyPatch.context() as mp,
     ):
-        mp.setenv("QUERYLAB_MODELS", str(_models_file(replay.parent, srv.base_url)))
-        mp.setenv("QUERYLAB_OPENAI_API_KEY", "sk-test-SECRET")
+        _register_scripted(replay.parent, srv.base_url, mp.setenv, key="sk-test-SECRET")
         out = lifecycle(
             run_id,
             models,

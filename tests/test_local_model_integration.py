@@ -32,7 +32,7 @@ from tasks.agents import local_model
 from tasks.core import storage
 from tasks.core.llm import load_models_config
 from tasks.agents.tools import TOOL_NAMES
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 pytestmark = pytest.mark.integration
 

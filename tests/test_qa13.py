@@ -16,9 +16,8 @@ import polars as pl
 import pytest
 
 from tasks.core import storage
-from tasks.report.stage import report_run
 from tasks.scoring.stage import score_run
-from tasks.trials.stage import combine_trials, run_trial_batch
+from tasks.trials.stage import combine_trials
 from tests.fakes.openai_server import (
     ScriptedOpenAIServer,
     delay,
@@ -28,41 +27,11 @@ from tests.fakes.openai_server import (
     raw_tool_calls,
     tool_calls,
 )
+from tests.helpers import run_batch
 
 STOCKS_Q = "nasdaq_top_volume_2012"  # ground truth: Facebook
 MOVIES_Q = "spielberg_box_office"
 _OPENAI_ID = re.compile(r"[A-Za-z0-9_-]{1,40}")
-
-
-def run_batch(root: str, run_id: str, manifest_uri: str, agent: str, items: list,
-              key: str = "b", options: dict | None = None, score: bool = True) -> dict:
-    """One batch through the real trial task, combined, scored and reported (every stage
-    after the trials must cope with what the model sent). Returns the trial rows (dicts by
-    trial index) and the score summary."""
-    batch = {"key": key, "agent": agent, "manifest_uri": manifest_uri, "items": items,
-             "options": options or {}}
-    run_trial_batch.fn(run_id, root, batch, max_concurrency=1)  # scripted in call order
-    storage.write_json(storage.join(root, "runs", run_id, "trials", "manifests.json"),
-                       [manifest_uri])
-    combine_trials.fn(run_id, root, [key])
-    out: dict = {}
-    _dbg = os.environ.get("QA13_DEBUG")
-    if score:
-        out["summary"] = score_run(run_id, root)
-        report_run(run_id, root)
-        scores = pl.read_parquet(out["summary"]["scores"])
-        out["scores"] = {r["trial"]: r for r in scores.iter_rows(named=True)}
-    trials = pl.read_parquet(storage.join(root, "runs", run_id, "trials", "trials.parquet"))
-    out["trials"] = {r["trial"]: r for r in trials.iter_rows(named=True)}
-    out["messages"] = pl.read_parquet(storage.join(root, "runs", run_id, "trials",
-                                                   "messages.parquet"))
-    out["llm_calls"] = pl.read_parquet(storage.join(root, "runs", run_id, "trials",
-                                                    "llm_calls.parquet"))
-    if _dbg:
-        for t, r in out["trials"].items():
-            print("TRIAL", run_id, t, r["terminate_reason"], (r["error"] or "")[:300])
-        print("TOOL", [c[:200] for c in out["messages"].filter(pl.col("role") == "tool")["content"]])
-    return out
 
 
 def _turns(body: dict) -> int:
@@ -622,7 +591,7 @@ def test_scoring_is_tamper_evident_and_rescore_follows_the_spec(tmp_path, own_st
     from tasks.core import runs
     from tasks.scoring.scoring_file import load_scoring, pinned_scoring_uri, scoring_uri
     from tasks.report.viewer import viewer_data
-    from tests.test_honest_scores import fixed_ground_truth
+    from tests.helpers import fixed_ground_truth
 
     root, uri = own_stocks
     runs.record_benchmark(root, "spec-fix", {"datasets": ["stocks"], "agents": ["oracle"]})

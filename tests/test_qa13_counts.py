@@ -139,7 +139,7 @@ def test_a_harness_failure_after_a_paid_response_keeps_the_call(tmp_path, monkey
     """The response cache cannot be written (a full disk) after the second response arrived:
     the trial is errored (querylab's side), and keeps both paid calls and its transcript."""
     from tasks.core.llm import ResponseCache
-    from tests.test_qa13 import run_batch
+    from tests.helpers import run_batch
 
     real_put = ResponseCache.put
     puts = {"n": 0}
@@ -170,7 +170,7 @@ def test_a_trial_interrupted_mid_way_keeps_its_paid_calls_on_resume(tmp_path, mo
     """The process is interrupted (as by a kill) after the first model call of a trial; on
     resume the call is a $0 cache hit, but the cost paid before the interruption is kept."""
     from tasks.agents.tools import ToolBox
-    from tests.test_qa13 import run_batch
+    from tests.helpers import run_batch
 
     real_call = ToolBox.call
     state = {"down": False, "paid": 0, "interrupt": True}
@@ -207,7 +207,7 @@ def test_pass_at_k_counts_the_queries_left_out(tmp_path, model, stocks_uri, caps
     loses both (no scored trial), one has both. pass@2 is over one query and the table says
     so; the all-errored query is counted, not dropped from ALL."""
     from querylab.cmd_report import print_report, with_run_details
-    from tests.test_qa13 import run_batch
+    from tests.helpers import run_batch
 
     fail = {"apple_2005_volatility": {1}, "best_it_return_2010": {0, 1}}  # trial indices
     ids = ["apple_2005_volatility", "best_it_return_2010", "nasdaq_top_volume_2012"]
@@ -268,7 +268,7 @@ def test_endpoint_escapes_are_stripped_and_model_markup_is_escaped(tmp_path, mod
     from querylab.cmd_report import print_report, with_run_details
     from tasks.core.llm import ResolvedModel  # noqa: F401 - the preflight below uses the table model
     from tasks.core.llm import preflight, resolve_model
-    from tests.test_qa13 import run_batch
+    from tests.helpers import run_batch
 
     def responder(body, index):
         if is_preflight(body):
@@ -312,7 +312,7 @@ def test_judge_responses_are_cached_in_their_own_namespace(tmp_path, capsys, mon
     from pathlib import Path
 
     from querylab.cli import main
-    from tests.test_report import write_run
+    from tests.helpers import write_run
 
     root = str(tmp_path / "art")
     write_run(root, run_id="judged")
@@ -338,7 +338,7 @@ def test_a_new_run_answered_from_the_cache_is_warned_about(tmp_path, model, stoc
     one run (first paid, then a cache hit) is not warned about."""
     from querylab.cmd_report import print_report, with_run_details
     from tasks.report.stage import report_run
-    from tests.test_qa13 import run_batch
+    from tests.helpers import run_batch
 
     root = str(tmp_path / "art")
     items = [["nasdaq_top_volume_2012", 0]]
@@ -420,8 +420,8 @@ def test_viewer_says_how_many_requests_and_whether_a_result_was_cut(tmp_path, mo
     """In headless Chromium: an errored trial whose one model call took 3 HTTP attempts says
     so; a tool result shown whole is not called "shown of a" smaller result."""
     from querylab.cli import main
-    from tests.test_honest_scores import _dom
-    from tests.test_qa13 import run_batch
+    from tests.helpers import browser_dom
+    from tests.helpers import run_batch
 
     def responder(body, index):
         prompt = body["messages"][1]["content"]
@@ -441,10 +441,10 @@ def test_viewer_says_how_many_requests_and_whether_a_result_was_cut(tmp_path, mo
     assert main(["view", "--run-id", "view", "--artifacts", root]) == 0
     viewer = Path(root, "runs", "view", "report", "viewer.html")
     errored = f"{agent}|stocks|nasdaq_top_volume_2012|0"
-    pane = _dom(viewer, tmp_path, f"trial={errored}")
+    pane = browser_dom(viewer, tmp_path, f"trial={errored}")
     pane = pane[pane.index('id="detail"'):pane.index("<script")]  # the rendered page only
     assert "1 model call (3 HTTP requests" in pane
-    ok = _dom(viewer, tmp_path, f"trial={agent}|stocks|apple_2005_volatility|0")
+    ok = browser_dom(viewer, tmp_path, f"trial={agent}|stocks|apple_2005_volatility|0")
     ok = ok[ok.index('id="detail"'):ok.index("<script")]
     assert "the whole result" in ok and "-character result" not in ok
 
@@ -460,20 +460,22 @@ def test_text2sql_validation_runs_as_the_read_only_role(pg_server_url, monkeypat
     from schemas.settings import Settings
     from tasks.text2sql.generators import generate_with_validation
     from tasks.text2sql.validation import PostgresValidator, tpcds_validator_dsn
-    from tests.test_text2sql import VALID, _generator, price_model
+    from tests.helpers import TPCDS_VALID_REPLY, register_model, text2sql_generator
 
     leak = "ANALYZE SELECT CAST(pg_read_file('/etc/os-release') AS int)"
     script = [message(f"```sql\n{leak}\n```"),
               message("```sql\nSELECT CAST(pg_read_file('/etc/os-release') AS int)\n```"),
-              message(VALID)]
+              message(TPCDS_VALID_REPLY)]
     with PostgresValidator(tpcds_validator_dsn(Settings.from_env())) as validator:
         user, superuser = validator._conn.execute(
             "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
         ).fetchone()
         assert user.endswith("_ro") and superuser is False
         with ScriptedOpenAIServer(script) as srv:
-            price_model(monkeypatch, tmp_path, srv.base_url)
-            gen = _generator(srv)
+            register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="scripted",
+                           prices="{input: 2.0, output: 10.0}",
+                           key_env="QUERYLAB_OPENAI_API_KEY", api_key_required=False)
+            gen = text2sql_generator(srv)
             rows = generate_with_validation(gen, "3", "the prompt", validator.validate, 3)
             retries = [r["messages"][-1]["content"] for r in srv.requests[1:]]
             gen.close()

@@ -128,7 +128,7 @@ def test_toy_agent_and_toy_validator_run_end_to_end(toy_specs, tmp_path, capsys)
                    "--limit", "2", "--trials", "1", "--run-id", "toy-run",
                    "--artifacts", str(root)])
     out = capsys.readouterr().out
-    assert status in (0, 1), out
+    assert status == 0, out  # no trial errors (toy:no is scored incorrect, not errored)
     scores = pl.read_parquet(root / "runs" / "toy-run" / "score" / "scores.parquet")
     by_agent = {a: sorted(g["verdict"].to_list())
                 for (a,), g in scores.group_by("agent")}

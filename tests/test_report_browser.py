@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import CHROMIUM_FLAGS, chromium
-from tests.test_report import make_report, write_run
+from tests.helpers import make_report, write_run
 
 pytestmark = pytest.mark.integration  # a headless Chromium per test
 

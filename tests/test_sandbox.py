@@ -27,6 +27,7 @@ from tasks.sandbox.session import (
     run_validator,
 )
 from tasks.agents.tools import ToolBox, variable_name
+from tests.helpers import register_model
 
 pytestmark = pytest.mark.integration  # sandboxed execute_python processes
 
@@ -247,10 +248,8 @@ def no_isolation(monkeypatch):
 def test_llm_agents_refuse_without_isolation(no_isolation, monkeypatch, tmp_path):
     from tasks.trials.stage import check_agents, check_sandbox
 
-    models = tmp_path / "models.yaml"
-    models.write_text("models:\n  - {name: m, base_url: 'http://127.0.0.1:9/v1', "
-                      "prices: {input: 1, output: 1}, context_window: 1000}\n")
-    monkeypatch.setenv("QUERYLAB_MODELS", str(models))
+    register_model("http://127.0.0.1:9/v1", tmp_path, monkeypatch.setenv, name="m",
+                   prices="{input: 1, output: 1}", context_window=1000)
     with pytest.raises(AgentConfigError, match="missing a cgroup memory limit.*--unsafe-sandbox"):
         check_agents(["oracle", "openai:m"])
     assert check_sandbox(["oracle", "replay:x.json"]) is None  # they run their own code
@@ -283,10 +282,8 @@ def test_unsafe_cli_run_is_recorded_and_reported(no_isolation, prefect_harness, 
             ("return_answer", {"answer": "Facebook"}))
 
     with ScriptedOpenAIServer(responder) as srv:
-        models = tmp_path / "models.yaml"
-        models.write_text(f"models:\n  - {{name: unsafe-m, base_url: '{srv.base_url}', "
-                          "prices: {input: 1, output: 1}, context_window: 100000}\n")
-        monkeypatch.setenv("QUERYLAB_MODELS", str(models))
+        register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="unsafe-m",
+                       prices="{input: 1, output: 1}")
         status = main(["run", "--agent", "openai:unsafe-m", "--dataset", "stocks", "--trials", "1",
                        "--run-id", "unsafe-test", "--unsafe-sandbox"])
     out = capsys.readouterr().out

@@ -25,6 +25,7 @@ from tasks.sandbox.session import Sandbox
 from tasks.scoring.stage import score_frame
 from tasks.trials.stage import batch_uri, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, tool_calls
+from tests.helpers import register_model
 
 pytestmark = pytest.mark.integration  # sandboxed processes (namespaces, cgroups)
 
@@ -389,15 +390,9 @@ def test_reserve_fills_a_bounded_pool_handed_over_to_concurrent_trials(monkeypat
 @pytest.fixture
 def hostile_model(tmp_path, monkeypatch):
     def make(srv) -> str:
-        path = tmp_path / "models.yaml"
-        path.write_text(
-            "models:\n"
-            f"  - {{name: hostile, base_url: '{srv.base_url}', api_key_env: QL_HOSTILE_KEY, "
-            "prices: {input: 1, output: 1}, context_window: 1000000}\n"
-        )
-        monkeypatch.setenv("QUERYLAB_MODELS", str(path))
-        monkeypatch.setenv("QL_HOSTILE_KEY", "sk-hostile-SECRET-key")
-        return "openai:hostile"
+        return register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="hostile",
+                              key_env="QL_HOSTILE_KEY", key="sk-hostile-SECRET-key",
+                              prices="{input: 1, output: 1}", context_window=1_000_000)
 
     return make
 

@@ -8,14 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from querylab.cmd_datasets import SPEC_TEMPLATE
 from tasks.datasets.build import build_dataset_artifacts
 from tasks.datasets.spec import SpecError, check_sources, load_spec
-
-
-def base() -> dict:
-    """A valid spec (the scaffold's penguins example) as a dict."""
-    return yaml.safe_load(SPEC_TEMPLATE.format(name="penguins"))
+from tests.helpers import scaffold_spec
 
 
 def write(tmp_path: Path, raw: dict) -> Path:
@@ -25,7 +20,7 @@ def write(tmp_path: Path, raw: dict) -> Path:
 
 
 def error_for(tmp_path: Path, edit) -> tuple[Path, SpecError]:
-    raw = base()
+    raw = scaffold_spec()
     edit(raw)
     path = write(tmp_path, raw)
     with pytest.raises(SpecError) as err:
@@ -36,7 +31,7 @@ def error_for(tmp_path: Path, edit) -> tuple[Path, SpecError]:
 
 
 def test_the_base_spec_is_valid(tmp_path):
-    spec = load_spec(write(tmp_path, base()))
+    spec = load_spec(write(tmp_path, scaffold_spec()))
     assert spec.name == "penguins" and len(spec.queries) == 2
 
 
@@ -108,7 +103,7 @@ def test_source_file_that_is_missing(tmp_path):
     def local_source(r):
         r["sources"]["penguins_raw"] = {"path": "penguins_2024.csv", "format": "csv"}
 
-    raw = base()
+    raw = scaffold_spec()
     local_source(raw)
     path = write(tmp_path, raw)
     spec = load_spec(path)  # the spec itself is fine ...
@@ -123,7 +118,7 @@ def test_source_file_that_is_missing(tmp_path):
 
 
 def test_package_that_is_not_installed(tmp_path):
-    raw = base()
+    raw = scaffold_spec()
     raw["sources"]["penguins_raw"]["package"] = "no_such_data_package"
     path = write(tmp_path, raw)
     with pytest.raises(SpecError) as err:
@@ -186,13 +181,13 @@ def test_derive_compose_and_shard_are_checked(tmp_path):
 
 
 def test_derive_and_shard_build_errors_name_the_field(tmp_path, settings):
-    raw = base()
+    raw = scaffold_spec()
     raw["placements"][0]["derive"] = {"beak": "no_such_function(island)"}
     with pytest.raises(SpecError) as err:
         build_dataset_artifacts.fn(str(write(tmp_path, raw)), str(tmp_path / "a"), str(
             Path(__file__).resolve().parents[1] / "data"))
     assert err.value.field == "placements[0].derive.beak"
-    raw = base()
+    raw = scaffold_spec()
     raw["placements"][0]["shard"] = {"by": "sex"}  # values 'female'/'male', and NULL left out
     raw["queries"][0]["requires"]["sources"] = ["field.males", "lab.measurements"]
     with pytest.raises(SpecError) as err:

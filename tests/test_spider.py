@@ -18,7 +18,7 @@ from tasks.text2sql.spider import (
     score_execution_accuracy,
     translate_mysql_ddl,
 )
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 SPIDER_DIR = SHARED_DATA / "spider" / "databases"
 SPIDER_GOLD = SHARED_DATA / "sql_corpora" / "spider_dev_gold.sql"

@@ -14,7 +14,7 @@ import pytest
 
 from tasks.db import sqlite_guard
 from tasks.lifecycle.schema import run_readonly
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA, register_model
 
 SPIDER_DIR = SHARED_DATA / "spider" / "databases"
 QUESTIONS = SHARED_DATA / "spider" / "dev.json"
@@ -212,12 +212,9 @@ def test_model_answer_over_http_cannot_touch_the_lifecycle_database(tmp_path, mo
     ]
     script = [message(f"```sql\n{sql}\n```") for sql in attacks]
     with ScriptedOpenAIServer(script) as srv:
-        models = tmp_path / "models.yaml"
-        models.write_text(
-            f"models:\n  - {{name: scripted, base_url: '{srv.base_url}', "
-            "api_key_env: QUERYLAB_OPENAI_API_KEY, api_key_required: false, "
-            "prices: {input: 1.0, output: 2.0}, context_window: 100000}\n")
-        monkeypatch.setenv("QUERYLAB_MODELS", str(models))
+        register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="scripted",
+                       key_env="QUERYLAB_OPENAI_API_KEY", api_key_required=False,
+                       prices="{input: 1.0, output: 2.0}")
         agent = OpenAIAgent("scripted", Settings(openai_base_url=srv.base_url,
                                                  openai_api_key="sk-test"), cfg, None)
         ctx = RunContext(dbs, cfg)

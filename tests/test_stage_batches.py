@@ -18,7 +18,7 @@ import pytest
 from schemas.lifecycle import LifecycleConfig
 from schemas.text2sql import GenerationConfig
 from tasks.core.runs import StageFailed, batch_key, spec_fingerprint
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 QUESTIONS = str(SHARED_DATA / "tpcds" / "business_questions.json")
 SPIDER_DIR = SHARED_DATA / "spider" / "databases"

@@ -20,7 +20,6 @@ from tasks.text2sql.sql_features import NUMERIC_FEATURES
 from tasks.text2sql.generators import (
     RETRY_PROMPT,
     GeneratorConfigError,
-    OpenAIGenerator,
     ReplayGenerator,
     extract_sql,
     generate_with_validation,
@@ -28,8 +27,8 @@ from tasks.text2sql.generators import (
 )
 from tasks.text2sql.stage import plan_generation_batches
 from tasks.text2sql.validation import PostgresValidator, tpcds_postgres_dsn
-from tests.conftest import SHARED_DATA
 from tests.fakes.openai_server import ScriptedOpenAIServer, error, message
+from tests.helpers import SHARED_DATA, TPCDS_VALID_REPLY, register_model, text2sql_generator
 
 QUESTIONS = str(SHARED_DATA / "tpcds" / "business_questions.json")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -39,7 +38,6 @@ INVALID = [
     "SELECT * FROM no_such_table;",
     "```sql\nSELECT ss_item_sk FROM store_sales GROUP BY\n```",
 ]
-VALID = "```sql\nSELECT ss_item_sk, sum(ss_net_profit) FROM store_sales GROUP BY ss_item_sk;\n```"
 
 
 @pytest.fixture(scope="module")
@@ -48,32 +46,17 @@ def validator(pg_server_url):
         yield v
 
 
-def _generator(srv: ScriptedOpenAIServer, cache=None, **config) -> OpenAIGenerator:
-    settings = Settings(openai_base_url=srv.base_url, openai_api_key="sk-test")
-    config = {"api_retries": 0, **config}
-    return OpenAIGenerator("scripted", settings, GenerationConfig(**config), cache)
-
-
-def price_model(monkeypatch, tmp_path, base_url: str, prices=(2.0, 10.0), name="scripted"):
-    """Put ``name`` in a QUERYLAB_MODELS file at ``base_url`` with USD ``prices`` per million
-    input / output tokens (the only place prices come from)."""
-    path = tmp_path / "models.yaml"
-    path.write_text(
-        f"models:\n  - {{name: {name}, base_url: '{base_url}', "
-        "api_key_env: QUERYLAB_OPENAI_API_KEY, api_key_required: false, "
-        f"prices: {{input: {prices[0]}, output: {prices[1]}}}, context_window: 100000}}\n"
-    )
-    monkeypatch.setenv("QUERYLAB_MODELS", str(path))
-
-
 def test_invalid_twice_then_valid_is_a_success_after_three_attempts(
     validator, monkeypatch, tmp_path
 ):
     usage = {"prompt_tokens": 1000, "completion_tokens": 50}
-    script = [message(INVALID[0], usage), message(INVALID[1], usage), message(VALID, usage)]
+    script = [message(INVALID[0], usage), message(INVALID[1], usage),
+              message(TPCDS_VALID_REPLY, usage)]
     with ScriptedOpenAIServer(script) as srv:
-        price_model(monkeypatch, tmp_path, srv.base_url, (2.0, 10.0))
-        gen = _generator(srv, ResponseCache(str(tmp_path / "artifacts")))
+        register_model(srv.base_url, tmp_path, monkeypatch.setenv, name="scripted",
+                       prices="{input: 2.0, output: 10.0}", key_env="QUERYLAB_OPENAI_API_KEY",
+                       api_key_required=False)
+        gen = text2sql_generator(srv, ResponseCache(str(tmp_path / "artifacts")))
         assert gen.resolved.priced and gen.resolved.prices.input == 2.0
         rows = generate_with_validation(gen, "3", "the prompt", validator.validate, max_retries=3)
         requests = srv.requests
@@ -110,9 +93,9 @@ def test_invalid_twice_then_valid_is_a_success_after_three_attempts(
 
 
 def test_invalid_four_times_fails_after_three_retries(validator):
-    with ScriptedOpenAIServer([message(s) for s in INVALID] + [message(VALID)]) as srv:
+    with ScriptedOpenAIServer([message(s) for s in INVALID] + [message(TPCDS_VALID_REPLY)]) as srv:
         rows = generate_with_validation(
-            _generator(srv), "3", "p", validator.validate, max_retries=3
+            text2sql_generator(srv), "3", "p", validator.validate, max_retries=3
         )
         n_requests = srv.request_count
     assert n_requests == 4  # 1 try + 3 retries; the valid 5th answer is never asked for
@@ -124,30 +107,30 @@ def test_invalid_four_times_fails_after_three_retries(validator):
 
 
 def test_api_error_is_recorded_and_not_retried_as_a_generation(validator):
-    with ScriptedOpenAIServer([error(500), message(VALID)]) as srv:
-        rows = generate_with_validation(_generator(srv), "3", "p", validator.validate)
+    with ScriptedOpenAIServer([error(500), message(TPCDS_VALID_REPLY)]) as srv:
+        rows = generate_with_validation(text2sql_generator(srv), "3", "p", validator.validate)
     assert len(rows) == 1 and not rows[0]["valid"]
     assert rows[0]["error"].startswith("api_error: HTTP 500")
     assert "gave up after 1 attempts" in rows[0]["error"]
     # infrastructure errors are retried by the shared model layer, honouring Retry-After,
     # and the call is still one attempt (row) of the generation
-    script = [error(429, retry_after=0), error(503, retry_after=0), message(VALID)]
+    script = [error(429, retry_after=0), error(503, retry_after=0), message(TPCDS_VALID_REPLY)]
     with ScriptedOpenAIServer(script) as srv:
         rows = generate_with_validation(
-            _generator(srv, api_retries=2), "3", "p", validator.validate
+            text2sql_generator(srv, api_retries=2), "3", "p", validator.validate
         )
         assert srv.request_count == 3
     assert len(rows) == 1 and rows[0]["valid"] and rows[0]["error"] is None
     # a 400 is not retried
-    with ScriptedOpenAIServer([error(400, "bad request"), message(VALID)]) as srv:
+    with ScriptedOpenAIServer([error(400, "bad request"), message(TPCDS_VALID_REPLY)]) as srv:
         rows = generate_with_validation(
-            _generator(srv, api_retries=3), "3", "p", validator.validate
+            text2sql_generator(srv, api_retries=3), "3", "p", validator.validate
         )
         assert srv.request_count == 1
     assert rows[0]["error"].startswith("api_error: HTTP 400") and "bad request" in rows[0]["error"]
     with ScriptedOpenAIServer([message("I cannot answer that.")]) as srv:
         rows = generate_with_validation(
-            _generator(srv), "3", "p", validator.validate, max_retries=0
+            text2sql_generator(srv), "3", "p", validator.validate, max_retries=0
         )
     assert rows[0]["error"] and rows[0]["sql"] == "I cannot answer that."
 
@@ -245,8 +228,9 @@ def generation_run(prefect_harness, settings, tmp_path_factory):
     replay.write_text(json.dumps({"query_id": 3, "sql": "SELECT * FROM nowhere"}) + "\n")
     generators = ["openai:scripted", f"replay:{replay}", "oracle"]
     with ScriptedOpenAIServer(_responder) as srv, pytest.MonkeyPatch.context() as mp:
-        price_model(mp, tmp, srv.base_url, (1.0, 2.0))
-        mp.setenv("QUERYLAB_OPENAI_API_KEY", "sk-test-SECRET")
+        register_model(srv.base_url, tmp, mp.setenv, name="scripted",
+                       prices="{input: 1.0, output: 2.0}", key_env="QUERYLAB_OPENAI_API_KEY",
+                       key="sk-test-SECRET", api_key_required=False)
         out = text2sql_generation(
             "t2s-flow",
             generators,

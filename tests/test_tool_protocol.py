@@ -19,6 +19,7 @@ from tasks.core.llm import AgentConfigError, ChatModel, ResponseCache, check_too
 from tasks.agents.tools import TOOL_NAMES, TOOL_SCHEMAS
 from tasks.trials.stage import plan_batches, run_trial_batch
 from tests.fakes.openai_server import ScriptedOpenAIServer, error, message, tool_calls
+from tests.helpers import register_model
 
 QUERY = "nasdaq_top_volume_2012"  # ground truth: Facebook
 
@@ -37,13 +38,8 @@ def _completion(content: str | None, finish: str = "stop") -> ChatCompletion:
 
 
 def _models_file(tmp_path, monkeypatch, base_url: str, protocol: str, name: str = "schema-m"):
-    path = tmp_path / "models.yaml"
-    path.write_text(
-        "models:\n"
-        f"  - {{name: {name}, base_url: '{base_url}', tool_protocol: {protocol},\n"
-        "     prices: {input: 1, output: 2}, context_window: 100000}\n"
-    )
-    monkeypatch.setenv("QUERYLAB_MODELS", str(path))
+    register_model(base_url, tmp_path, monkeypatch.setenv, name=name,
+                   prices="{input: 1, output: 2}", tool_protocol=protocol)
     return name
 
 
