@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 from tasks.core.llm_models import AgentConfigError
-from tasks.core.settings import environ
+from tasks.core.settings import Settings, SettingsError
 
 log = logging.getLogger("tasks.core.llm")
 
@@ -21,7 +21,7 @@ log = logging.getLogger("tasks.core.llm")
 # --------------------------------------------------------------------------------------------
 
 #: ``prefect`` (or ``on`` / ``1`` / ``true``) turns per-model limits on; unset or ``off``: none.
-MODEL_LIMITS_ENV = "QUERYLAB_MODEL_LIMITS"
+MODEL_LIMITS_ENV = Settings.env_names("model_limits")[0]
 _PREFECT_BANNED = re.compile(r"[/%&<>]")
 
 
@@ -35,13 +35,11 @@ def model_limit_names(name: str) -> tuple[str, str]:
 
 def model_limits_enabled(env: dict[str, str] | None = None) -> bool:
     """True when ``QUERYLAB_MODEL_LIMITS`` asks for Prefect limits; AgentConfigError for an
-    unknown value."""
-    value = ((environ() if env is None else env).get(MODEL_LIMITS_ENV) or "").strip().lower()
-    if value in ("", "0", "off", "false", "no", "none"):
-        return False
-    if value in ("prefect", "1", "on", "true", "yes"):
-        return True
-    raise AgentConfigError(f"{MODEL_LIMITS_ENV}={value!r}: use 'prefect' (on) or 'off'")
+    unknown value. Read from ``env`` (default the process environment) at each call."""
+    try:
+        return Settings.read("model_limits", env)
+    except SettingsError as exc:
+        raise AgentConfigError(str(exc)) from None
 
 
 class _SlotWaitTimeout(Exception):

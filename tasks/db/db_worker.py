@@ -50,15 +50,15 @@ from typing import Any
 
 from tasks.db.mongo import insert_batches
 from tasks.db.results import QueryError, ResultLimits
-from tasks.core.settings import env_get
+from tasks.core.settings import Settings
 
 #: Resident memory the SQL worker's queries may use (MiB): ``QUERYLAB_QUERY_WORKER_MEMORY_MB``.
 #: A watchdog samples the worker's RSS every few milliseconds and stops every running query
 #: past it; its address space is limited to 4× this (DuckDB reserves far more than it uses).
-SQL_WORKER_MEMORY_MB = int(env_get("QUERYLAB_QUERY_WORKER_MEMORY_MB") or 1536)
+SQL_WORKER_MEMORY_MB: int = Settings.read("query_worker_memory_mb")
 #: Memory a mongomock query child may add to the zygote's size (MiB):
 #: ``QUERYLAB_MONGO_QUERY_MEMORY_MB``.
-MONGO_QUERY_MEMORY_MB = int(env_get("QUERYLAB_MONGO_QUERY_MEMORY_MB") or 1024)
+MONGO_QUERY_MEMORY_MB: int = Settings.read("mongo_query_memory_mb")
 #: Seconds past a query's time limit before querylab gives up on an SQL worker and restarts it.
 GRACE_S = 10.0
 #: Seconds a worker may take to start, or the mongomock zygote to get to a request.

@@ -19,7 +19,7 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
-from tasks.core.settings import env_get
+from tasks.core.settings import Settings, SettingsError, env_get
 
 #: Device nodes a cell may open.
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -203,21 +203,25 @@ def _relocate_scratch(view: dict, covered: tuple[str, ...]) -> dict:
 
 def protected_paths() -> list[str]:
     """Host paths no cell may see: the repository, ``QUERYLAB_HOME``, the artifact root (when
-    local), the trials' work root, ``PREFECT_HOME`` and the shared data directory."""
-    from schemas.settings import Settings
-
+    local), the trials' work root (``QUERYLAB_WORK_DIR``), ``PREFECT_HOME`` and the shared data
+    directory (``QUERYLAB_SHARED_DATA``). Each setting is read on its own, so a bad value of
+    another variable never drops one of them."""
     out = [str(Path(__file__).resolve().parents[2])]
-    try:
-        s = Settings.from_env()
-        out.append(str(s.home))
-        art = str(s.artifacts)
-        if "://" not in art or art.startswith("file://"):
-            out.append(art.removeprefix("file://"))
-    except Exception:  # noqa: BLE001 - a bad setting is reported where it is used
-        pass
-    for var in ("PREFECT_HOME", "QUERYLAB_WORK_DIR", "QUERYLAB_SHARED_DATA", "QUERYLAB_HOME"):
-        if env_get(var):
-            out.append(env_get(var))
+    for name in ("home", "artifacts", "work_dir", "shared_data"):
+        try:
+            value = Settings.read(name)
+        except SettingsError:  # a bad setting is reported where it is used
+            continue
+        if value is None:
+            continue
+        value = str(value)
+        if name == "artifacts":
+            if "://" in value and not value.startswith("file://"):
+                continue
+            value = value.removeprefix("file://")
+        out.append(value)
+    if env_get("PREFECT_HOME"):
+        out.append(env_get("PREFECT_HOME"))
     return sorted({os.path.realpath(os.path.expanduser(p)) for p in out})
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tasks.core.settings import env_get, env_subset
+from tasks.core.settings import Settings, env_subset
 from tasks.core.layout import RunLayout
 
 #: Environment variables the sandbox keeps (everything else, keys and URLs included, is dropped).
@@ -50,9 +50,11 @@ OPTIONAL_MECHANISMS = {
     "uts_namespace": "a UTS namespace",
     "seccomp": "a seccomp system-call filter",
 }
-#: The uid / gid cells run as when querylab runs as root.
-SANDBOX_UID = int(env_get("QUERYLAB_SANDBOX_UID", "61000"))
-SANDBOX_GID = int(env_get("QUERYLAB_SANDBOX_GID", str(SANDBOX_UID)))
+#: The uid / gid cells run as when querylab runs as root (``QUERYLAB_SANDBOX_UID`` /
+#: ``QUERYLAB_SANDBOX_GID``, read on import; the gid defaults to the uid).
+SANDBOX_UID: int = Settings.read("sandbox_uid")
+_GID: int | None = Settings.read("sandbox_gid")
+SANDBOX_GID: int = SANDBOX_UID if _GID is None else _GID
 #: Bytes in a MiB (the limits are given in MiB).
 _MiB = 1024 * 1024
 

@@ -16,7 +16,6 @@ from schemas.settings import Settings
 from tasks.agents.react import TrialOutcome
 from tasks.core import storage
 from tasks.core.layout import RunLayout
-from tasks.core.settings import env_get
 
 __all__ = ["scratch_dir", "work_root"]
 
@@ -124,9 +123,9 @@ def work_root(settings: Settings) -> Path:
     """Where per-trial working directories go (scratch, removed after each trial):
     ``QUERYLAB_WORK_DIR`` when set; else ``/dev/shm/querylab-<uid>`` when ``/dev/shm`` is a
     writable RAM file system (no disk I/O for scratch files); else ``<QUERYLAB_HOME>/work``."""
-    explicit = env_get("QUERYLAB_WORK_DIR")
-    if explicit:
-        return Path(explicit)
+    explicit = Settings.read("work_dir")
+    if explicit is not None:
+        return explicit
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
         return shm / f"querylab-{os.getuid()}"
