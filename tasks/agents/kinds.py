@@ -49,6 +49,10 @@ class ReplayKind(AgentKind):
     suites = SUITES
     prompted = False
 
+    def label(self, arg: str) -> str:
+        """``replay:<file name without its last extension>`` (a directory: its name)."""
+        return f"replay:{Path(arg).stem}"
+
     def check(self, arg: str | None, suite: str) -> None:
         """text2sql: the path must exist; lifecycle: it must be a file; trials read (and
         check) the answer file when planning."""

@@ -43,7 +43,6 @@ __all__ = [
     "OpenAIAgent",
     "OracleAgent",
     "ReplayAgent",
-    "agent_label",
     "check_agent_spec",
     "make_agent",
 ]
@@ -176,12 +175,6 @@ def check_agent_spec(spec: str) -> None:
     """Raise :class:`AgentConfigError` unless ``spec`` is ``oracle``, ``openai:<model>`` or
     ``replay:<path>`` with an existing file (checked before any work is mapped)."""
     parse_agent_spec(spec, "lifecycle", check=True)
-
-
-def agent_label(spec: str) -> str:
-    """The model label an agent spec records (``replay:<path>`` → ``replay:<file stem>``)."""
-    kind, _, arg = spec.partition(":")
-    return f"replay:{Path(arg).stem}" if kind == "replay" and arg else spec
 
 
 def make_agent(

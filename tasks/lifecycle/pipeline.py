@@ -27,8 +27,9 @@ from prefect import task
 from schemas import lifecycle as schema
 from schemas.lifecycle import PHASES, LifecycleConfig
 from schemas.settings import Settings
+from tasks.agents.registry import spec_label
 from tasks.core import storage
-from tasks.lifecycle.agents import AgentConfigError, agent_label, check_agent_spec, make_agent
+from tasks.lifecycle.agents import AgentConfigError, check_agent_spec, make_agent
 from tasks.lifecycle.items import generate_phase_items, prepare_databases
 from tasks.lifecycle.rewrite import REWRITE_PHASES, rewrite_items, rewrite_label
 from tasks.lifecycle.runner import RunContext, run_item
@@ -201,14 +202,14 @@ def plan_lifecycle_batches(
         raise ValueError("no models given")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    cfg, fingerprints = check_specs(models, check_agent_spec, agent_label, "models",
+    cfg, fingerprints = check_specs(models, check_agent_spec, spec_label, "models",
                                     AgentConfigError, "cannot read the replay file",
                                     LifecycleConfig, config)
     batches = []
     for man in item_manifests:
         rows = read_items_table(man["uri"]).to_pylist()
         for model in models:
-            label = f"{agent_label(model)}-{man['phase']}"
+            label = f"{spec_label(model)}-{man['phase']}"
             for key, chunk in plan(label, rows, batch_size,
                                    lambda c: [model, fingerprints[model], man["phase"], c, cfg]):
                 batches.append(

@@ -235,15 +235,6 @@ def check_generator_spec(spec: str) -> None:
     parse_agent_spec(spec, "text2sql", "generator", GeneratorConfigError, check=True)
 
 
-def generator_label(spec: str) -> str:
-    """The model label a generator spec records (``replay:<path>`` → ``replay:<name>``)."""
-    kind, _, arg = spec.partition(":")
-    if kind == "replay" and arg:
-        p = Path(arg)
-        return f"replay:{p.stem if p.suffix else p.name}"
-    return spec
-
-
 def generate_with_validation(
     generator: Generator,
     query_id: str,
@@ -318,6 +309,5 @@ __all__ = [
     "check_generator_spec",
     "extract_sql",
     "generate_with_validation",
-    "generator_label",
     "make_generator",
 ]

@@ -24,6 +24,7 @@ from prefect import task
 from schemas import text2sql as schema
 from schemas.settings import Settings
 from schemas.text2sql import GenerationConfig
+from tasks.agents.registry import spec_label
 from tasks.core import storage
 from tasks.core.batching import BatchedStage, check_specs, combine, plan
 from tasks.text2sql.corpora import load_tpcds_corpus, tpcds_ddl
@@ -33,7 +34,6 @@ from tasks.text2sql.generators import (
     build_prompt,
     check_generator_spec,
     generate_with_validation,
-    generator_label,
     make_generator,
 )
 from tasks.text2sql.validation import PostgresValidator, tpcds_validator_dsn
@@ -82,7 +82,7 @@ def plan_generation_batches(
         unknown = [q for q in query_ids if q not in known]
         if unknown:
             raise ValueError(f"unknown query ids {unknown}")
-    cfg, fingerprints = check_specs(generators, check_generator_spec, generator_label,
+    cfg, fingerprints = check_specs(generators, check_generator_spec, spec_label,
                                     "generators", GeneratorConfigError,
                                     "cannot read the replay source", GenerationConfig, config)
     corpus = load_tpcds_corpus(descriptions_path).by_id()
@@ -93,7 +93,7 @@ def plan_generation_batches(
 
     batches = []
     for gen in generators:
-        for key, chunk in plan(generator_label(gen), query_ids, batch_size,
+        for key, chunk in plan(spec_label(gen), query_ids, batch_size,
                                lambda c: [gen, fingerprints[gen], [item(q) for q in c], cfg]):
             batches.append({"key": key, "generator": gen, "query_ids": chunk})
     return batches
