@@ -62,9 +62,10 @@ class AgentKind:
     in the trials suite unless it lists more (and the suite's code then knows how to run it).
 
     Hooks a kind overrides: :meth:`check` (validate the argument before any work is mapped),
-    :meth:`label` (what the rows of a spec record), :meth:`trial_runner` (the trials suite's
-    per-trial function). The built-in kinds are run by each suite's own code; a plugin kind
-    supplies :meth:`trial_runner`."""
+    :meth:`label` (what the rows of a spec record), :meth:`fingerprint` (what batch keys digest
+    beyond the spec), :meth:`trial_runner` (the trials suite's per-trial function). The
+    built-in kinds are run by each suite's own code; a plugin kind supplies
+    :meth:`trial_runner`."""
 
     name: ClassVar[str] = ""
     takes_arg: ClassVar[bool] = True
@@ -86,6 +87,12 @@ class AgentKind:
         """The model label the rows of spec ``<kind>:<arg>`` record (``arg`` non-empty).
         Default: the spec itself."""
         return f"{self.name}:{arg}"
+
+    def fingerprint(self, arg: str | None) -> str | None:
+        """What identifies spec ``<kind>:<arg>`` beyond its text, digested by batch keys so a
+        changed source runs again (e.g. a hash of a file the argument names); None: nothing
+        (the default). Raises OSError when that source cannot be read."""
+        return None
 
     def trial_runner(self, arg: str | None, manifest: dict, options: Any,
                      hints: bool) -> Callable[[dict, int, Any], Any]:

@@ -35,7 +35,6 @@ import shutil
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -108,21 +107,17 @@ def plan(label: str, items: Sequence, batch_size: int, material: Callable[[list]
 
 
 def spec_fingerprint(spec: str) -> str | None:
-    """What identifies an agent / generator spec beyond its name: for ``replay:<path>`` the
-    SHA-256 (hex) of the file's bytes, or of every file of a directory (relative path and
-    bytes, in path order); None for every other spec (``oracle``, models by name). Raises
-    OSError when the replay source cannot be read."""
+    """What identifies an agent / generator spec beyond its name: its kind's
+    :meth:`tasks.agents.registry.AgentKind.fingerprint` of the argument — for ``replay:<path>``
+    the SHA-256 (hex) of the file's bytes, or of every file of a directory — and None for a
+    spec with no argument, of no registered kind, or of a kind without one (``oracle``, models
+    by name). Raises OSError when the kind's source cannot be read."""
+    from tasks.agents.registry import agent_kind, kind_names  # (the registry imports the LLM layer)
+
     kind, _, arg = spec.partition(":")
-    if kind != "replay" or not arg:
+    if not arg or kind not in kind_names():
         return None
-    path, h = Path(arg), hashlib.sha256()
-    if path.is_dir():
-        for f in sorted(p for p in path.rglob("*") if p.is_file()):
-            h.update(str(f.relative_to(path)).encode() + b"\0")
-            h.update(hashlib.sha256(f.read_bytes()).digest())
-    else:
-        h.update(path.read_bytes())
-    return h.hexdigest()
+    return agent_kind(kind).fingerprint(arg)
 
 
 def check_specs(specs: Sequence[str], check: Callable[[str], Any], label: Callable[[str], str],

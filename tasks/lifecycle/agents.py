@@ -186,10 +186,9 @@ def make_agent(
     """An agent from its spec (module docstring); ``artifacts_root``: where ``openai:`` agents
     keep the shared response cache (mode ``config.cache``; None: no cache). Raises
     :class:`AgentConfigError`."""
-    check_agent_spec(spec)
-    if spec == "oracle":
+    kind, arg = parse_agent_spec(spec, "lifecycle", check=True)
+    if kind == "oracle":
         return OracleAgent()
-    kind, _, arg = spec.partition(":")
     if kind == "replay":
         return ReplayAgent(arg)
     if llm.model_spec_name(spec) is None:  # a plugin kind listing lifecycle, with no agent here
