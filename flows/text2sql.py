@@ -31,7 +31,9 @@ def sql_complexity(
     """Features of every query of every corpus (one mapped task per corpus), then the complexity
     table and the six histograms. ``corpora``: :class:`schemas.text2sql.CorpusSpec` dicts, e.g.
     ``[{"name": "tpcds"}, {"name": "spider", "path": ".../spider_dev_gold.sql"}]``.
-    Returns the URIs of :func:`tasks.text2sql.analysis.complexity_report` plus ``"features"``."""
+    Returns the URIs of :func:`tasks.text2sql.analysis.complexity_report` plus ``"features"``.
+    Every corpus runs to its end even when another fails, then
+    :class:`tasks.core.runs.StageFailed` names each failed one (by corpus name)."""
     root = artifacts_root or Settings.from_env().artifacts
     specs = [CorpusSpec.model_validate(c).model_dump() for c in corpora]
     if not specs:
@@ -40,7 +42,7 @@ def sql_complexity(
     if len(set(names)) != len(names):
         raise ValueError(f"duplicate corpus names {names}")
     futures = corpus_features.map(unmapped(run_id), unmapped(root), specs)
-    uris = [f.result() for f in futures]
+    uris = gather(futures, names, run_id, "sql-complexity")
     return {**complexity_report(run_id, root, uris), "features": uris}
 
 

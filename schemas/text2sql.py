@@ -277,5 +277,3 @@ class GenerationConfig(_Strict):
             cache=self.cache,
         )
 
-
-GeneratorKind = Literal["oracle", "openai", "replay"]

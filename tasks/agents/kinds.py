@@ -7,6 +7,7 @@ arguments checked."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from tasks.agents.registry import SUITES, AgentKind, agentkind
@@ -48,6 +49,24 @@ class ReplayKind(AgentKind):
              "lifecycle": "replay:<file.jsonl>"}
     suites = SUITES
     prompted = False
+
+    def label(self, arg: str) -> str:
+        """``replay:<file name without its last extension>`` (a directory: its name)."""
+        return f"replay:{Path(arg).stem}"
+
+    def fingerprint(self, arg: str | None) -> str | None:
+        """The SHA-256 (hex) of the file's bytes, or of every file of a directory (relative
+        path and bytes, in path order); None without an argument. OSError when unreadable."""
+        if not arg:
+            return None
+        path, h = Path(arg), hashlib.sha256()
+        if path.is_dir():
+            for f in sorted(p for p in path.rglob("*") if p.is_file()):
+                h.update(str(f.relative_to(path)).encode() + b"\0")
+                h.update(hashlib.sha256(f.read_bytes()).digest())
+        else:
+            h.update(path.read_bytes())
+        return h.hexdigest()
 
     def check(self, arg: str | None, suite: str) -> None:
         """text2sql: the path must exist; lifecycle: it must be a file; trials read (and

@@ -43,6 +43,7 @@ __all__ = [
     "kind_names",
     "load_plugins",
     "parse_agent_spec",
+    "spec_label",
     "usage",
 ]
 
@@ -61,8 +62,10 @@ class AgentKind:
     in the trials suite unless it lists more (and the suite's code then knows how to run it).
 
     Hooks a kind overrides: :meth:`check` (validate the argument before any work is mapped),
-    :meth:`trial_runner` (the trials suite's per-trial function). The built-in kinds are run
-    by each suite's own code; a plugin kind supplies :meth:`trial_runner`."""
+    :meth:`label` (what the rows of a spec record), :meth:`fingerprint` (what batch keys digest
+    beyond the spec), :meth:`trial_runner` (the trials suite's per-trial function). The
+    built-in kinds are run by each suite's own code; a plugin kind supplies
+    :meth:`trial_runner`."""
 
     name: ClassVar[str] = ""
     takes_arg: ClassVar[bool] = True
@@ -79,6 +82,17 @@ class AgentKind:
     def check(self, arg: str | None, suite: str) -> None:
         """Raise AgentConfigError when ``arg`` cannot be used in ``suite`` (e.g. a missing
         file). Default: any argument is fine."""
+
+    def label(self, arg: str) -> str:
+        """The model label the rows of spec ``<kind>:<arg>`` record (``arg`` non-empty).
+        Default: the spec itself."""
+        return f"{self.name}:{arg}"
+
+    def fingerprint(self, arg: str | None) -> str | None:
+        """What identifies spec ``<kind>:<arg>`` beyond its text, digested by batch keys so a
+        changed source runs again (e.g. a hash of a file the argument names); None: nothing
+        (the default). Raises OSError when that source cannot be read."""
+        return None
 
     def trial_runner(self, arg: str | None, manifest: dict, options: Any,
                      hints: bool) -> Callable[[dict, int, Any], Any]:
@@ -152,3 +166,14 @@ def parse_agent_spec(spec: str, suite: str = "trials", noun: str = "agent",
                 raise (exc if isinstance(exc, error) else error(str(exc))) from None
         return kind, arg or None
     raise error(f"unknown {noun} {spec!r}; use {usage(suite)}")
+
+
+def spec_label(spec: str) -> str:
+    """The model label the text2sql and lifecycle rows of agent spec ``spec`` record: its
+    kind's :meth:`AgentKind.label` of the argument (``replay:<path>`` → ``replay:<file
+    stem>``); the spec itself for a spec with no argument or of no registered kind. Labels
+    name batch keys and artifact rows, so a kind's label must not change."""
+    load_plugins()
+    kind, _, arg = spec.partition(":")
+    cls = _KINDS.get(kind)
+    return spec if cls is None or not arg else cls().label(arg)

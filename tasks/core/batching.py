@@ -3,16 +3,17 @@ combine.
 
 A suite's mapped stage (trials, text-to-SQL generation, equivalence judging, lifecycle) is:
 
-1. **plan** (:func:`plan`): its items in consecutive chunks of at most ``batch_size``, each with
-   a key (:func:`batch_key`) digesting everything the batch's rows depend on — the items (their
+1. **plan** (:func:`check_specs`, then :func:`plan`): the agent specs checked and
+   fingerprinted, then the items in consecutive chunks of at most ``batch_size``, each with a
+   key (:func:`batch_key`) digesting everything the batch's rows depend on — the items (their
    content, not only ids), the agent's fingerprint (:func:`spec_fingerprint`) and the full
    stage configuration — so an unchanged re-run finds its finished batches and a changed one
    runs again;
-2. **run if missing** (:class:`BatchedStage`): a batch whose artifact exists is finished (it is
-   written last) and skipped; otherwise each item's rows are checkpointed as the item finishes
-   (``<key>.parts/<index:05d>.json``), so a batch killed midway resumes with its unfinished
-   items only; then the batch's Parquet artifacts are written, the one that marks it finished
-   last;
+2. **run if missing** (:meth:`BatchedStage.run_batch`): a batch whose artifact exists is
+   finished (it is written last) and skipped; otherwise each item's rows are checkpointed as
+   the item finishes (``<key>.parts/<index:05d>.json``), so a batch killed midway resumes with
+   its unfinished items only; then the batch's Parquet artifacts are written, the one that
+   marks it finished last;
 3. **gather** (:func:`gather`): wait for every mapped batch, then fail naming each failed one;
 4. **combine** (:func:`combine`): the batch artifacts into one sorted artifact, streamed out row
    group by row group.
@@ -32,11 +33,12 @@ import logging
 import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from pydantic import BaseModel
 
 from tasks.core import storage
 from tasks.core.layout import RunLayout
@@ -46,12 +48,14 @@ __all__ = [
     "BatchedStage",
     "Checkpoints",
     "batch_key",
+    "check_specs",
     "combine",
     "gather",
     "label_slug",
     "plan",
     "remove_local",
     "spec_fingerprint",
+    "stage_config",
 ]
 
 log = logging.getLogger("querylab.runs")
@@ -103,21 +107,53 @@ def plan(label: str, items: Sequence, batch_size: int, material: Callable[[list]
 
 
 def spec_fingerprint(spec: str) -> str | None:
-    """What identifies an agent / generator spec beyond its name: for ``replay:<path>`` the
-    SHA-256 (hex) of the file's bytes, or of every file of a directory (relative path and
-    bytes, in path order); None for every other spec (``oracle``, models by name). Raises
-    OSError when the replay source cannot be read."""
+    """What identifies an agent / generator spec beyond its name: its kind's
+    :meth:`tasks.agents.registry.AgentKind.fingerprint` of the argument — for ``replay:<path>``
+    the SHA-256 (hex) of the file's bytes, or of every file of a directory — and None for a
+    spec with no argument, of no registered kind, or of a kind without one (``oracle``, models
+    by name). Raises OSError when the kind's source cannot be read."""
+    from tasks.agents.registry import agent_kind, kind_names  # (the registry imports the LLM layer)
+
     kind, _, arg = spec.partition(":")
-    if kind != "replay" or not arg:
+    if not arg or kind not in kind_names():
         return None
-    path, h = Path(arg), hashlib.sha256()
-    if path.is_dir():
-        for f in sorted(p for p in path.rglob("*") if p.is_file()):
-            h.update(str(f.relative_to(path)).encode() + b"\0")
-            h.update(hashlib.sha256(f.read_bytes()).digest())
-    else:
-        h.update(path.read_bytes())
-    return h.hexdigest()
+    return agent_kind(kind).fingerprint(arg)
+
+
+def check_specs(specs: Sequence[str], check: Callable[[str], Any], label: Callable[[str], str],
+                noun: str, error: Callable[[str], Exception], unreadable: str,
+                config_model: type[BaseModel],
+                config: BaseModel | Mapping | None) -> tuple[dict, dict[str, str | None]]:
+    """What a suite's plan checks before its batches: ``(stage config, {spec: fingerprint})``.
+
+    In this order: ``check(spec)`` for each agent spec (raising the suite's own error for a
+    bad one); their labels (``label(spec)``, what the rows record) unique, else ValueError
+    ``"duplicate <noun> [labels]"`` (``noun`` plural: ``"models"``); ``config`` normalised by
+    :func:`stage_config` (pydantic's ValidationError for a bad field); each spec's
+    :func:`spec_fingerprint` (in the order given), ``error("<spec>: <unreadable>: <OSError>")``
+    when a replay source cannot be read."""
+    for spec in specs:
+        check(spec)
+    labels = [label(s) for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"duplicate {noun} {labels}")
+    cfg = stage_config(config_model, config)
+    fingerprints = {}
+    for spec in specs:
+        try:
+            fingerprints[spec] = spec_fingerprint(spec)
+        except OSError as exc:
+            raise error(f"{spec}: {unreadable}: {exc}") from None
+    return cfg, fingerprints
+
+
+def stage_config(model: type[BaseModel], config: BaseModel | Mapping | None) -> dict:
+    """A stage's full configuration as a batch key digests it: ``config`` (an instance of
+    ``model``, a dict of its fields, or None for the defaults) validated as ``model`` and dumped
+    as JSON-able values (every field, defaults included). Raises pydantic's ValidationError
+    for a bad field."""
+    data = config.model_dump() if isinstance(config, model) else config or {}
+    return model.model_validate(data).model_dump(mode="json")
 
 
 # --------------------------------------------------------------------------------- run
@@ -207,6 +243,27 @@ class BatchedStage:
             for name, part_rows in rows.items():
                 out[name].extend(part_rows)
         return out
+
+    def run_batch(self, artifacts_root: str, run_id: str, key: str,
+                  start: Callable[[ExitStack], tuple[Sequence, Callable[[Any], Rows]]],
+                  report: Callable[[Rows], None] | None = None) -> str:
+        """Run batch ``key`` unless it is finished; returns its marker's URI either way.
+
+        A finished batch is skipped (``start`` is not called). Otherwise ``start(stack)``
+        opens what the batch needs — registering on ``stack`` whatever must be closed (a model
+        client, a validator), closed once the items are done or one has failed — and returns
+        ``(items, run_item)``; :meth:`run_items` runs them (checkpointed item by item),
+        ``report(rows)`` (when given) sees the batch's rows by part, e.g. to log a summary, and
+        :meth:`write` writes them. An exception from ``start``, ``run_item`` or ``report``
+        propagates (the items finished before it keep their checkpoints)."""
+        if self.finished(artifacts_root, run_id, key):
+            return self.uri(artifacts_root, run_id, key)
+        with ExitStack() as stack:
+            items, run_item = start(stack)
+            rows = self.run_items(artifacts_root, run_id, key, items, run_item)
+        if report is not None:
+            report(rows)
+        return self.write(artifacts_root, run_id, key, rows)
 
     def write(self, artifacts_root: str, run_id: str, key: str, rows: Mapping[str, list[dict]],
               transform: Callable[[str, pa.Table], pa.Table] | None = None) -> str:

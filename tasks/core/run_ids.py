@@ -7,7 +7,7 @@ import secrets
 import time
 from datetime import UTC, datetime
 
-from schemas.runs import check_run_id
+from schemas.runs import STAGES, check_run_id
 
 #: Longest error message kept in a stage record (characters).
 MAX_ERROR_CHARS = 4000
@@ -36,16 +36,20 @@ class StageFailed(RuntimeError):
     """Some items of a stage failed after every item was attempted.
 
     ``failed``: ``[(item key, error message)]``; ``total``: items in the stage. The message
-    names each failed item (first line of its error) and how to re-run the stage."""
+    names each failed item (first line of its error) and how to re-run the stage: ``querylab
+    rerun --stage <stage>`` for a stage of :data:`schemas.runs.STAGES`, else the same command
+    with the same run id (a flow ``querylab rerun`` does not run, e.g. ``sql-complexity``)."""
 
     def __init__(self, run_id: str, stage: str, failed: list[tuple[str, str]], total: int):
         self.run_id, self.stage, self.failed, self.total = run_id, stage, failed, total
         lines = [f"{key}: {err.splitlines()[0] if err else '?'}" for key, err in failed]
+        rerun = (f"Re-run with `querylab rerun --run-id {run_id} --stage {stage}`."
+                 if stage in STAGES else f"Re-run the same command with run id {run_id!r}.")
         super().__init__(
             f"{stage}: {len(failed)} of {total} items failed in run {run_id!r} "
             f"(the other {total - len(failed)} finished and are kept); failed: "
             + "; ".join(lines)
-            + f". Re-run with `querylab rerun --run-id {run_id} --stage {stage}`."
+            + f". {rerun}"
         )
 
 

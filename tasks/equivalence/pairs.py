@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from schemas.equivalence import QueryPair
+from tasks.core.jsonl import parse_jsonl
 from tasks.equivalence.instances import RelSchema, SchemaError, load_schema
 
 class PairsError(ValueError):
@@ -35,19 +36,16 @@ def load_pairs(path: str | Path) -> list[QueryPair]:
         raise PairsError(f"{p}: cannot read pairs file ({exc.strerror or exc})") from None
     pairs: list[QueryPair] = []
     seen: dict[str, int] = {}
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PairsError(f"{p}:{n}: not valid JSON ({exc.msg})") from None
-        try:
-            pair = QueryPair.model_validate(obj)
-        except ValidationError as exc:
+
+    def bad_line(n: int, exc: Exception) -> PairsError:
+        if isinstance(exc, ValidationError):
             first = exc.errors()[0]
             loc = ".".join(str(x) for x in first["loc"]) or "-"
-            raise PairsError(f"{p}:{n}: {loc}: {first['msg']}") from None
+            return PairsError(f"{p}:{n}: {loc}: {first['msg']}")
+        return PairsError(f"{p}:{n}: not valid JSON ({exc.msg})")
+
+    for n, pair in parse_jsonl(text, QueryPair.model_validate, bad_line,
+                               (json.JSONDecodeError, ValidationError)):
         if pair.id in seen:
             raise PairsError(f"{p}:{n}: duplicate id {pair.id!r} (first on line {seen[pair.id]})")
         seen[pair.id] = n

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from contextlib import ExitStack
 
 from schemas import equivalence as eqs
 from schemas.equivalence import EquivalenceOptions, QueryPair
@@ -98,11 +100,6 @@ def plan_equivalence_batches(pair_ids: list[str], methods: list[str], batch_size
 EQUIVALENCE_BATCHES = BatchedStage("equivalence", (("", eqs.EQUIVALENCE),))
 
 
-def batch_uri(artifacts_root: str, run_id: str, key: str) -> str:
-    """URI of one batch's rows."""
-    return EQUIVALENCE_BATCHES.uri(artifacts_root, run_id, key)
-
-
 def _read_pairs(uri: str) -> dict[str, QueryPair]:
     lines = storage.read_bytes(uri).decode().splitlines()
     pairs = [QueryPair.model_validate(json.loads(x)) for x in lines if x.strip()]
@@ -128,46 +125,48 @@ def run_equivalence_batch(run_id: str, artifacts_root: str, pairs_uri: str, batc
     methods is resolved from the models table / the environment (``QUERYLAB_MODELS``,
     ``QUERYLAB_OPENAI_*``), never from parameters; its responses are cached under
     ``<artifacts_root>/cache/llm``."""
-    stage = EQUIVALENCE_BATCHES
-    if stage.finished(artifacts_root, run_id, batch["key"]):
-        return stage.uri(artifacts_root, run_id, batch["key"])
-    opts = EquivalenceOptions.model_validate(options or {})
-    method = parse_method(batch["method"])
-    pairs = _read_pairs(pairs_uri)
-    client, client_error = None, None
-    if method.kind == "judge":
-        from tasks.equivalence.judges import judge_model
 
-        try:
-            client = judge_model(method.model, Settings.from_env(), opts.judge, artifacts_root)
-        except ValueError as exc:
-            client_error = str(exc)
-    logger = _logger()
-    try:
-        rows = stage.run_items(
-            artifacts_root, run_id, batch["key"], batch["pair_ids"],
-            lambda pid: {"": [{"run_id": run_id,
-                               **evaluate(pairs[pid], method, opts, client, client_error)}]},
-        )[""]
-    finally:
+    def start(stack: ExitStack) -> tuple[list[str], Callable[[str], dict[str, list[dict]]]]:
+        opts = EquivalenceOptions.model_validate(options or {})
+        method = parse_method(batch["method"])
+        pairs = _read_pairs(pairs_uri)
+        client, client_error = None, None
+        if method.kind == "judge":
+            from tasks.equivalence.judges import judge_model
+
+            try:
+                client = judge_model(method.model, Settings.from_env(), opts.judge,
+                                     artifacts_root)
+            except ValueError as exc:
+                client_error = str(exc)
         if client is not None:
-            client.close()
+            stack.callback(client.close)
+        return batch["pair_ids"], lambda pid: {"": [
+            {"run_id": run_id, **evaluate(pairs[pid], method, opts, client, client_error)}]}
+
+    return EQUIVALENCE_BATCHES.run_batch(artifacts_root, run_id, batch["key"], start,
+                                         lambda rows: _log_batch(batch["key"], rows[""]))
+
+
+def _log_batch(key: str, rows: list[dict]) -> None:
+    """Log a judged batch: its verdict counts, then one warning per errored pair."""
+    logger = _logger()
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
-    logger.info("equivalence batch %s: %d pairs, %s", batch["key"], len(rows), counts)
+    logger.info("equivalence batch %s: %d pairs, %s", key, len(rows), counts)
     for r in rows:
         if r["verdict"] == "error":
             logger.warning("equivalence %s on %s: error: %s", r["method"], r["pair_id"],
                            (r["error"] or "").splitlines()[0][:200] if r["error"] else "?")
-    return stage.write(artifacts_root, run_id, batch["key"], {"": rows})
 
 
 @task(name="combine-equivalence", persist_result=False)
 def combine_equivalence(run_id: str, artifacts_root: str, batch_keys: list[str]) -> str:
     """Concatenate the batches into ``equivalence.parquet`` (sorted by pair, method; written
     row group by row group, :func:`tasks.core.batching.combine`)."""
-    return combine([batch_uri(artifacts_root, run_id, k) for k in batch_keys], eqs.EQUIVALENCE,
+    return combine([EQUIVALENCE_BATCHES.uri(artifacts_root, run_id, k) for k in batch_keys],
+                   eqs.EQUIVALENCE,
                    ["pair_id", "method"],
                    storage.join(stage_prefix(artifacts_root, run_id), "equivalence.parquet"),
                    nulls_last=True)
@@ -175,7 +174,6 @@ def combine_equivalence(run_id: str, artifacts_root: str, batch_keys: list[str])
 
 __all__ = [
     "EQUIVALENCE_BATCHES",
-    "batch_uri",
     "combine_equivalence",
     "plan_equivalence_batches",
     "prepare_pairs",

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.lifecycle import LifecycleConfig
 from schemas.settings import Settings
+from tasks.agents.chat import AgentReply, ChatAgent
 from tasks.agents.registry import parse_agent_spec
 from tasks.core import llm
+from tasks.core.jsonl import parse_jsonl
 from tasks.core.llm import AgentConfigError
 
 __all__ = [
@@ -42,25 +43,9 @@ __all__ = [
     "OpenAIAgent",
     "OracleAgent",
     "ReplayAgent",
-    "agent_label",
     "check_agent_spec",
     "make_agent",
 ]
-
-
-@dataclass
-class AgentReply:
-    """One answer: ``content`` text, ``tool_calls`` ``[{"id", "name", "arguments" (JSON
-    text)}]``, tokens, ``latency_s``, ``cost_usd`` (None when unknown) and ``error`` for an API
-    failure (then there is no content)."""
-
-    content: str | None
-    tool_calls: list[dict] = field(default_factory=list)
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_s: float = 0.0
-    cost_usd: float | None = 0.0
-    error: str | None = None
 
 
 class Agent:
@@ -112,25 +97,28 @@ class ReplayAgent(Agent):
         if not self.path.is_file():
             raise AgentConfigError(f"{self.path}: replay file not found (a .jsonl file)")
         counters: dict[str, int] = {}
-        for lineno, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                item_id = str(obj["item_id"])
-                if "response" not in obj and "tool_calls" not in obj:
-                    raise KeyError("response")
-                step = int(obj["step"]) if "step" in obj else counters.get(item_id, 0)
-                calls = obj.get("tool_calls") or []
-                if not isinstance(calls, list) or any(
-                    not isinstance(c, dict) or "name" not in c for c in calls
-                ):
-                    raise ValueError("tool_calls")
-            except (ValueError, KeyError, TypeError):
-                raise AgentConfigError(
-                    f"{self.path}:{lineno}: expected a JSON object with item_id and response "
-                    "(or tool_calls: [{name, arguments}])"
-                ) from None
+
+        def parse(obj) -> tuple[str, int, dict]:
+            item_id = str(obj["item_id"])
+            if "response" not in obj and "tool_calls" not in obj:
+                raise KeyError("response")
+            step = int(obj["step"]) if "step" in obj else counters.get(item_id, 0)
+            calls = obj.get("tool_calls") or []
+            if not isinstance(calls, list) or any(
+                not isinstance(c, dict) or "name" not in c for c in calls
+            ):
+                raise ValueError("tool_calls")
+            return item_id, step, obj
+
+        def bad_line(lineno: int, _exc: Exception) -> AgentConfigError:
+            return AgentConfigError(
+                f"{self.path}:{lineno}: expected a JSON object with item_id and response "
+                "(or tool_calls: [{name, arguments}])"
+            )
+
+        for _, (item_id, step, obj) in parse_jsonl(
+            self.path.read_text(encoding="utf-8"), parse, bad_line
+        ):
             counters[item_id] = step + 1
             self.answers[(item_id, step)] = obj
         if not self.answers:
@@ -162,11 +150,12 @@ def item_trial_index(item_id: str) -> int:
     return int.from_bytes(hashlib.sha256(item_id.encode()).digest()[:6], "big")
 
 
-class OpenAIAgent(Agent):
-    """A chat model through :class:`tasks.core.llm.ChatModel` (module docstring). ``cache``: the
-    shared :class:`tasks.core.llm.ResponseCache` (None: no cache). API failures after the shared
-    retries come back as an :class:`AgentReply` with ``error`` set. Raises
-    :class:`AgentConfigError` when the model cannot be resolved (no endpoint, missing key)."""
+class OpenAIAgent(ChatAgent, Agent):
+    """A chat model through :class:`tasks.agents.chat.ChatAgent` (module docstring), with the
+    options of ``config``. ``cache``: the shared :class:`tasks.core.llm.ResponseCache` (None: no
+    cache). API failures after the shared retries come back as an :class:`AgentReply` with
+    ``error`` set. Raises :class:`AgentConfigError` when the model cannot be resolved (no
+    endpoint, missing key)."""
 
     def __init__(
         self,
@@ -175,54 +164,17 @@ class OpenAIAgent(Agent):
         config: LifecycleConfig,
         cache: llm.ResponseCache | None = None,
     ):
-        try:
-            resolved = llm.resolve_model(model, env=llm.settings_env(settings))
-        except llm.AgentConfigError as exc:
-            raise AgentConfigError(str(exc)) from None
-        self.model = model
-        self.label = llm.model_label(model)
+        super().__init__(model, settings, config.agent_options(), cache)
         self.config = config
-        self.resolved = resolved
-        self.chat = llm.ChatModel(resolved, config.agent_options(), cache)
 
     def respond(self, item, step, messages, tools):
-        try:
-            resp, rec = self.chat.complete(
-                list(messages), tools or None, trial=item_trial_index(item["item_id"]),
-                call_index=step,
-            )
-        except llm.LLMCallError as exc:
-            rec = exc.record
-            return AgentReply(
-                None, [], rec.prompt_tokens, rec.completion_tokens, rec.latency_s,
-                0.0 if rec.priced else None, f"api_error: {exc}"[:500],
-            )
-        cost = rec.cost_usd if rec.priced else None
-        msg = resp.choices[0].message
-        calls = [
-            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments or "{}"}
-            for c in (msg.tool_calls or [])
-            if getattr(c, "function", None) is not None
-        ]
-        return AgentReply(
-            msg.content, calls, rec.prompt_tokens, rec.completion_tokens, rec.latency_s, cost
-        )
-
-    def close(self) -> None:
-        """Close the HTTP connection pool."""
-        self.chat.close()
+        return self.ask(messages, tools, item_trial_index(item["item_id"]), step)
 
 
 def check_agent_spec(spec: str) -> None:
     """Raise :class:`AgentConfigError` unless ``spec`` is ``oracle``, ``openai:<model>`` or
     ``replay:<path>`` with an existing file (checked before any work is mapped)."""
     parse_agent_spec(spec, "lifecycle", check=True)
-
-
-def agent_label(spec: str) -> str:
-    """The model label an agent spec records (``replay:<path>`` → ``replay:<file stem>``)."""
-    kind, _, arg = spec.partition(":")
-    return f"replay:{Path(arg).stem}" if kind == "replay" and arg else spec
 
 
 def make_agent(
@@ -234,10 +186,9 @@ def make_agent(
     """An agent from its spec (module docstring); ``artifacts_root``: where ``openai:`` agents
     keep the shared response cache (mode ``config.cache``; None: no cache). Raises
     :class:`AgentConfigError`."""
-    check_agent_spec(spec)
-    if spec == "oracle":
+    kind, arg = parse_agent_spec(spec, "lifecycle", check=True)
+    if kind == "oracle":
         return OracleAgent()
-    kind, _, arg = spec.partition(":")
     if kind == "replay":
         return ReplayAgent(arg)
     if llm.model_spec_name(spec) is None:  # a plugin kind listing lifecycle, with no agent here

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import polars as pl
@@ -25,8 +27,9 @@ from prefect import task
 from schemas import lifecycle as schema
 from schemas.lifecycle import PHASES, LifecycleConfig
 from schemas.settings import Settings
+from tasks.agents.registry import spec_label
 from tasks.core import storage
-from tasks.lifecycle.agents import AgentConfigError, agent_label, check_agent_spec, make_agent
+from tasks.lifecycle.agents import AgentConfigError, check_agent_spec, make_agent
 from tasks.lifecycle.items import generate_phase_items, prepare_databases
 from tasks.lifecycle.rewrite import REWRITE_PHASES, rewrite_items, rewrite_label
 from tasks.lifecycle.runner import RunContext, run_item
@@ -39,7 +42,7 @@ from tasks.lifecycle.tables import (
     robustness_table,
     variant_cv_table,
 )
-from tasks.core.batching import BatchedStage, combine, plan, spec_fingerprint
+from tasks.core.batching import BatchedStage, check_specs, combine, plan
 from tasks.core.layout import RunLayout
 
 __all__ = [
@@ -199,25 +202,14 @@ def plan_lifecycle_batches(
         raise ValueError("no models given")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    for m in models:
-        check_agent_spec(m)
-    labels = [agent_label(m) for m in models]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"duplicate models {labels}")
-    cfg = LifecycleConfig.model_validate(
-        config.model_dump() if isinstance(config, LifecycleConfig) else config or {}
-    ).model_dump(mode="json")
-    fingerprints = {}
-    for m in models:
-        try:
-            fingerprints[m] = spec_fingerprint(m)
-        except OSError as exc:
-            raise AgentConfigError(f"{m}: cannot read the replay file: {exc}") from None
+    cfg, fingerprints = check_specs(models, check_agent_spec, spec_label, "models",
+                                    AgentConfigError, "cannot read the replay file",
+                                    LifecycleConfig, config)
     batches = []
     for man in item_manifests:
         rows = read_items_table(man["uri"]).to_pylist()
         for model in models:
-            label = f"{agent_label(model)}-{man['phase']}"
+            label = f"{spec_label(model)}-{man['phase']}"
             for key, chunk in plan(label, rows, batch_size,
                                    lambda c: [model, fingerprints[model], man["phase"], c, cfg]):
                 batches.append(
@@ -259,31 +251,31 @@ def run_lifecycle_batch(
     results URI; a batch whose results exist is skipped, and the items an interrupted attempt
     finished (checkpointed one by one) are not run again. Raises AgentConfigError for a bad
     model, KeyError for unknown item ids."""
-    stage, key = LIFECYCLE_BATCHES, batch["key"]
-    if stage.finished(artifacts_root, run_id, key):
-        return stage.uri(artifacts_root, run_id, key)
-    cfg = LifecycleConfig.model_validate(config)
-    agent = make_agent(batch["model"], Settings.from_env(), cfg, artifacts_root)
-    ctx = RunContext(storage.read_json(databases_uri), cfg)
+    key = batch["key"]
 
-    def one(item: dict) -> dict[str, list[dict]]:
-        row, call_rows = run_item(agent, item, ctx, run_id)
-        return {"results": [row], "calls": call_rows}
-
-    try:
-        rows = stage.run_items(artifacts_root, run_id, key,
-                               read_items(batch["items_uri"], batch["item_ids"]), one)
-    finally:
+    def start(stack: ExitStack) -> tuple[list[dict], Callable[[dict], dict[str, list[dict]]]]:
+        cfg = LifecycleConfig.model_validate(config)
+        agent = make_agent(batch["model"], Settings.from_env(), cfg, artifacts_root)
+        ctx = RunContext(storage.read_json(databases_uri), cfg)
         close = getattr(agent, "close", None)
         if close:
-            close()
-    results = rows["results"]
-    _log(
-        f"lifecycle batch {key}: {len(results)} {batch['phase']} items, "
-        f"{len(rows['calls'])} model calls, "
-        f"{sum(r['error'] is not None for r in results)} with an error"
-    )
-    return stage.write(artifacts_root, run_id, key, rows)
+            stack.callback(close)
+
+        def one(item: dict) -> dict[str, list[dict]]:
+            row, call_rows = run_item(agent, item, ctx, run_id)
+            return {"results": [row], "calls": call_rows}
+
+        return read_items(batch["items_uri"], batch["item_ids"]), one
+
+    def report(rows: dict[str, list[dict]]) -> None:
+        results = rows["results"]
+        _log(
+            f"lifecycle batch {key}: {len(results)} {batch['phase']} items, "
+            f"{len(rows['calls'])} model calls, "
+            f"{sum(r['error'] is not None for r in results)} with an error"
+        )
+
+    return LIFECYCLE_BATCHES.run_batch(artifacts_root, run_id, key, start, report)
 
 
 @task(name="lifecycle-combine", persist_result=False)

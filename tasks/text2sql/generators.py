@@ -20,26 +20,17 @@ in a new user turn, at most ``max_retries`` (3) times. Generators:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from schemas.settings import Settings
 from schemas.text2sql import GenerationConfig
+from tasks.agents.chat import AgentReply, ChatAgent
 from tasks.agents.registry import parse_agent_spec
-from tasks.core.llm import (
-    AgentConfigError,
-    ChatModel,
-    LLMCallError,
-    ResponseCache,
-    model_label,
-    model_spec_name,
-    resolve_model,
-    settings_env,
-)
+from tasks.core.jsonl import parse_jsonl
+from tasks.core.llm import AgentConfigError, ResponseCache, model_spec_name
 from tasks.text2sql.corpora import CorpusQuery, tpcds_gold_queries
 from tasks.text2sql.validation import clean_sql
 
@@ -100,27 +91,14 @@ def extract_sql(text: str | None) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Reply:
-    """One model reply: raw ``content``, token counts, ``latency_s``, ``cost_usd`` (None when
-    unknown) and ``error`` for an API failure (then ``content`` is None)."""
-
-    content: str | None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    latency_s: float = 0.0
-    cost_usd: float | None = 0.0
-    error: str | None = None
-
-
 class Generator:
     """Produces SQL for a conversation. ``reply(query_id, messages, attempt)`` returns a
-    :class:`Reply`, or None when the generator has nothing more to offer (a replay without
-    another attempt)."""
+    :class:`tasks.agents.chat.AgentReply`, or None when the generator has nothing more to offer
+    (a replay without another attempt)."""
 
     label: str = "generator"
 
-    def reply(self, query_id: str, messages: list[dict], attempt: int) -> Reply | None:
+    def reply(self, query_id: str, messages: list[dict], attempt: int) -> AgentReply | None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -135,9 +113,9 @@ class OracleGenerator(Generator):
     def __init__(self, gold: dict[str, str] | None = None):
         self.gold = gold or tpcds_gold_queries()
 
-    def reply(self, query_id: str, messages: list[dict], attempt: int) -> Reply | None:
+    def reply(self, query_id: str, messages: list[dict], attempt: int) -> AgentReply | None:
         sql = self.gold.get(query_id)
-        return None if sql is None else Reply(f"```sql\n{sql}\n```")
+        return None if sql is None else AgentReply(f"```sql\n{sql}\n```")
 
 
 class ReplayGenerator(Generator):
@@ -173,18 +151,18 @@ class ReplayGenerator(Generator):
                         ) from None
                     out.setdefault(qid, []).append((0, 0, f.read_text(encoding="utf-8")))
         elif p.is_file():
-            for lineno, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                    qid = self._qid(obj["query_id"])
-                    sql = obj["sql"]
-                    attempt = int(obj.get("attempt", len(out.get(qid, []))))
-                except (ValueError, KeyError, TypeError):
-                    raise GeneratorConfigError(
-                        f"{p}:{lineno}: expected a JSON object with query_id and sql"
-                    ) from None
+
+            def parse(obj) -> tuple[str, Any, int]:
+                qid = self._qid(obj["query_id"])
+                return qid, obj["sql"], int(obj.get("attempt", len(out.get(qid, []))))
+
+            def bad_line(lineno: int, _exc: Exception) -> GeneratorConfigError:
+                return GeneratorConfigError(
+                    f"{p}:{lineno}: expected a JSON object with query_id and sql")
+
+            for lineno, (qid, sql, attempt) in parse_jsonl(
+                p.read_text(encoding="utf-8"), parse, bad_line
+            ):
                 out.setdefault(qid, []).append((attempt, lineno, "" if sql is None else str(sql)))
         else:
             raise GeneratorConfigError(
@@ -194,21 +172,22 @@ class ReplayGenerator(Generator):
             raise GeneratorConfigError(f"{p}: no replayed SQL found")
         return {q: [s for _, _, s in sorted(v)] for q, v in out.items()}
 
-    def reply(self, query_id: str, messages: list[dict], attempt: int) -> Reply | None:
+    def reply(self, query_id: str, messages: list[dict], attempt: int) -> AgentReply | None:
         sqls = self.attempts.get(query_id, [])
-        return Reply(sqls[attempt]) if attempt < len(sqls) else None
+        return AgentReply(sqls[attempt]) if attempt < len(sqls) else None
 
 
-class OpenAIGenerator(Generator):
-    """A chat model called through the shared model layer (:mod:`tasks.core.llm`): ``model`` is
-    resolved in the models table (endpoint, key, prices; ``data/models.yaml`` +
-    ``QUERYLAB_MODELS``), a model in no file falls back to the endpoint of ``settings``
-    (``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY``) and is unpriced (cost null).
-    Infrastructure errors (408/429/5xx, timeouts, connection) are retried by
-    :class:`tasks.core.llm.ChatModel` (``config.api_retries``, backoff honouring ``Retry-After``);
-    a call that still fails comes back as a :class:`Reply` with ``error`` set. ``cache``: the
-    shared :class:`tasks.core.llm.ResponseCache` (None: no cache). Raises
-    :class:`GeneratorConfigError` when the model cannot be resolved (no endpoint, missing key).
+class OpenAIGenerator(ChatAgent, Generator):
+    """A chat model through :class:`tasks.agents.chat.ChatAgent` with the options of
+    ``config``: ``model`` is resolved in the models table (endpoint, key, prices;
+    ``data/models.yaml`` + ``QUERYLAB_MODELS``), a model in no file falls back to the endpoint
+    of ``settings`` (``QUERYLAB_OPENAI_BASE_URL`` / ``QUERYLAB_OPENAI_API_KEY``) and is unpriced
+    (cost null). Infrastructure errors (408/429/5xx, timeouts, connection) are retried by
+    :class:`tasks.core.llm.ChatModel` (``config.api_retries``, backoff honouring
+    ``Retry-After``); a call that still fails comes back as an :class:`AgentReply` with
+    ``error`` set. ``cache``: the shared :class:`tasks.core.llm.ResponseCache` (None: no cache).
+    Raises :class:`GeneratorConfigError` when the model cannot be resolved (no endpoint,
+    missing key).
     """
 
     def __init__(
@@ -218,34 +197,13 @@ class OpenAIGenerator(Generator):
         config: GenerationConfig,
         cache: ResponseCache | None = None,
     ):
-        try:
-            resolved = resolve_model(model, env=settings_env(settings))
-        except AgentConfigError as exc:
-            raise GeneratorConfigError(str(exc)) from None
-        self.model = model
-        self.label = model_label(model)
+        super().__init__(model, settings, config.agent_options(), cache, GeneratorConfigError)
         self.config = config
-        self.resolved = resolved
-        self.chat = ChatModel(resolved, config.agent_options(), cache)
 
-    def reply(self, query_id: str, messages: list[dict], attempt: int) -> Reply | None:
+    def reply(self, query_id: str, messages: list[dict], attempt: int) -> AgentReply | None:
         # trial 0: one generation per (model, query); every attempt's conversation is longer
         # than the previous one's, so attempts never share a cache entry
-        try:
-            resp, rec = self.chat.complete(list(messages), None, trial=0, call_index=attempt)
-        except LLMCallError as exc:
-            rec = exc.record
-            return Reply(
-                None, rec.prompt_tokens, rec.completion_tokens, rec.latency_s,
-                cost_usd=0.0 if rec.priced else None, error=f"api_error: {exc}"[:500],
-            )
-        content = resp.choices[0].message.content
-        cost = rec.cost_usd if rec.priced else None
-        return Reply(content, rec.prompt_tokens, rec.completion_tokens, rec.latency_s, cost)
-
-    def close(self) -> None:
-        """Close the HTTP connection pool."""
-        self.chat.close()
+        return self.ask(messages, None, 0, attempt)
 
 
 def make_generator(
@@ -275,15 +233,6 @@ def check_generator_spec(spec: str) -> None:
     """Raise :class:`GeneratorConfigError` unless ``spec`` is ``oracle``, ``openai:<model>`` or
     ``replay:<path>`` with an existing path (checked before any work is mapped)."""
     parse_agent_spec(spec, "text2sql", "generator", GeneratorConfigError, check=True)
-
-
-def generator_label(spec: str) -> str:
-    """The model label a generator spec records (``replay:<path>`` → ``replay:<name>``)."""
-    kind, _, arg = spec.partition(":")
-    if kind == "replay" and arg:
-        p = Path(arg)
-        return f"replay:{p.stem if p.suffix else p.name}"
-    return spec
 
 
 def generate_with_validation(
@@ -356,11 +305,9 @@ __all__ = [
     "OpenAIGenerator",
     "OracleGenerator",
     "ReplayGenerator",
-    "Reply",
     "build_prompt",
     "check_generator_spec",
     "extract_sql",
     "generate_with_validation",
-    "generator_label",
     "make_generator",
 ]

@@ -29,15 +29,16 @@ fails, or it reads a table that holds no rows in the built database (missing dat
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
+from tasks.core.jsonl import parse_jsonl
 from tasks.scoring.result_match import has_top_level_order_by, results_match
 from tasks.db.sqlite_guard import run_file_query
 
@@ -293,18 +294,17 @@ def load_predictions(path: str | Path) -> list[str] | dict[str, str]:
         raise SpiderError(f"{p}: predictions file not found")
     text = p.read_text(encoding="utf-8")
     if p.suffix.lower() == ".jsonl":
+
+        def parse(obj) -> tuple[Any, Any]:
+            qid = obj["query_id"] if "query_id" in obj else obj["index"]
+            return qid, next(obj[k] for k in ("sql", "pred", "prediction") if k in obj)
+
+        def bad_line(lineno: int, _exc: Exception) -> SpiderError:
+            return SpiderError(f"{p}:{lineno}: expected a JSON object with query_id and sql")
+
         out: dict[str, str] = {}
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                qid = obj["query_id"] if "query_id" in obj else obj["index"]
-                sql = next(obj[k] for k in ("sql", "pred", "prediction") if k in obj)
-            except (ValueError, KeyError, StopIteration, TypeError):
-                raise SpiderError(
-                    f"{p}:{lineno}: expected a JSON object with query_id and sql"
-                ) from None
+        for _, (qid, sql) in parse_jsonl(text, parse, bad_line,
+                                         (ValueError, KeyError, StopIteration, TypeError)):
             out[str(qid)] = "" if sql is None else str(sql)
         return out
     lines = text.splitlines()

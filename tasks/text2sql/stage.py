@@ -15,7 +15,8 @@ may hold a password): tasks rebuild it from :class:`schemas.settings.Settings`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import ExitStack
 
 import polars as pl
 from prefect import task
@@ -23,8 +24,9 @@ from prefect import task
 from schemas import text2sql as schema
 from schemas.settings import Settings
 from schemas.text2sql import GenerationConfig
+from tasks.agents.registry import spec_label
 from tasks.core import storage
-from tasks.core.batching import BatchedStage, combine, plan, spec_fingerprint
+from tasks.core.batching import BatchedStage, check_specs, combine, plan
 from tasks.text2sql.corpora import load_tpcds_corpus, tpcds_ddl
 from tasks.core.layout import RunLayout
 from tasks.text2sql.generators import (
@@ -32,7 +34,6 @@ from tasks.text2sql.generators import (
     build_prompt,
     check_generator_spec,
     generate_with_validation,
-    generator_label,
     make_generator,
 )
 from tasks.text2sql.validation import PostgresValidator, tpcds_validator_dsn
@@ -81,14 +82,9 @@ def plan_generation_batches(
         unknown = [q for q in query_ids if q not in known]
         if unknown:
             raise ValueError(f"unknown query ids {unknown}")
-    for gen in generators:
-        check_generator_spec(gen)
-    labels = [generator_label(g) for g in generators]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"duplicate generators {labels}")
-    cfg = GenerationConfig.model_validate(
-        config.model_dump() if isinstance(config, GenerationConfig) else config or {}
-    ).model_dump(mode="json")
+    cfg, fingerprints = check_specs(generators, check_generator_spec, spec_label,
+                                    "generators", GeneratorConfigError,
+                                    "cannot read the replay source", GenerationConfig, config)
     corpus = load_tpcds_corpus(descriptions_path).by_id()
 
     def item(qid: str) -> list:  # what the prompt is built from, and the oracle's answer
@@ -97,12 +93,8 @@ def plan_generation_batches(
 
     batches = []
     for gen in generators:
-        try:
-            fingerprint = spec_fingerprint(gen)
-        except OSError as exc:
-            raise GeneratorConfigError(f"{gen}: cannot read the replay source: {exc}") from None
-        for key, chunk in plan(generator_label(gen), query_ids, batch_size,
-                               lambda c: [gen, fingerprint, [item(q) for q in c], cfg]):
+        for key, chunk in plan(spec_label(gen), query_ids, batch_size,
+                               lambda c: [gen, fingerprints[gen], [item(q) for q in c], cfg]):
             batches.append({"key": key, "generator": gen, "query_ids": chunk})
     return batches
 
@@ -110,11 +102,6 @@ def plan_generation_batches(
 #: The generation stage's batches: ``text2sql/batches/<key>.parquet`` of
 #: :data:`schemas.text2sql.GENERATIONS` rows, per-query checkpoints ``<key>.parts/``.
 GENERATION_BATCHES = BatchedStage("text2sql", (("", schema.GENERATIONS),))
-
-
-def batch_uri(artifacts_root: str, run_id: str, key: str) -> str:
-    """Where a generation batch's attempts are written."""
-    return GENERATION_BATCHES.uri(artifacts_root, run_id, key)
 
 
 @task(name="text2sql-generate-batch", persist_result=False)
@@ -132,35 +119,31 @@ def run_generation_batch(
     attempt finished (checkpointed one by one) are not generated again. Raises
     :class:`GeneratorConfigError` for a bad generator, CorpusError for a bad descriptions file,
     ``psycopg.Error`` when PostgreSQL is unreachable."""
-    stage = GENERATION_BATCHES
-    if stage.finished(artifacts_root, run_id, batch["key"]):
-        return stage.uri(artifacts_root, run_id, batch["key"])
-    cfg = GenerationConfig.model_validate(config or {})
-    settings = Settings.from_env()
-    corpus = load_tpcds_corpus(descriptions_path).by_id()
-    unknown = [q for q in batch["query_ids"] if q not in corpus]
-    if unknown:
-        raise ValueError(f"unknown TPC-DS query ids {unknown}; expected 1..99")
-    ddl = tpcds_ddl()
-    generator = make_generator(batch["generator"], settings, cfg, artifacts_root)
-    try:
-        with PostgresValidator(  # as the read-only agent role: the SQL is the model's
-            tpcds_validator_dsn(settings), cfg.statement_timeout_ms
-        ) as validator:
 
-            def generate(qid: str) -> dict[str, list[dict]]:
-                prompt = build_prompt(corpus[qid], ddl)
-                return {"": [
-                    {"run_id": run_id, "model": generator.label, "query_id": qid, **r}
-                    for r in generate_with_validation(
-                        generator, qid, prompt, validator.validate, cfg.max_retries)
-                ]}
+    def start(stack: ExitStack) -> tuple[list[str], Callable[[str], dict[str, list[dict]]]]:
+        cfg = GenerationConfig.model_validate(config or {})
+        settings = Settings.from_env()
+        corpus = load_tpcds_corpus(descriptions_path).by_id()
+        unknown = [q for q in batch["query_ids"] if q not in corpus]
+        if unknown:
+            raise ValueError(f"unknown TPC-DS query ids {unknown}; expected 1..99")
+        ddl = tpcds_ddl()
+        generator = make_generator(batch["generator"], settings, cfg, artifacts_root)
+        stack.callback(generator.close)
+        validator = stack.enter_context(PostgresValidator(  # as the read-only agent role
+            tpcds_validator_dsn(settings), cfg.statement_timeout_ms))  # (the SQL is the model's)
 
-            rows = stage.run_items(artifacts_root, run_id, batch["key"], batch["query_ids"],
-                                   generate)
-    finally:
-        generator.close()
-    return stage.write(artifacts_root, run_id, batch["key"], rows)
+        def generate(qid: str) -> dict[str, list[dict]]:
+            prompt = build_prompt(corpus[qid], ddl)
+            return {"": [
+                {"run_id": run_id, "model": generator.label, "query_id": qid, **r}
+                for r in generate_with_validation(
+                    generator, qid, prompt, validator.validate, cfg.max_retries)
+            ]}
+
+        return batch["query_ids"], generate
+
+    return GENERATION_BATCHES.run_batch(artifacts_root, run_id, batch["key"], start)
 
 
 @task(name="text2sql-combine", persist_result=False)
@@ -175,7 +158,6 @@ def combine_generations(run_id: str, artifacts_root: str, batch_uris: list[str])
 
 __all__ = [
     "GENERATION_BATCHES",
-    "batch_uri",
     "combine_generations",
     "plan_generation_batches",
     "run_generation_batch",

@@ -41,10 +41,11 @@ import pyarrow as pa
 
 from schemas import artifacts
 from schemas.settings import Settings
+from tasks.agents.registry import agent_kind
 from tasks.agents.replay import answers_for, load_answers
 from tasks.agents.tools import ToolBox
 from tasks.core import batching, interrupt, storage
-from tasks.core.batching import BatchedStage, label_slug, remove_local, spec_fingerprint
+from tasks.core.batching import BatchedStage, label_slug, remove_local
 from tasks.core.concurrency import (
     DEFAULT_MAX_CONCURRENCY, as_trial, call_slot, resolve_max_trials, trial_slot, trials_expected,
 )
@@ -116,11 +117,12 @@ def trial_key(agent: str, dataset: str, query_id: str, trial: int) -> str:
 
 
 def _fingerprint(agent: str) -> str | None:
-    """Content that identifies an agent beyond its name (a replay file's hash,
-    :func:`tasks.core.batching.spec_fingerprint`); AgentConfigError when it cannot be read."""
+    """Content that identifies an agent beyond its name (its kind's
+    :meth:`~tasks.agents.registry.AgentKind.fingerprint`: a replay file's hash);
+    AgentConfigError when it cannot be read."""
     kind, arg = parse_agent(agent)
     try:
-        return spec_fingerprint(agent) if kind == "replay" else None
+        return agent_kind(kind).fingerprint(arg)
     except OSError as exc:
         raise AgentConfigError(f"{arg}: cannot read answer file: {exc}") from None
 
@@ -178,6 +180,7 @@ def plan_batches(
     check_query_selection(list(manifests.values()), query_ids)
     batches = []
     for agent in agents:
+        kind, arg = parse_agent(agent)
         plan = (agent_plans or {}).get(agent) or {}
         for hint in _planned_hints(agent, conditions):
             label = agent_label(agent, hint)
@@ -188,7 +191,7 @@ def plan_batches(
                 explicit = {**agent_defaults.get(agent, {}), **(options or {})}
                 opts = agent_options(agent_options_for(manifest, explicit)).model_dump(
                     exclude_defaults=True)
-                runs = (_replay_runs(agent, manifest) if agent.startswith("replay:")
+                runs = (_replay_runs(arg, manifest) if kind == "replay"
                         else plan.get("n_trials") or n_trials)
                 queries = select_queries(manifest, query_ids, limit)
                 items = [[q["id"], t] for q in queries for t in range(runs)]
@@ -224,10 +227,10 @@ def _material(agent: str, version: str, opts: dict, fingerprint: str | None,
     return material
 
 
-def _replay_runs(agent: str, manifest: dict) -> int:
-    """Trials per query of a replay agent on one dataset: 1 + the largest run the answer file
+def _replay_runs(answer_file: str, manifest: dict) -> int:
+    """Trials per query of a replay agent on one dataset: 1 + the largest run its answer file
     has for the dataset (0 when it answers none of its queries)."""
-    answers = answers_for(load_answers(parse_agent(agent)[1]), manifest)
+    answers = answers_for(load_answers(answer_file), manifest)
     return 1 + max((run for _, run in answers), default=-1)
 
 
