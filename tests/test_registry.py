@@ -5,6 +5,7 @@ stage runs the toy agent, the score stage judges with the toy validator, the rep
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -160,3 +161,85 @@ def test_plugins_of_the_querylab_entry_point_group_are_loaded(tmp_path, monkeypa
     assert parse_agent_spec("ep-toy:a") == ("ep-toy", "a")
     assert seen == ["querylab"]
     assert "querylab plugin broken (qlab_no_such_module) failed to load" in caplog.text
+
+
+def _installed_plugin(where: Path, module: str, source: str) -> Path:
+    """``module`` (``source``) in ``where`` with a dist-info declaring it in the ``querylab``
+    entry-point group, as ``pip install`` of a plugin package leaves it; returns ``where``."""
+    where.mkdir(parents=True, exist_ok=True)
+    (where / f"{module}.py").write_text(source)
+    info = where / f"{module.replace('_', '')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[querylab]\nplug = {module}\n")
+    return where
+
+
+def _fresh_python(script: str, plugins: Path) -> str:
+    """Run ``script`` in a fresh interpreter with ``plugins`` on its path; its stdout+stderr."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, cwd=root, check=True,
+                         env={**os.environ, "PYTHONPATH": f"{plugins}{os.pathsep}{root}"})
+    return out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_a_plugin_asking_a_registry_while_another_thread_loads_plugins_does_not_deadlock(
+        tmp_path):
+    """One thread imports a plugin module itself (the plugin asks ``engine_names()`` as it is
+    imported) while another makes the process's first registry lookup, which imports the same
+    plugin: neither waits for the other for ever (a lock held across the plugin's import did)."""
+    plugins = _installed_plugin(tmp_path / "p", "slow_plug", (
+        "import time\n"
+        "from tasks.db.registry import FileEngine, engine_names, register_engine\n"
+        "time.sleep(0.5)\n"
+        "@register_engine\nclass Slow(FileEngine):\n    name = 'slow-engine'\n"
+        "assert 'duckdb' in engine_names()\n"))
+    script = (
+        "import threading, time\n"
+        "import tasks.db.databases\n"
+        "from tasks.scoring.registry import validator_kinds\n"
+        "from tasks.db.registry import engine_names\n"
+        "res = {}\n"
+        "def b():\n    import slow_plug; res['b'] = 'ok'\n"
+        "def a():\n    time.sleep(0.1); res['a'] = validator_kinds()\n"
+        "ts = [threading.Thread(target=f, daemon=True) for f in (b, a)]\n"
+        "[t.start() for t in ts]; [t.join(20) for t in ts]\n"
+        "print('alive', [t.is_alive() for t in ts], sorted(res), 'slow-engine' in engine_names())\n"
+    )
+    assert "alive [False, False] ['a', 'b'] True" in _fresh_python(script, plugins)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("first", ["engine_names", "kind_names", "validator_kinds"])
+def test_a_plugin_claiming_a_built_in_name_is_refused_whichever_registry_is_asked_first(
+        tmp_path, first):
+    """Plugins claiming the built-in validator ``number`` and engine ``duckdb``, loaded by
+    whichever registry is asked first (before the other registries' built-ins are imported):
+    the plugins are refused and logged, every built-in still answers."""
+    plugins = tmp_path / "p"
+    _installed_plugin(plugins, "evil_val", (
+        "from tasks.scoring.registry import Validator, validator\n"
+        "@validator('number')\nclass Number(Validator):\n"
+        "    def check(self, answer, truth, spec, question=None):\n"
+        "        raise RuntimeError('impostor')\n"))
+    _installed_plugin(plugins, "evil_eng", (
+        "from tasks.db.registry import FileEngine, register_engine\n"
+        "@register_engine\nclass Duck(FileEngine):\n    name = 'duckdb'\n"))
+    module = {"engine_names": "tasks.db.registry", "kind_names": "tasks.agents.registry",
+              "validator_kinds": "tasks.scoring.registry"}[first]
+    script = (
+        f"from {module} import {first}; {first}()\n"
+        "from tasks.db.registry import get_engine\n"
+        "from tasks.scoring.registry import get_validator, validator_kinds\n"
+        "print(validator_kinds(), type(get_validator('number')).__module__,\n"
+        "      type(get_engine('duckdb')).__module__)\n"
+    )
+    out = _fresh_python(script, plugins)
+    assert "['dab_script', 'items', 'number'] tasks.scoring.validate tasks.db.duckdb" in out, out
+    assert "validator kind 'number' is already registered (tasks.scoring.validate." in out
+    assert "engine 'duckdb' is already registered (tasks.db.duckdb." in out

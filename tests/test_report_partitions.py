@@ -168,3 +168,52 @@ def test_failure_mode_table_from_a_scan_checks_its_labels(run, tmp_path):
         broken.write_parquet(path)
         with pytest.raises(ValueError, match="every incorrect trial needs exactly one label"):
             failure_mode_table(trials, pl.scan_parquet(path))
+
+
+@pytest.mark.parametrize("slice_size", [10**9, 2])
+def test_labels_that_break_the_one_label_rule_never_replace_the_artifact(
+        run, monkeypatch, tmp_path, slice_size):
+    """Trials whose incorrect keys repeat or are null are refused while the labels are
+    streamed, with the one-label message: the artifact written before stays as it was, and no
+    temporary file is left (found by an adversarial review: the check came after the rename,
+    and null keys failed as a schema cast)."""
+    from schemas import report as rs
+    from tasks.report.stage import write_failure_labels
+
+    trials, calls, _, reqs = run
+    trials = trials.sort("trial_key")
+    uri = tmp_path / "failure_labels.parquet"
+    write_failure_labels(trials, calls.lazy(), reqs, str(uri))
+    good = uri.read_bytes()
+    bad = trials.filter(pl.col("verdict") == "incorrect")
+    twice = pl.concat([trials, bad.head(2)]).sort("trial_key")
+    nulls = trials.with_columns(
+        pl.when(pl.col("trial_key").is_in(bad["trial_key"].head(2).implode())).then(None)
+        .otherwise(pl.col("trial_key")).alias("trial_key")).sort("trial_key")
+    monkeypatch.setattr("tasks.report.failure_modes.PARTITION_TRIALS", slice_size)
+    for broken, why in ((twice, "a trial_key has more than one failure label"),
+                        (nulls, "2 incorrect trials have no trial_key")):
+        with pytest.raises(ValueError,
+                           match=f"every incorrect trial needs exactly one label: {why}"):
+            write_failure_labels(broken, calls.lazy(), reqs, str(uri))
+        assert uri.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["failure_labels.parquet"]
+    assert rs.FAILURE_LABELS.names == pl.read_parquet(uri).columns
+
+
+def test_no_incorrect_trial_streams_the_bytes_of_the_empty_labels(run, tmp_path):
+    """Without an incorrect trial the streamed artifact is the empty labels' file, byte for
+    byte (it had no row group, the one-pass file one empty row group)."""
+    from schemas import report as rs
+    from tasks.core import storage
+    from tasks.report.stage import write_failure_labels
+
+    trials, calls, _, reqs = run
+    fine = trials.filter(pl.col("verdict") != "incorrect")
+    labels = classify_failures(fine, calls.lazy(), reqs)
+    assert labels.height == 0
+    whole = storage.write_parquet(str(tmp_path / "whole.parquet"), labels.to_arrow(),
+                                  rs.FAILURE_LABELS)
+    uri = tmp_path / "streamed.parquet"
+    assert write_failure_labels(fine, calls.lazy(), reqs, str(uri))[0] == 0
+    assert uri.read_bytes() == Path(whole).read_bytes()

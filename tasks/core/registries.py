@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from importlib.metadata import entry_points
 
 __all__ = ["ENTRY_POINT_GROUP", "check_unclaimed", "load_entry_points"]
 
@@ -25,34 +24,51 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "querylab"
 
 _loaded = False
-_loading = False
-#: Held while the plugins are imported: another thread asking meanwhile waits instead of
-#: seeing a registry without them (a Dask worker's threads all start at once).
-_load_lock = threading.RLock()
+#: ``loading``: this thread is importing the plugins (a plugin asking a registry while it is
+#: imported is not re-entered).
+_this_thread = threading.local()
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def entry_points(group: str) -> list:
+    """The entry points of ``group`` installed in this environment
+    (:func:`importlib.metadata.entry_points`, imported here: ~30 ms a process pays only when a
+    registry is asked)."""
+    from importlib.metadata import entry_points as installed
+
+    return list(installed(group=group))
 
 
 def load_entry_points() -> None:
     """Import every module of the :data:`ENTRY_POINT_GROUP` entry-point group, once per
-    process (a plugin asking a registry while it is imported is not re-entered). A plugin that
-    fails to import is logged (``querylab plugin <name> (<module>) failed to load: ...``) and
-    skipped: its names stay unknown, which the registries' errors then say."""
-    global _loaded, _loading
-    if _loaded:
+    process. A plugin that fails to import is logged once (``querylab plugin <name>
+    (<module>) failed to load: ...``) and skipped: its names stay unknown, which the
+    registries' errors then say.
+
+    No lock of ours is held while a plugin is imported (one would deadlock against the
+    import system's lock of a plugin another thread is importing, when that plugin asks a
+    registry as it is imported). Until one thread has finished, every thread asking imports
+    the plugins itself: a plugin another thread is importing makes it wait on the import
+    system's lock of that module, so no thread sees a registry without the plugins."""
+    global _loaded
+    if _loaded or getattr(_this_thread, "loading", False):
         return
-    with _load_lock:
-        if _loaded or _loading:  # done by another thread, or a plugin of this one asking
-            return
-        _loading = True
-        try:
-            for ep in entry_points(group=ENTRY_POINT_GROUP):
-                try:
-                    ep.load()
-                except Exception as exc:  # a broken plugin must not break the built-ins
+    _this_thread.loading = True
+    try:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                ep.load()
+            except Exception as exc:  # a broken plugin must not break the built-ins
+                with _warned_lock:
+                    first = ep.value not in _warned
+                    _warned.add(ep.value)
+                if first:
                     log.warning("querylab plugin %s (%s) failed to load: %s",
                                 ep.name, ep.value, exc)
-            _loaded = True
-        finally:
-            _loading = False
+        _loaded = True
+    finally:
+        _this_thread.loading = False
 
 
 def check_unclaimed(known: type | None, cls: type, noun: str, name: str) -> None:

@@ -296,8 +296,10 @@ def read_parquet(uri: str, schema: pa.Schema | None = None) -> pa.Table:
 def write_parquet_batches(uri: str, schema: pa.Schema, batches) -> int:
     """Stream record ``batches`` (of ``schema``) into one zstd Parquet artifact at ``uri``
     without holding them together: each batch is a row group written as it comes, to a
-    temporary file that is renamed over ``uri`` (or uploaded to S3) once complete. Returns the
-    number of rows written."""
+    temporary file that is renamed over ``uri`` (or uploaded to S3) once complete; no rows at
+    all: one empty row group, as :func:`write_parquet` writes an empty table. Returns the
+    number of rows written. An exception raised by ``batches`` propagates and leaves ``uri``
+    as it was."""
     rows = 0
     if is_s3(uri):
         fd, tmp = tempfile.mkstemp(prefix="querylab-", suffix=".parquet")
@@ -315,6 +317,8 @@ def write_parquet_batches(uri: str, schema: pa.Schema, batches) -> int:
                     writer.write_batch(batch)
                     rows += batch.num_rows
                 del batch  # not held while the producer makes the next one
+            if not rows:  # one empty row group, as writing the empty table in one go gives
+                writer.write_table(schema.empty_table())
         if target is None:
             from boto3.s3.transfer import TransferConfig
 

@@ -95,11 +95,19 @@ _ENGINES: dict[str, Engine] = {}
 _lock = threading.Lock()
 
 
+#: The modules of the four built-in engines, registered before any other engine (so a plugin
+#: claiming a built-in name is the one refused, whichever is imported first).
+_BUILTIN_MODULES = ("tasks.db.duckdb", "tasks.db.sqlite", "tasks.db.postgres", "tasks.db.mongo")
+
+
 def register_engine(cls: type[Engine]) -> type[Engine]:
     """Class decorator: register one instance of ``cls`` under ``cls.name``. Raises ValueError
-    for an empty name or a name already taken by another class."""
+    for an empty name or a name already taken by another class (the built-ins are registered
+    first)."""
     if not cls.name:
         raise ValueError(f"engine class {cls.__name__} has no name")
+    if cls.__module__ not in _BUILTIN_MODULES:
+        import tasks.db.databases  # noqa: F401 - the built-in engines first
     with _lock:
         have = _ENGINES.get(cls.name)
         check_unclaimed(None if have is None else type(have), cls, "engine", cls.name)

@@ -390,6 +390,26 @@ def failure_label_slices(
         yield label(bad.slice(offset, step))
 
 
+#: The invariant that keeps the failure-mode denominators unchanged, named by its errors.
+ONE_LABEL = "every incorrect trial needs exactly one label"
+
+
+def check_label_keys(keys: pl.Series, after: str | None = None) -> None:
+    """Check the ``trial_key`` column of one slice of failure labels (as
+    :func:`failure_label_slices` yields them: sorted, one per incorrect trial) as it is
+    streamed: ValueError (naming :data:`ONE_LABEL`) for a null key, a key twice, keys out of
+    order, or a first key not after ``after`` (the previous slice's last key)."""
+    nulls = keys.null_count()
+    if nulls:
+        raise ValueError(f"{ONE_LABEL}: {nulls} incorrect trials have no trial_key")
+    if not keys.len():
+        return
+    if not keys.is_sorted() or (after is not None and keys[0] < after):
+        raise ValueError(f"{ONE_LABEL}: the labels are not in trial_key order")
+    if not _unique(keys) or (after is not None and keys[0] == after):
+        raise ValueError(f"{ONE_LABEL}: a trial_key has more than one failure label")
+
+
 def _unique(keys: pl.Series) -> bool:
     """Whether ``keys`` has no value twice: by comparing neighbours when it is sorted (as
     :func:`classify_failures` returns its labels: no hash set of millions of keys), else by
@@ -410,10 +430,11 @@ def failure_mode_table(
     (scored), ``errored`` (beside them) and ``incorrect``;
     ``labels`` (:func:`classify_failures` output, or a lazy scan of it as written to
     ``failure_labels.parquet``: then only its trial_key, agent, dataset and failure_mode are
-    streamed, never held) gives one count column per mode FM1–FM5 and ``FM<i>_share`` =
-    count / incorrect (null without incorrect trials). Raises ValueError when labels and
-    incorrect trials disagree (a label per incorrect trial is the invariant that keeps
-    denominators unchanged). Returns ``schemas.report.FAILURE_MODE_TABLE`` columns.
+    streamed, in one query, never held) gives one count column per mode FM1–FM5 and
+    ``FM<i>_share`` = count / incorrect (null without incorrect trials). Raises ValueError
+    (naming :data:`ONE_LABEL`) when labels and incorrect trials disagree (a label per
+    incorrect trial is the invariant that keeps denominators unchanged). Returns
+    ``schemas.report.FAILURE_MODE_TABLE`` columns.
     """
     verdict_cols = [c for c in ("verdict", "is_correct") if c in trials.columns]
     trials = with_verdicts(trials.select("agent", "dataset", *verdict_cols))
@@ -421,21 +442,21 @@ def failure_mode_table(
     n_bad = int((trials["verdict"] == "incorrect").sum())
     mode_aggs = [(pl.col("failure_mode") == m).sum().cast(pl.Int64).alias(m) for m in FAILURE_MODES]
     if isinstance(labels, pl.LazyFrame):
-        # the key checks and the counts per (agent, dataset): two streaming passes over
-        # four columns of the file
+        # the key checks and the counts per (agent, dataset): one streaming query over four
+        # columns of the file
         lf = labels.select("trial_key", *as_strings("agent", "dataset"), "failure_mode")
-        n_labels, n_keys = lf.select(pl.len(), pl.col("trial_key").n_unique()).collect(
-            engine="streaming").row(0)
+        checks, tally = pl.collect_all(
+            [lf.select(pl.len(), pl.col("trial_key").n_unique()),
+             lf.group_by("agent", "dataset").agg(mode_aggs)], engine="streaming")
+        n_labels, n_keys = checks.row(0)
         unique = n_keys == n_labels
-        tally = lf.group_by("agent", "dataset").agg(mode_aggs).collect(engine="streaming")
     else:
         n_labels, unique = labels.height, _unique(labels["trial_key"])
         tally = labels.group_by("agent", "dataset").agg(mode_aggs)
-    if n_labels != n_bad or not unique:
-        raise ValueError(
-            f"{n_labels} failure labels for {n_bad} incorrect trials: every incorrect trial "
-            "needs exactly one label"
-        )
+    if not unique:
+        raise ValueError(f"{ONE_LABEL}: a trial_key has more than one failure label")
+    if n_labels != n_bad:
+        raise ValueError(f"{ONE_LABEL}: {n_labels} failure labels for {n_bad} incorrect trials")
     base_aggs = [
         (verdict != "errored").sum().cast(pl.Int64).alias("trials"),
         (verdict == "errored").sum().cast(pl.Int64).alias("errored"),

@@ -31,7 +31,9 @@ from schemas import artifacts
 from schemas import report as rs
 from tasks.core import storage
 from tasks.report.failure_modes import (
+    ONE_LABEL,
     REQUIREMENTS_SCHEMA,
+    check_label_keys,
     failure_label_slices,
     failure_mode_table,
     requirements_from_manifests,
@@ -43,6 +45,7 @@ from tasks.report.metrics import (
     pass_at_1_ci,
     pass_at_k_per_query,
     pass_at_k_summary,
+    with_verdicts,
 )
 from tasks.core.prefect_task import task
 from tasks.report.html import (
@@ -168,18 +171,32 @@ def write_failure_labels(
     slice at a time: at 10M trials the 5M labels are never held together), then count them
     into the failure-mode table from the written artifact
     (:func:`tasks.report.failure_modes.failure_mode_table`). Returns (labels written, table).
+    The labels are checked as they are streamed (a key per incorrect trial, none null or
+    twice: :func:`tasks.report.failure_modes.check_label_keys`, and as many as there are
+    incorrect trials); a ValueError raised then leaves the artifact at ``uri`` as it was.
     The artifact's bytes equal those of writing the concatenated labels in one go whenever
-    there is one slice (fewer than ``PARTITION_TRIALS`` incorrect trials)."""
+    there is at most one slice (fewer than ``PARTITION_TRIALS`` incorrect trials)."""
     schema = rs.FAILURE_LABELS
+    verdicts = with_verdicts(trials.select(c for c in ("verdict", "is_correct")
+                                           if c in trials.columns))["verdict"]
+    n_bad = int((verdicts == "incorrect").sum())
 
     def batches():
+        n, last = 0, None
         for part in failure_label_slices(trials, tool_calls, requirements):
+            keys = part["trial_key"]
+            check_label_keys(keys, last)  # before the artifact replaces the one there
+            if keys.len():
+                last = keys[-1]
+            n += part.height
             # one chunk, so one batch: row groups cut as writing the slice whole would
             table = artifacts.check_schema(part.rechunk().to_arrow(), schema, uri)
-            del part
+            del part, keys
             yield from table.to_batches()
             del table
             pa.default_memory_pool().release_unused()  # the slice's buffers, back to the OS
+        if n != n_bad:
+            raise ValueError(f"{ONE_LABEL}: {n} failure labels for {n_bad} incorrect trials")
 
     n = storage.write_parquet_batches(uri, schema, batches())
     return n, failure_mode_table(trials, storage.scan_parquet(uri, schema))

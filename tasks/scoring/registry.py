@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 __all__ = ["Validator", "get_validator", "validator", "validator_kinds"]
 
 _VALIDATORS: dict[str, type[Validator]] = {}
+#: The modules of the built-in kinds, imported before any other validator registers (so a
+#: plugin claiming a built-in name is the one refused, whichever is imported first).
+_BUILTIN_MODULES = ("tasks.scoring.validate", "tasks.scoring.dab_validator")
 
 
 class Validator:
@@ -47,9 +50,11 @@ class Validator:
 
 def validator(name: str) -> Callable[[type[Validator]], type[Validator]]:
     """Class decorator registering a :class:`Validator` under ``name``; ValueError when
-    another class already has it."""
+    another class already has it (the built-ins are registered first)."""
 
     def register(cls: type[Validator]) -> type[Validator]:
+        if cls.__module__ not in _BUILTIN_MODULES:
+            _builtins()
         check_unclaimed(_VALIDATORS.get(name), cls, "validator kind", name)
         cls.name = name
         _VALIDATORS[name] = cls
@@ -58,9 +63,13 @@ def validator(name: str) -> Callable[[type[Validator]], type[Validator]]:
     return register
 
 
+def _builtins() -> None:
+    for module in _BUILTIN_MODULES:
+        import_module(module)
+
+
 def _load() -> None:
-    import_module("tasks.scoring.validate")
-    import_module("tasks.scoring.dab_validator")
+    _builtins()
     from tasks.core.registries import load_entry_points
 
     load_entry_points()
