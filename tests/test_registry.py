@@ -243,3 +243,27 @@ def test_a_plugin_claiming_a_built_in_name_is_refused_whichever_registry_is_aske
     assert "['dab_script', 'items', 'number'] tasks.scoring.validate tasks.db.duckdb" in out, out
     assert "validator kind 'number' is already registered (tasks.scoring.validate." in out
     assert "engine 'duckdb' is already registered (tasks.db.duckdb." in out
+
+
+def test_a_plugin_kind_with_no_agent_of_a_suite_is_a_clear_error(monkeypatch):
+    """A plugin kind that lists text2sql and lifecycle but names no model: both suites build
+    their agents through one constructor (``suite_agent``), which says the kind has none."""
+    from tasks.agents import registry
+    from tasks.lifecycle.agents import make_agent
+    from tasks.text2sql.generators import GeneratorConfigError, make_generator
+
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+
+    @agentkind("nomodel")
+    class NoModel(AgentKind):
+        usage = "nomodel:<x>"
+        suites = frozenset({"text2sql", "lifecycle"})
+
+    with pytest.raises(GeneratorConfigError,
+                       match="generator 'nomodel:x': kind 'nomodel' has no text2sql generator"):
+        make_generator("nomodel:x")
+    with pytest.raises(AgentConfigError,
+                       match="agent 'nomodel:x': kind 'nomodel' has no lifecycle agent"):
+        make_agent("nomodel:x")
+    assert type(make_generator("oracle")).__name__ == "OracleGenerator"
+    assert type(make_agent("oracle")).__name__ == "OracleAgent"

@@ -44,6 +44,7 @@ __all__ = [
     "load_plugins",
     "parse_agent_spec",
     "spec_label",
+    "suite_agent",
     "usage",
 ]
 
@@ -166,6 +167,29 @@ def parse_agent_spec(spec: str, suite: str = "trials", noun: str = "agent",
                 raise (exc if isinstance(exc, error) else error(str(exc))) from None
         return kind, arg or None
     raise error(f"unknown {noun} {spec!r}; use {usage(suite)}")
+
+
+def suite_agent(spec: str, suite: str, *, oracle: Callable[[], Any],
+                replay: Callable[[str], Any], model: Callable[[str], Any],
+                noun: str = "agent", error: type[Exception] = AgentConfigError,
+                check: bool = False) -> Any:
+    """The agent of ``suite`` that ``spec`` names, built by the suite's constructor of its
+    kind: ``oracle()``, ``replay(path)`` or ``model(model name)`` (``openai:``/``local:`` and
+    every plugin kind whose spec names a model, :func:`tasks.core.llm.model_spec_name`).
+    Parsed as :func:`parse_agent_spec` (``noun``, ``error``, ``check``) does; ``error``
+    ``<noun> '<spec>': kind '<kind>' has no <suite> <noun>`` for a kind of the suite that
+    names no model (a plugin kind with no agent of this suite)."""
+    from tasks.core.llm import model_spec_name
+
+    kind, arg = parse_agent_spec(spec, suite, noun, error, check=check)
+    if kind == "oracle":
+        return oracle()
+    if kind == "replay":
+        return replay(arg)
+    name = model_spec_name(spec)
+    if name is None:
+        raise error(f"{noun} {spec!r}: kind {kind!r} has no {suite} {noun}")
+    return model(name)
 
 
 def spec_label(spec: str) -> str:

@@ -31,7 +31,7 @@ from pathlib import Path
 from schemas.lifecycle import LifecycleConfig
 from schemas.settings import Settings
 from tasks.agents.chat import AgentReply, ChatAgent
-from tasks.agents.registry import parse_agent_spec
+from tasks.agents.registry import parse_agent_spec, suite_agent
 from tasks.core import llm
 from tasks.core.jsonl import parse_jsonl
 from tasks.core.llm import AgentConfigError
@@ -186,13 +186,11 @@ def make_agent(
     """An agent from its spec (module docstring); ``artifacts_root``: where ``openai:`` agents
     keep the shared response cache (mode ``config.cache``; None: no cache). Raises
     :class:`AgentConfigError`."""
-    kind, arg = parse_agent_spec(spec, "lifecycle", check=True)
-    if kind == "oracle":
-        return OracleAgent()
-    if kind == "replay":
-        return ReplayAgent(arg)
-    if llm.model_spec_name(spec) is None:  # a plugin kind listing lifecycle, with no agent here
-        raise AgentConfigError(f"agent {spec!r}: kind {kind!r} has no lifecycle agent")
     config = config or LifecycleConfig()
-    cache = llm.ResponseCache(artifacts_root, config.cache) if artifacts_root else None
-    return OpenAIAgent(llm.model_spec_name(spec), settings or Settings.from_env(), config, cache)
+
+    def model(name: str) -> OpenAIAgent:
+        cache = llm.ResponseCache(artifacts_root, config.cache) if artifacts_root else None
+        return OpenAIAgent(name, settings or Settings.from_env(), config, cache)
+
+    return suite_agent(spec, "lifecycle", oracle=OracleAgent, replay=ReplayAgent, model=model,
+                       check=True)

@@ -28,9 +28,9 @@ from typing import Any
 from schemas.settings import Settings
 from schemas.text2sql import GenerationConfig
 from tasks.agents.chat import AgentReply, ChatAgent
-from tasks.agents.registry import parse_agent_spec
+from tasks.agents.registry import parse_agent_spec, suite_agent
 from tasks.core.jsonl import parse_jsonl
-from tasks.core.llm import AgentConfigError, ResponseCache, model_spec_name
+from tasks.core.llm import AgentConfigError, ResponseCache
 from tasks.text2sql.corpora import CorpusQuery, tpcds_gold_queries
 from tasks.text2sql.validation import clean_sql
 
@@ -218,15 +218,13 @@ def make_generator(
     (``<root>/cache/llm``, mode ``config.cache``); None: no cache. Raises
     :class:`GeneratorConfigError` for anything else."""
     config = config or GenerationConfig()
-    kind, arg = parse_agent_spec(spec, "text2sql", "generator", GeneratorConfigError)
-    if kind == "oracle":
-        return OracleGenerator()
-    if kind == "replay":
-        return ReplayGenerator(arg)
-    if model_spec_name(spec) is None:  # a plugin kind that lists text2sql but has no generator here
-        raise GeneratorConfigError(f"generator {spec!r}: kind {kind!r} has no text2sql generator")
-    cache = ResponseCache(artifacts_root, config.cache) if artifacts_root else None
-    return OpenAIGenerator(model_spec_name(spec), settings or Settings.from_env(), config, cache)
+
+    def model(name: str) -> OpenAIGenerator:
+        cache = ResponseCache(artifacts_root, config.cache) if artifacts_root else None
+        return OpenAIGenerator(name, settings or Settings.from_env(), config, cache)
+
+    return suite_agent(spec, "text2sql", oracle=OracleGenerator, replay=ReplayGenerator,
+                       model=model, noun="generator", error=GeneratorConfigError)
 
 
 def check_generator_spec(spec: str) -> None:
