@@ -259,6 +259,17 @@ def test_llm_agents_refuse_without_isolation(no_isolation, monkeypatch, tmp_path
     assert desc[0]["options"]["unsafe_sandbox"] is True
 
 
+def test_a_plugin_kind_is_untrusted_its_cells_need_the_sealed_sandbox(no_isolation):
+    """A kind from outside the repository is not the harness's own code: like a model, its
+    ``execute_python`` cells run only sealed (before, only ``openai``/``local`` were refused)."""
+    import tests.fakes.toy_agent  # noqa: F401 - registers agent kind "toy"
+    from tasks.trials.stage import check_sandbox
+
+    with pytest.raises(AgentConfigError, match="missing a cgroup memory limit.*--unsafe-sandbox"):
+        check_sandbox(["oracle", "toy:x"])
+    assert check_sandbox(["toy:x"], {"unsafe_sandbox": True})["unsafe_sandbox"] is True
+
+
 def test_cli_run_refuses_in_one_line(no_isolation, capsys, monkeypatch):
     from querylab.cli import main
 

@@ -22,6 +22,7 @@ class OracleKind(AgentKind):
     usage = "oracle"
     suites = SUITES
     prompted = False
+    trusted = True
 
 
 @agentkind("openai")
@@ -49,6 +50,7 @@ class ReplayKind(AgentKind):
              "lifecycle": "replay:<file.jsonl>"}
     suites = SUITES
     prompted = False
+    trusted = True
 
     def label(self, arg: str) -> str:
         """``replay:<file name without its last extension>`` (a directory: its name)."""
@@ -67,6 +69,14 @@ class ReplayKind(AgentKind):
         else:
             h.update(path.read_bytes())
         return h.hexdigest()
+
+    def trials_per_query(self, arg: str | None, manifest: dict) -> int:
+        """1 + the largest run the answer file has for the dataset (0 when it answers none
+        of its queries)."""
+        from tasks.agents.replay import answers_for, load_answers
+
+        answers = answers_for(load_answers(str(arg)), manifest)
+        return 1 + max((run for _, run in answers), default=-1)
 
     def check(self, arg: str | None, suite: str) -> None:
         """text2sql: the path must exist; lifecycle: it must be a file; trials read (and

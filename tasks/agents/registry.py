@@ -59,12 +59,17 @@ class AgentKind:
     """One agent kind. Class attributes: ``name`` (set by :func:`agentkind`), ``takes_arg``
     (``<kind>:<arg>``; False: the bare ``<kind>``), ``usage`` (how the spec is written, shown in
     errors; a dict suite → text when suites word it differently), ``suites`` (where it runs),
-    ``prompted`` (False: reads no prompt, so hint conditions do not apply). A plugin kind runs
-    in the trials suite unless it lists more (and the suite's code then knows how to run it).
+    ``prompted`` (False: reads no prompt, so hint conditions do not apply), ``trusted`` (True:
+    its tool calls are the harness's own, the oracle's reference solutions or recorded
+    answers; False, the default for every model and plugin kind: its tool arguments are
+    hostile input and its ``execute_python`` cells run only in the sealed sandbox unless the
+    run says ``--unsafe-sandbox``). A plugin kind runs in the trials suite unless it lists
+    more (and the suite's code then knows how to run it).
 
     Hooks a kind overrides: :meth:`check` (validate the argument before any work is mapped),
     :meth:`label` (what the rows of a spec record), :meth:`fingerprint` (what batch keys digest
-    beyond the spec), :meth:`trial_runner` (the trials suite's per-trial function). The
+    beyond the spec), :meth:`trials_per_query` (a number of trials the kind decides),
+    :meth:`trial_runner` (the trials suite's per-trial function). The
     built-in kinds are run by each suite's own code; a plugin kind supplies
     :meth:`trial_runner`."""
 
@@ -73,6 +78,7 @@ class AgentKind:
     usage: ClassVar[str | dict[str, str]] = ""
     suites: ClassVar[frozenset[str]] = frozenset({"trials"})
     prompted: ClassVar[bool] = True
+    trusted: ClassVar[bool] = False
 
     def usage_for(self, suite: str) -> str:
         """How a spec of this kind is written in ``suite``'s messages."""
@@ -93,6 +99,12 @@ class AgentKind:
         """What identifies spec ``<kind>:<arg>`` beyond its text, digested by batch keys so a
         changed source runs again (e.g. a hash of a file the argument names); None: nothing
         (the default). Raises OSError when that source cannot be read."""
+        return None
+
+    def trials_per_query(self, arg: str | None, manifest: dict) -> int | None:
+        """Trials per query the trials suite runs of spec ``<kind>:<arg>`` on the dataset of
+        ``manifest``, when the kind decides it (a replay file holds as many runs as it
+        holds); None (the default): the run's ``n_trials``."""
         return None
 
     def trial_runner(self, arg: str | None, manifest: dict, options: Any,

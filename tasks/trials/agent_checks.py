@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from schemas.models import AgentOptions
-from tasks.agents.registry import parse_agent_spec
+from tasks.agents.registry import agent_kind, parse_agent_spec
 from tasks.agents.replay import answers_for, check_matches, load_answers, unmatched_datasets
 from tasks.core import storage
 from tasks.core.llm import (
@@ -209,13 +209,14 @@ def _check_runnable(agent: str, kind: str, manifests: list[dict], hints: list) -
 def check_sandbox(agents: list[str], options: dict | AgentOptions | None = None) -> dict | None:
     """Refuse LLM agents where their ``execute_python`` cells cannot be isolated.
 
-    For a run with an ``openai:`` agent returns what the sandbox provides on this machine
-    (:meth:`tasks.sandbox.session.Isolation.describe` plus ``unsafe_sandbox``); raises
+    For a run with an agent of an untrusted kind (``openai:``, ``local:``, any plugin kind:
+    :attr:`tasks.agents.registry.AgentKind.trusted`) returns what the sandbox provides on this
+    machine (:meth:`tasks.sandbox.session.Isolation.describe` plus ``unsafe_sandbox``); raises
     AgentConfigError naming the missing mechanisms unless the option ``unsafe_sandbox`` is set.
-    None when no agent runs model-written code (the oracle and replay agents run their own).
+    None when every agent is trusted (the oracle and replay agents run their own code).
     """
     opts = agent_options(options)
-    if not any(parse_agent(a)[0] in ("openai", "local") for a in agents):
+    if all(agent_kind(parse_agent(a)[0]).trusted for a in agents):
         return None
     iso = shared_sandbox().isolation()
     if not iso.ok and not opts.unsafe_sandbox:

@@ -42,7 +42,6 @@ import pyarrow as pa
 from schemas import artifacts
 from schemas.settings import Settings
 from tasks.agents.registry import agent_kind
-from tasks.agents.replay import answers_for, load_answers
 from tasks.agents.tools import ToolBox
 from tasks.core import batching, interrupt, storage
 from tasks.core.batching import BatchedStage, label_slug, remove_local
@@ -191,8 +190,9 @@ def plan_batches(
                 explicit = {**agent_defaults.get(agent, {}), **(options or {})}
                 opts = agent_options(agent_options_for(manifest, explicit)).model_dump(
                     exclude_defaults=True)
-                runs = (_replay_runs(arg, manifest) if kind == "replay"
-                        else plan.get("n_trials") or n_trials)
+                runs = agent_kind(kind).trials_per_query(arg, manifest)
+                if runs is None:
+                    runs = plan.get("n_trials") or n_trials
                 queries = select_queries(manifest, query_ids, limit)
                 items = [[q["id"], t] for q in queries for t in range(runs)]
                 material = _material(agent, manifest["version"], opts, fingerprints[agent], hint)
@@ -225,13 +225,6 @@ def _material(agent: str, version: str, opts: dict, fingerprint: str | None,
         return out
 
     return material
-
-
-def _replay_runs(answer_file: str, manifest: dict) -> int:
-    """Trials per query of a replay agent on one dataset: 1 + the largest run its answer file
-    has for the dataset (0 when it answers none of its queries)."""
-    answers = answers_for(load_answers(answer_file), manifest)
-    return 1 + max((run for _, run in answers), default=-1)
 
 
 #: The trial batches: ``trials/batches/<key>.<part>.parquet`` for the tool-call, model-call and
@@ -339,11 +332,13 @@ def run_batch(
     manifest = storage.read_json(batch["manifest_uri"])
     queries = {q["id"]: q for q in manifest["queries"]}
     options = agent_options(batch.get("options"))
-    # model-written cells need the sealed sandbox unless the run said --unsafe-sandbox
-    strict = parse_agent(batch["agent"])[0] in ("openai", "local") and not options.unsafe_sandbox
+    # cells of an untrusted kind (models, plugins) need the sealed sandbox unless the run
+    # said --unsafe-sandbox
+    untrusted = not agent_kind(parse_agent(batch["agent"])[0]).trusted
+    strict = untrusted and not options.unsafe_sandbox
     if strict:
         check_sandbox([batch["agent"]], options)
-    if parse_agent(batch["agent"])[0] in ("openai", "local"):
+    if untrusted:
         # sessions for the batch's concurrent trials, set up while their first calls wait
         shared_sandbox().reserve(trials_expected(run_id, len(batch["items"]), max_trials))
     descriptions = {n: d["description"] for n, d in manifest["databases"].items()}
