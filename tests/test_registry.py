@@ -267,3 +267,31 @@ def test_a_plugin_kind_with_no_agent_of_a_suite_is_a_clear_error(monkeypatch):
         make_agent("nomodel:x")
     assert type(make_generator("oracle")).__name__ == "OracleGenerator"
     assert type(make_agent("oracle")).__name__ == "OracleAgent"
+
+
+@pytest.mark.slow
+def test_a_failing_plugin_is_imported_once_by_threads_asking_at_once(tmp_path):
+    """Eighteen threads making their first lookups at once (a Dask worker's) while a plugin
+    works 0.5 s and then fails: it is imported once and logged once, not once per thread one
+    after another (a failed import leaves no module, so each thread waiting on the import
+    system's lock imported it again: 9 s instead of 0.5 s; found by an adversarial review)."""
+    count = tmp_path / "count"
+    plugins = _installed_plugin(tmp_path / "p", "flaky_plug", (
+        f"import time\nopen({str(count)!r}, 'a').write('x')\ntime.sleep(0.5)\n"
+        "raise ImportError('needs libfoo')\n"))
+    script = (
+        "import threading\n"
+        "from tasks.scoring.registry import validator_kinds\n"
+        "from tasks.db.registry import engine_names\n"
+        "from tasks.agents.registry import kind_names\n"
+        "fs = [validator_kinds, engine_names, kind_names] * 6\n"
+        "b = threading.Barrier(len(fs))\n"
+        "def w(f):\n    b.wait(); f()\n"
+        "ts = [threading.Thread(target=w, args=(f,)) for f in fs]\n"
+        "[t.start() for t in ts]; [t.join(60) for t in ts]\n"
+        "print('alive', sum(t.is_alive() for t in ts))\n"
+    )
+    out = _fresh_python(script, plugins)
+    assert "alive 0" in out, out
+    assert count.read_text() == "x", out
+    assert out.count("querylab plugin plug (flaky_plug) failed to load: needs libfoo") == 1, out
