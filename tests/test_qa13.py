@@ -22,7 +22,6 @@ from tests.fakes.openai_server import (
     ScriptedOpenAIServer,
     delay,
     error,
-    is_preflight,
     message,
     raw_tool_calls,
     tool_calls,

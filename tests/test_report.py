@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import re
 from pathlib import Path
 
