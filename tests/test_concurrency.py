@@ -308,3 +308,54 @@ def test_trial_slots_yield_admission_ranks_that_call_slots_wait_by():
     finally:
         del lim.acquire
     assert seen == [b, None]
+
+
+def test_a_local_models_trials_run_one_after_another_per_server_slot():
+    """A llama.cpp server keeps one prompt cache per slot: trials of a local model are not
+    interleaved on it (no more in flight than its slots, across batches too), so each trial's
+    prompt extends its previous one; other models still run their trials concurrently (found
+    comparing ``make run`` before and after concurrent trials: the local model's cached prompt
+    tokens fell from 19,942 to 13,774)."""
+    from tasks.trials.stage import _run_concurrently
+
+    class Runner:
+        chat = None
+
+        def __init__(self, model, cap):
+            self.model, self.cap = model, cap
+
+        def concurrency_cap(self):
+            return self.cap, self.model, "http://127.0.0.1:9/v1"
+
+    lock, spans = threading.Lock(), {}
+
+    def run_one(name):
+        def one(query_id, trial):
+            t0 = time.monotonic()
+            time.sleep(0.05)
+            with lock:
+                spans.setdefault(name, []).append((t0, time.monotonic()))
+            return {"q": query_id, "t": trial}
+        return one
+
+    def most_at_once(s):
+        edges = sorted([(a, 1) for a, _ in s] + [(b, -1) for _, b in s],
+                       key=lambda e: (e[0], e[1]))
+        now = peak = 0
+        for _, d in edges:
+            now += d
+            peak = max(peak, now)
+        return peak
+
+    def batch(name, model, cap):
+        todo = iter([(i, f"q{i}", 0) for i in range(4)])
+        out = _run_concurrently(f"run-{name}", todo, 4, run_one(model), 64, 64,
+                                Runner(model, cap))
+        assert sorted(out) == [0, 1, 2, 3]
+
+    threads = [threading.Thread(target=batch, args=a) for a in (
+        ("a", "local:tiny", 1), ("b", "local:tiny", 1), ("c", "gpt-x", 1))]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert len(spans["local:tiny"]) == 8 and most_at_once(spans["local:tiny"]) == 1
+    assert most_at_once(spans["gpt-x"]) == 4  # a remote model's cap bounds calls, not trials

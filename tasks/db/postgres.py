@@ -414,7 +414,9 @@ def load_postgres(dsn: str, tables: dict[str, "pa.Table"]) -> None:
     transaction: ``DROP TABLE IF EXISTS`` + ``CREATE TABLE`` with PostgreSQL types mapped from
     Arrow (int64 -> bigint, int32/16 -> integer/smallint, float64 -> double precision, float32 ->
     real, string -> text, bool -> boolean, date -> date, timestamp -> timestamp[tz],
-    list<x> -> x[], struct -> jsonb) + ``COPY ... FROM STDIN``. Raises ``psycopg.Error``.
+    list<x> -> x[], struct -> jsonb) + ``COPY ... FROM STDIN`` + ``ANALYZE`` (the planner's
+    statistics, so plans do not change when autovacuum analyses the table later). Raises
+    ``psycopg.Error``.
 
     A table of booleans, numbers, strings, dates and timestamps only is copied in bulk: CSV
     written by pyarrow (:func:`_copy_csv`, no Python per row). A table with any other column
@@ -440,18 +442,28 @@ def load_postgres(dsn: str, tables: dict[str, "pa.Table"]) -> None:
                     stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(ident, names)
                     with cur.copy(stmt) as copy:
                         _copy_csv(copy, tbl)
-                    continue
-                json_idx = [i for i, t in enumerate(types) if t == "jsonb"]
-                with cur.copy(sql.SQL("COPY {} ({}) FROM STDIN").format(ident, names)) as copy:
-                    copy.set_types([t.split("(")[0] for t in types])
-                    for row in _iter_rows(tbl):
-                        if json_idx:
-                            row = list(row)
-                            for i in json_idx:
-                                if row[i] is not None:
-                                    row[i] = Jsonb(_json_safe(row[i]))
-                        copy.write_row(row)
+                else:
+                    _copy_rows(cur, sql.SQL("COPY {} ({}) FROM STDIN").format(ident, names),
+                               tbl, types, Jsonb)
+                # statistics now, not whenever autovacuum gets to the table: the planner's
+                # choice (a sorted or a hashed GROUP BY, so the order of unordered rows an
+                # agent sees) must not depend on how soon after the load a query runs
+                cur.execute(sql.SQL("ANALYZE {}").format(ident))
         conn.commit()
+
+
+def _copy_rows(cur, stmt, tbl, types: list[str], jsonb) -> None:
+    """COPY ``tbl`` row by row through psycopg's typed COPY (arrays, ``jsonb`` values)."""
+    json_idx = [i for i, t in enumerate(types) if t == "jsonb"]
+    with cur.copy(stmt) as copy:
+        copy.set_types([t.split("(")[0] for t in types])
+        for row in _iter_rows(tbl):
+            if json_idx:
+                row = list(row)
+                for i in json_idx:
+                    if row[i] is not None:
+                        row[i] = jsonb(_json_safe(row[i]))
+            copy.write_row(row)
 
 
 @register_engine

@@ -36,6 +36,7 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pyarrow as pa
 
@@ -46,7 +47,8 @@ from tasks.agents.tools import ToolBox
 from tasks.core import batching, interrupt, storage
 from tasks.core.batching import BatchedStage, label_slug, remove_local
 from tasks.core.concurrency import (
-    DEFAULT_MAX_CONCURRENCY, as_trial, call_slot, resolve_max_trials, trial_slot, trials_expected,
+    DEFAULT_MAX_CONCURRENCY, as_trial, call_slot, model_trial_slot, resolve_max_trials, trial_slot,
+    trials_expected,
 )
 from tasks.core.layout import RunLayout
 from tasks.core.llm import AgentConfigError
@@ -485,9 +487,19 @@ def _run_concurrently(
         runner.chat.call_slot = lambda: call_slot(run_id, max_concurrency, model, base_url,
                                                   model_cap)
     width = min(most, int(max_trials))
+    if model is not None and model.startswith("local:") and model_cap is not None:
+        # a local server's slots each keep one trial's prompt cache: no more trials of it in
+        # flight than it has slots (tasks.core.concurrency.model_trial_slot)
+        width = min(width, int(model_cap))
 
-    def slot():
-        return trial_slot(run_id, max_trials)
+        @contextmanager
+        def slot():
+            with model_trial_slot(model, base_url, model_cap), \
+                    trial_slot(run_id, max_trials) as rank:
+                yield rank
+    else:
+        def slot():
+            return trial_slot(run_id, max_trials)
 
     out: dict[int, dict] = {}
     if width <= 1:  # no thread: the batch's own
