@@ -36,7 +36,11 @@ Prefect's cost per flow run is printed too, as the wall time of an empty flow ma
 tasks (~1.1 s here). It is not fixed: Prefect 3.9's flow-run heartbeat thread sleeps in 1 s
 steps and is joined when the run ends, so a flow run's wall time is its body's rounded up to
 the next whole second, plus ~0.1 s; inside W it costs between 0.1 and 1.1 s (the empty flow
-is the worst case). It is part of W, not subtracted.
+is the worst case). It is part of W, not subtracted. Each run's line also gives the harness
+process's CPU seconds over the timed run (``time.process_time``: every thread of this process,
+user + system; the scripted server, query workers and sandbox are other processes): the
+trials' threads share one GIL, so this is what the bookkeeping of the model and tool calls
+adds up to.
 
 The last line is the figure:
 ``latency-bound: W s for 1000 calls x 0.5 s at concurrency 64; limit L s; ratio W/L (target <=
@@ -178,15 +182,17 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
             # starting it, not of the first run measured
             with get_client(sync_client=True) as client:
                 client.api_version()
+            cpu: dict[str, float] = {}  # the harness process's CPU seconds of a run, by tag
             for name, conc in runs:
                 admitted = resolve_max_trials(conc, max_trials if name == "concurrency" else None)
                 flow = run_trials.with_options(task_runner=EnvTaskRunner(admitted))
 
                 def run(tag: str) -> tuple[dict, float]:
                     root = str(_TMP / f"a-{name}-{tag}")
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     out = flow(f"lat-{name}-{tag}", [uri], ["openai:bench"], per_query,
                                batch_size, root, max_concurrency=conc, max_trials=admitted)
+                    cpu[tag] = time.process_time() - c0
                     return out, time.perf_counter() - t0
 
                 def check(out: dict) -> tuple:
@@ -210,6 +216,7 @@ def measure(runs: list[tuple[str, int]], trials: int, latency: float,
                     check(sampled)
                 results[name] = {
                     "concurrency": conc, "max_trials": admitted, "wall": wall,
+                    "cpu_s": cpu["timed"],
                     "trials": trials_df.height,
                     "pss_mb": None if mem is None else mem.peak_kb / 1024,
                     "procs": None if mem is None else mem.peak_procs,
@@ -263,7 +270,8 @@ def main() -> None:
               f"{r['wall']:6.2f} s for {r['trials']} trials "
               f"({n_calls} calls, model call {r['call_s']:.3f} s + {r['queue_s']:.3f} s waiting "
               f"for a call slot, tool call {r['tool_ms']:.1f} ms mean); limit {limit:.2f} s, "
-              f"whole-trial wave floor {floor:.2f} s; ratio {r['wall'] / limit:.2f}"
+              f"whole-trial wave floor {floor:.2f} s; ratio {r['wall'] / limit:.2f}; "
+              f"harness CPU {r['cpu_s']:.2f} s"
               f"{memory}; tool ms by tool {r['by_tool']}")
     print(f"Prefect's cost per flow run, at worst (an empty flow mapping as many tasks): "
           f"{prefect_s:.2f} s; its heartbeat thread rounds every W above up to a whole second "

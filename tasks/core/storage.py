@@ -52,6 +52,16 @@ def _current_umask() -> int:
 #: Mode of written files: what ``open()`` would give (0666 minus the umask), not mkstemp's 0600.
 _FILE_MODE = 0o666 & ~_current_umask()
 
+#: A local write's temporary file, ``.<name>.<pid>-<random>-<thread id>.tmp`` beside the
+#: target: unique to the writing thread (of this process, on this host), so it is opened
+#: directly, already with the mode above, and written without a buffered file object: one
+#: syscall each for open, write, close and rename (``tempfile.mkstemp`` + ``os.fdopen`` +
+#: ``chmod`` took ~2.5x the CPU, ~0.5 ms a write with 64 trials writing their journal and
+#: response-cache entry at every model call). The pid is read per write (a forked child
+#: differs).
+_TMP_TOKEN = os.urandom(4).hex()
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+
 _S3_LOCK = threading.Lock()
 _S3_CLIENT = None
 
@@ -126,18 +136,26 @@ def write_bytes(uri: str, data: bytes) -> str:
             raise StorageError(f"{uri}: write failed: {exc}") from exc
         return uri
     path = _local(uri)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{_TMP_TOKEN}-{threading.get_ident()}.tmp")
     try:  # the directory usually exists (a trial writes its journal there at every call)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd = os.open(tmp, _TMP_FLAGS, _FILE_MODE)
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd = os.open(tmp, _TMP_FLAGS, _FILE_MODE)
+    except FileExistsError:  # left by a killed writer of the same name: a fresh random one
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = Path(name)
+        os.fchmod(fd, _FILE_MODE)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, _FILE_MODE)
+        try:
+            view, done = memoryview(data), 0
+            while done < len(view):
+                done += os.write(fd, view[done:])
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return uri
 
