@@ -154,6 +154,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         if "trials" in stages:
             config = runs.benchmark_config(root, args.run_id)
             run_preflight(config.agents, config.agent_options, "rerun", (root, args.run_id))
+        trials_before = _trials_digest(root, args.run_id) if "trials" in stages else None
         print(f"querylab rerun {args.run_id}: stages {', '.join(stages)}"
               + (" (errored trials only)" if retry else "") + f"; artifacts in {root}")
         from querylab.cli import _prefect_defaults
@@ -190,11 +191,27 @@ def cmd_rerun(args: argparse.Namespace) -> int:
                 else:
                     _print_outputs(stage, out)
     if "trials" in stages and "score" not in stages:
-        print(f"note: the trials changed; score and report them with `querylab rerun --run-id "
-              f"{args.run_id} --stage score --stage report`")
+        if _trials_digest(root, args.run_id) == trials_before:
+            print("note: no trial changed (trials.parquet is as it was)")
+        else:
+            print(f"note: the trials changed; score and report them with `querylab rerun "
+                  f"--run-id {args.run_id} --stage score --stage report`")
         return status
     return max(status, _errored_status(root, args.run_id,
                                        getattr(args, "max_error_share", None), "rerun"))
+
+
+def _trials_digest(root: str, run_id: str) -> str | None:
+    """SHA-256 of the run's combined ``trials.parquet`` (its bytes are deterministic for equal
+    rows), None when it does not exist yet."""
+    import hashlib
+
+    from tasks.core import storage
+
+    uri = RunLayout(root, run_id).trials("trials.parquet")
+    if not storage.exists(uri):
+        return None
+    return hashlib.sha256(storage.read_bytes(uri)).hexdigest()
 
 
 def _errored_status(root: str, run_id: str, max_share: float | None, command: str) -> int:

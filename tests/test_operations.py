@@ -174,9 +174,12 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
         assert "every stage has completed" in capsys.readouterr().out
         clean_batches = sorted(Path(clean_root, "runs", "ops-clean", "trials").glob("**/*.parquet"))
         before = [p.stat().st_mtime_ns for p in clean_batches if "batches" in p.parts]
+        capsys.readouterr()
         assert ops_cli(["rerun", "--run-id", "ops-clean", "--stage", "trials",
                      "--artifacts", clean_root]) == 0
         assert srv.trial_request_count == n_clean
+        out = capsys.readouterr().out  # nothing to rescore (it said "the trials changed")
+        assert "note: no trial changed" in out and "the trials changed" not in out
         assert [p.stat().st_mtime_ns for p in clean_batches if "batches" in p.parts] == before
         assert pl.read_parquet(clean["trials"]["trials"]).height == 10
         assert runs.stage_status(clean_root, "ops-clean", "trials").attempt == 2
@@ -221,9 +224,11 @@ def test_failed_batch_rerun_alone_matches_a_clean_run(
 
         # re-run the trials stage alone: only the failed batch runs, only its unfinished trials
         # call the model
+        capsys.readouterr()
         assert ops_cli(["rerun", "--run-id", "ops-flaky", "--stage", "trials",
                      "--artifacts", root]) == 0
         assert srv.trial_request_count - n_clean - n_first == 2 * 3
+        assert "note: the trials changed; score and report them" in capsys.readouterr().out
         assert {k: p.stat().st_mtime_ns for k, p in done.items() if k in mtimes} == mtimes
         assert runs.pending_stages(root, "ops-flaky") == ["score", "report"]
         # the rest of the run: score and report
