@@ -191,7 +191,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
                 else:
                     _print_outputs(stage, out)
     if "trials" in stages and "score" not in stages:
-        if _trials_digest(root, args.run_id) == trials_before:
+        unchanged = _trials_digest(root, args.run_id) == trials_before
+        if unchanged and not {"score", "report"} & set(runs.pending_stages(root, args.run_id)):
             print("note: no trial changed (trials.parquet is as it was)")
         else:
             print(f"note: the trials changed; score and report them with `querylab rerun "

@@ -359,3 +359,44 @@ def test_a_local_models_trials_run_one_after_another_per_server_slot():
     [t.join(30) for t in threads]
     assert len(spans["local:tiny"]) == 8 and most_at_once(spans["local:tiny"]) == 1
     assert most_at_once(spans["gpt-x"]) == 4  # a remote model's cap bounds calls, not trials
+
+
+def test_a_trial_run_without_threads_still_waits_for_call_slots_by_its_rank():
+    """A batch that runs its trials one at a time (a local model with one server slot) still
+    ranks its trials' model calls by admission: its first trial is not served after every call
+    of another agent's 40 trials (without ``as_trial`` its calls had no rank and came last;
+    found by an adversarial review)."""
+    from tasks.trials.stage import _run_concurrently
+
+    class Chat:
+        call_slot = None
+
+    class Runner:
+        def __init__(self, model, cap):
+            self.model, self.cap, self.chat = model, cap, Chat()
+
+        def concurrency_cap(self):
+            return self.cap, self.model, "http://127.0.0.1:9/v1"
+
+    done: dict[str, list[float]] = {}
+
+    def run_one_for(runner, name):
+        def one(query_id, trial):
+            for _ in range(4):
+                with runner.chat.call_slot():
+                    time.sleep(0.01)
+            done.setdefault(name, []).append(time.monotonic())
+            return {}
+        return one
+
+    def batch(name, model, cap, n):
+        r = Runner(model, cap)
+        _run_concurrently("rank-run", iter([(i, f"q{i}", 0) for i in range(n)]), n,
+                          run_one_for(r, name), 2, 64, r)
+
+    threads = [threading.Thread(target=batch, args=("gpt", "gpt-x", None, 40)),
+               threading.Thread(target=batch, args=("local", "local:tiny", 1, 3))]
+    [t.start() for t in threads]
+    [t.join(120) for t in threads]
+    assert len(done["local"]) == 3 and len(done["gpt"]) == 40
+    assert min(done["local"]) < sorted(done["gpt"])[20]  # before half the other agent's trials

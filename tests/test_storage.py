@@ -97,3 +97,16 @@ def test_scan_parquet_is_read_parquet_lazily(root):
         storage.scan_parquet(uri, old.with_metadata({"schema_version": "2"}))
     with pytest.raises(storage.StorageError, match="gone.parquet"):
         storage.scan_parquet(storage.join(root, "scan", "gone.parquet"), old)
+
+
+def test_a_name_near_the_file_name_limit_is_still_written(tmp_path):
+    """A local write's temporary name adds ~37 bytes to the target's: a target of 220-241
+    bytes (a DAB import's file names) falls back to a short random temporary name instead
+    of failing with "File name too long" (found by an adversarial review)."""
+    from tasks.core import storage
+
+    for n in (225, 241, 255):
+        uri = str(tmp_path / ("é" * 10 + "a" * (n - 20)))
+        storage.write_bytes(uri, b"x" * n)
+        assert storage.read_bytes(uri) == b"x" * n
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

@@ -10,6 +10,7 @@ object visible only once complete. Readers never see half a file.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -137,13 +138,19 @@ def write_bytes(uri: str, data: bytes) -> str:
         return uri
     path = _local(uri)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{_TMP_TOKEN}-{threading.get_ident()}.tmp")
-    try:  # the directory usually exists (a trial writes its journal there at every call)
-        fd = os.open(tmp, _TMP_FLAGS, _FILE_MODE)
-    except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, _TMP_FLAGS, _FILE_MODE)
-    except FileExistsError:  # left by a killed writer of the same name: a fresh random one
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        try:  # the directory usually exists (a trial writes its journal there at every call)
+            fd = os.open(tmp, _TMP_FLAGS, _FILE_MODE)
+        except FileNotFoundError:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, _TMP_FLAGS, _FILE_MODE)
+    except OSError as exc:
+        # left by a killed writer of the same name, or a name too long with the suffix (a
+        # name near the 255-byte limit): a fresh random one, with the name's first 150 bytes
+        if exc.errno not in (errno.EEXIST, errno.ENAMETOOLONG):
+            raise
+        short = path.name.encode()[:150].decode(errors="ignore")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{short}.", suffix=".tmp")
         tmp = Path(name)
         os.fchmod(fd, _FILE_MODE)
     try:

@@ -502,15 +502,16 @@ def _run_concurrently(
             return trial_slot(run_id, max_trials)
 
     out: dict[int, dict] = {}
-    if width <= 1:  # no thread: the batch's own
-        for index, *item in todo:
-            with slot():
-                out[index] = run_one(*item)
-        return out
 
     def as_admitted(rank: int, item: tuple) -> dict:
         as_trial(rank)  # its model calls wait for call slots by rank and calls made
         return run_one(*item)
+
+    if width <= 1:  # no thread: the batch's own (its calls still wait by admission rank)
+        for index, *item in todo:
+            with slot() as rank:
+                out[index] = contextvars.copy_context().run(as_admitted, rank, item)
+        return out
 
     def held(ctx: contextvars.Context, hold, rank: int, item: tuple) -> dict:
         try:
