@@ -252,34 +252,95 @@ def test_waiting_for_a_call_slot_is_not_the_trials_wall_time(
     assert trials["latency_s"].max() < 4.0, trials["latency_s"].to_list()
 
 
-def test_limiter_serves_waiters_by_trial_rank_then_arrival():
-    """A freed slot goes to the waiting trial admitted first (lowest rank), equal ranks in
-    arrival order, callers without a rank last; only one slot is ever held at limit 1."""
-    lim = Limiter(1)
-    lim.acquire()
-    order, guard = [], threading.Lock()
+def _queue(lim: Limiter, waiters: list, served: list) -> list[threading.Thread]:
+    """Threads each calling ``lim.acquire(order)`` for (label, order) of ``waiters``, queued
+    one after another (each waits before the next starts); a served one appends its label to
+    ``served``, checks that no more than the limit is held and releases."""
+    guard = threading.Lock()
 
-    def wait(label, rank):
-        lim.acquire(rank)
+    def wait(label, rank_made):
+        lim.acquire(rank_made)
         with guard:
-            order.append(label)
-            assert lim.in_use == 1
+            served.append(label)
+            assert lim.in_use == lim.limit
         lim.release()
 
     threads = []
-    for label, rank in [("none", None), ("r5", 5), ("r1", 1), ("r3a", 3), ("r3b", 3), ("r2", 2)]:
-        t = threading.Thread(target=wait, args=(label, rank))
-        t.start()
-        threads.append(t)
+    for label, rank_made in waiters:
+        threads.append(threading.Thread(target=wait, args=(label, rank_made)))
+        threads[-1].start()
         deadline = time.monotonic() + 5
-        while len(lim._waiting) < len(threads) and time.monotonic() < deadline:
+        while lim.waiting < len(threads) and time.monotonic() < deadline:
             time.sleep(0.001)  # this waiter queued before the next arrives
-    assert len(lim._waiting) == 6
+    assert lim.waiting == len(waiters)
+    return threads
+
+
+def _served_order(short_of_admissions: bool, waiters: list, limit: int = 4) -> list[str]:
+    """The order in which a :class:`Limiter` of ``limit`` slots, all held, serves ``waiters``
+    ((label, order)) as one slot is freed (each served waiter frees it for the next)."""
+    lim = Limiter(limit, short_of_admissions=lambda: short_of_admissions)
+    for _ in range(limit):
+        lim.acquire()
+    served: list[str] = []
+    threads = _queue(lim, waiters, served)
     lim.release()
     for t in threads:
         t.join(5)
-    assert order == ["r1", "r2", "r3a", "r3b", "r5", "none"]
-    assert lim.in_use == 0 and lim.peak == 1
+    for _ in range(limit - 1):
+        lim.release()
+    assert lim.in_use == 0 and lim.peak == limit and lim.waiting == 0
+    return served
+
+
+#: (label, (admission rank, calls made)) of waiting calls; None: a caller outside a trial
+_WAITERS = [("none", None), ("r5m0", (5, 0)), ("r1m0", (1, 0)), ("r3m2a", (3, 2)),
+            ("r3m2b", (3, 2)), ("r2m2", (2, 2)), ("r0m4", (0, 4)), ("r9m1", (9, 1))]
+
+
+def test_limiter_finishes_the_trials_nearest_their_end_while_trials_wait_for_admission():
+    """While trials wait to be admitted, a freed slot goes to the trial with the most calls
+    made (its end is nearest: it frees an admission soonest), then the oldest, equal keys in
+    arrival order, callers outside a trial last; no more than the limit is held."""
+    assert _served_order(True, _WAITERS) == [
+        "r0m4", "r2m2", "r3m2a", "r3m2b", "r9m1", "r1m0", "r5m0", "none"]
+
+
+def test_limiter_lets_late_trials_catch_up_once_every_trial_is_admitted():
+    """With no trial waiting for admission, waiters go by ``calls made x slots + rank`` (4
+    slots here): a trial's next call ranks behind the first calls of the 4 trials admitted
+    after it (r5m0 before r2m2, r9m1 before r0m4), equal keys in arrival order, callers
+    outside a trial last."""
+    assert _served_order(False, _WAITERS) == [
+        "r1m0", "r5m0", "r2m2", "r3m2a", "r3m2b", "r9m1", "r0m4", "none"]
+
+
+def test_limiter_switches_rule_when_admissions_stop_waiting():
+    """The rule is the one in force when the slot is freed: waiters queued while trials
+    waited for admission are served by the other rule once none waits; a served waiter is
+    never served again, and served entries left in the other order are dropped (the two
+    orders stay bounded by the waiters)."""
+    short = [True]
+    lim = Limiter(4, short_of_admissions=lambda: short[0])
+    for _ in range(4):
+        lim.acquire()
+    served: list[str] = []
+    threads = _queue(lim, [("old-end", (0, 4)), ("new", (7, 0)), ("mid", (3, 2))], served)
+    short[0] = False  # the last trial was admitted
+    lim.release()
+    for t in threads:
+        t.join(5)
+    assert served == ["new", "mid", "old-end"]  # keys 7, 11, 16
+    # many rounds of one waiter each, the rule flipping: served entries do not pile up
+    lim.acquire()  # every slot held again
+    for i in range(500):
+        short[0] = not short[0]
+        threads = _queue(lim, [(f"w{i}", (i, i % 5))], served)
+        lim.release()
+        threads[0].join(5)
+        lim.acquire()
+    assert len(served) == 503 and lim.in_use == 4 and lim.waiting == 0
+    assert len(lim._finishing) + len(lim._spreading) <= 2 * 64 + 2
 
 
 def test_trial_slots_yield_admission_ranks_that_call_slots_wait_by():
@@ -294,7 +355,7 @@ def test_trial_slots_yield_admission_ranks_that_call_slots_wait_by():
     seen = []
     lim = limiter(stage_slot_name("rank-run"), 1)
     real = lim.acquire
-    lim.acquire = lambda priority=None: (seen.append(priority), real(priority))[1]
+    lim.acquire = lambda order=None: (seen.append(order), real(order))[1]
     try:
         ctx = contextvars.copy_context()
 
@@ -307,7 +368,7 @@ def test_trial_slots_yield_admission_ranks_that_call_slots_wait_by():
             pass
     finally:
         del lim.acquire
-    assert seen == [b, None]
+    assert seen == [(b, 0), None]
 
 
 def test_a_local_models_trials_run_one_after_another_per_server_slot():
@@ -400,3 +461,26 @@ def test_a_trial_run_without_threads_still_waits_for_call_slots_by_its_rank():
     [t.join(120) for t in threads]
     assert len(done["local"]) == 3 and len(done["gpt"]) == 40
     assert min(done["local"]) < sorted(done["gpt"])[20]  # before half the other agent's trials
+
+
+def test_admissions_waiting_is_true_only_while_a_trial_waits_for_its_admission():
+    """What the call limiters choose their rule by: a trial blocked in trial_slot (the stage's
+    --max-trials all in flight) counts; an admitted one does not."""
+    from tasks.core.concurrency import admissions_waiting
+
+    assert not admissions_waiting()
+    entered = threading.Event()
+    with trial_slot("adm-wait-run", 1):
+        assert not admissions_waiting()
+
+        def second():
+            with trial_slot("adm-wait-run", 1):
+                entered.set()
+        t = threading.Thread(target=second)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not admissions_waiting() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert admissions_waiting() and not entered.is_set()
+    t.join(5)
+    assert entered.is_set() and not admissions_waiting()

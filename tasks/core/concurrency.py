@@ -31,13 +31,13 @@ they bound HTTP requests in flight across everything that shares the Prefect ser
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import heapq
 import itertools
-import math
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 #: Model calls in flight across a stage unless ``--max-concurrency`` says otherwise.
@@ -72,44 +72,92 @@ class Limiter:
     """A counting semaphore of ``limit`` slots that records how many are held (``in_use``)
     and the most ever held at once (``peak``). Thread-safe.
 
-    Waiters are served by ``priority`` (lowest first; the trials stage passes the trial's
-    admission rank plus the slots times its calls made, :func:`call_slot`, so older trials
-    get the next free call slot and finish first — their slot of ``--max-trials`` then admits
-    the next trial sooner, where serving calls in arrival order spreads every admitted
-    trial's progress evenly — without holding the last ones admitted until the end), then in
-    arrival order; a waiter without a priority comes after every prioritised one. A released
-    slot is handed to the first waiter directly (only it wakes)."""
+    A waiter may give its ``order``: ``(admission rank, calls made)`` of the trial it calls for
+    (:func:`call_slot`). A freed slot goes to an ordered waiter before any other, chosen by
+    what the stage is short of (``bench/latency_bound.py``, 200 trials of 5 calls at 64
+    slots and 128 admitted, shows both):
 
-    def __init__(self, limit: int):
+    - while trials wait to be admitted (:func:`admissions_waiting`: ``--max-trials`` are in
+      flight), the trial with the most calls made, then the oldest: the trials nearest their
+      end finish first and free their admissions for the waiting ones (the last trial was
+      admitted at 4.0-5.4 s, where the rule below alone admitted it at 6.9-7.2 s, leaving it
+      to make its 5 calls after most slots had gone idle);
+    - once every trial is admitted, by ``calls made x N + admission rank``, ``N`` the
+      limiter's slots: a trial's next call ranks behind the first calls of the ``N`` trials
+      admitted after it, so the last-admitted trials catch up with the older ones, while the
+      trials stay staggered. (Fewest calls made first, Hu's highest-level-first rule, moved
+      every trial in step: their sandboxed ``execute_python`` cells all ran in the same second
+      at the end, 300-550 ms each instead of 20-50 ms, and the run ended later.)
+
+    Equal keys, and waiters without an ``order`` (after every ordered one), are served in
+    arrival order. A released slot is handed to the chosen waiter directly (only it wakes)."""
+
+    def __init__(self, limit: int, short_of_admissions: Callable[[], bool] | None = None):
         if int(limit) < 1:
             raise ValueError(f"a concurrency limit must be >= 1, got {limit}")
         self.limit = int(limit)
         self.in_use = 0
         self.peak = 0
+        self._short = short_of_admissions or admissions_waiting
         self._mutex = threading.Lock()
-        self._waiting: list[tuple[float, int, threading.Lock]] = []  # a heap
+        # ordered waiters in two heaps (one per rule), each entry [gate, served] in both;
+        # a served entry left in the other heap is skipped, and that heap rebuilt when such
+        # entries outnumber the live ones
+        self._finishing: list[tuple[int, int, int, list]] = []
+        self._spreading: list[tuple[int, int, int, list]] = []
+        self._ordered = 0
+        self._unordered: collections.deque[threading.Lock] = collections.deque()
         self._arrivals = itertools.count()
 
-    def acquire(self, priority: float | None = None) -> None:
-        """Wait for a free slot and take it (``priority``: see the class)."""
+    @property
+    def waiting(self) -> int:
+        """Callers waiting for a slot now."""
         with self._mutex:
-            if self.in_use < self.limit and not self._waiting:
+            return self._ordered + len(self._unordered)
+
+    def acquire(self, order: tuple[int, int] | None = None) -> None:
+        """Wait for a free slot and take it (``order``: ``(admission rank, calls made)``, see
+        the class)."""
+        with self._mutex:
+            if self.in_use < self.limit and not self._ordered and not self._unordered:
                 self.in_use += 1
                 self.peak = max(self.peak, self.in_use)
                 return
             gate = threading.Lock()
             gate.acquire()
-            heapq.heappush(self._waiting, (math.inf if priority is None else float(priority),
-                                           next(self._arrivals), gate))
+            if order is None:
+                self._unordered.append(gate)
+            else:
+                rank, made = int(order[0]), int(order[1])
+                entry, n = [gate, False], next(self._arrivals)
+                heapq.heappush(self._finishing, (-made, rank, n, entry))
+                heapq.heappush(self._spreading, (made * self.limit + rank, 0, n, entry))
+                self._ordered += 1
         gate.acquire()  # released by release(): the slot was handed over, in_use unchanged
 
+    def _next_ordered(self) -> threading.Lock:
+        use, other = ((self._finishing, self._spreading) if self._short()
+                      else (self._spreading, self._finishing))
+        while True:
+            entry = heapq.heappop(use)[3]
+            if not entry[1]:
+                break
+        entry[1] = True
+        self._ordered -= 1
+        if len(other) > 2 * self._ordered + 64:
+            other[:] = [e for e in other if not e[3][1]]
+            heapq.heapify(other)
+        return entry[0]
+
     def release(self) -> None:
-        """Give a slot back, to the first waiter if any (ValueError when none is held)."""
+        """Give a slot back, to the chosen waiter if any (ValueError when none is held)."""
         with self._mutex:
             if self.in_use <= 0:
                 raise ValueError("release() without acquire()")
-            if self._waiting:
-                heapq.heappop(self._waiting)[2].release()
+            if self._ordered:
+                self._next_ordered().release()
+            elif self._unordered:
+                self._unordered.popleft().release()
             else:
                 self.in_use -= 1
 
@@ -206,12 +254,26 @@ def trial_slot(run_id: str, max_trials: int) -> Iterator[None]:
     block (a trial admitted: started, not finished); yields the trial's admission rank (0, 1,
     ... in this process, for :func:`as_trial`). In-process :class:`Limiter`, or the
     scheduler's semaphore inside a Dask worker. ValueError for a limit below 1."""
+    global _ADMISSION_WAITERS
     s = _slot(stage_slot_name(run_id, "trials-admitted"), max_trials)
-    s.acquire()
+    with _LIMITERS_LOCK:
+        _ADMISSION_WAITERS += 1
+    try:
+        s.acquire()
+    finally:
+        with _LIMITERS_LOCK:
+            _ADMISSION_WAITERS -= 1
     try:
         yield next(_ADMISSIONS)
     finally:
         s.release()
+
+
+def admissions_waiting() -> bool:
+    """True while a trial of this process waits in :func:`trial_slot` to be admitted (the
+    trials admitted are at their ``--max-trials``): what :class:`Limiter` serves its ordered
+    waiters by."""
+    return _ADMISSION_WAITERS > 0
 
 
 @contextmanager
@@ -233,6 +295,8 @@ def model_trial_slot(model: str, base_url: str | None, slots: int) -> Iterator[N
 
 #: Admission ranks of this process's trials (:func:`trial_slot` yields the next one).
 _ADMISSIONS = itertools.count()
+#: Trials of this process waiting in :func:`trial_slot` now.
+_ADMISSION_WAITERS = 0
 #: ``[admission rank, model calls that took a slot so far]`` of the trial this context runs
 #: (:func:`as_trial`); None outside trials.
 _TRIAL_RANK: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
@@ -242,7 +306,7 @@ _TRIAL_RANK: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
 def as_trial(rank: int | None) -> None:
     """Mark the current context as running the trial of admission ``rank`` (from
     :func:`trial_slot`), with no model call made yet: its model calls' :func:`call_slot` waits
-    are served by ``rank`` and the calls it has made so far (see there)."""
+    are served by ``rank`` and the calls it has made so far (:class:`Limiter`)."""
     _TRIAL_RANK.set(None if rank is None else [int(rank), 0])
 
 
@@ -254,23 +318,14 @@ def call_slot(
     """Hold one model call's slots for the block (one HTTP request in flight): the model's
     (when ``model_limit``: the models table's ``max_concurrency``), then the stage's
     (``max_concurrency`` calls across the trials stage of ``run_id``). In-process
-    :class:`Limiter`\\ s (waiters served by their trial's admission rank and calls made, see
-    below and :func:`as_trial`), or the scheduler's semaphores inside a Dask worker.
-    ValueError for a limit below 1.
-
-    In-process waiters are served by priority ``rank + i * N`` for the ``i``-th call (from 0)
-    of the trial admitted ``rank``-th, ``N`` the slots the call competes for (the stage's
-    ``max_concurrency``, or the model's cap when smaller): a trial's next call ranks behind the
-    first calls of the ``N`` trials admitted after it. Older trials still go first (they
-    finish, and free their admission, early), but a trial admitted late is not held until
-    every older one has ended: served by admission rank alone, the last 8 trials of a
-    200-trial run at 64 slots waited 2.3 s for their first call, then made their 5 calls one
-    after another with most slots idle (``bench/latency_bound.py``)."""
+    :class:`Limiter`\\ s (waiters served by their trial's admission rank and calls made so
+    far, from :func:`as_trial`: the trials nearest their end first while trials wait to be
+    admitted, then the ones admitted late and behind; see :class:`Limiter`), or the
+    scheduler's semaphores inside a Dask worker. ValueError for a limit below 1."""
     trial = _TRIAL_RANK.get()
-    rank = None
+    order = None
     if trial is not None:
-        rank = trial[0] + trial[1] * int(max_concurrency if model_limit is None
-                                         else min(max_concurrency, model_limit))
+        order = (trial[0], trial[1])
         trial[1] += 1
     slots = []
     if model is not None and model_limit is not None:
@@ -279,7 +334,7 @@ def call_slot(
     with ExitStack() as stack:
         for s in slots:
             if isinstance(s, Limiter):
-                s.acquire(rank)
+                s.acquire(order)
             else:
                 s.acquire()
             stack.callback(s.release)
