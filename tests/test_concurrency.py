@@ -267,7 +267,8 @@ def _queue(lim: Limiter, waiters: list, served: list) -> list[threading.Thread]:
 
     threads = []
     for label, rank_made in waiters:
-        threads.append(threading.Thread(target=wait, args=(label, rank_made)))
+        # daemon: a waiter never woken fails the test instead of hanging the interpreter's exit
+        threads.append(threading.Thread(target=wait, args=(label, rank_made), daemon=True))
         threads[-1].start()
         deadline = time.monotonic() + 5
         while lim.waiting < len(threads) and time.monotonic() < deadline:
@@ -276,10 +277,14 @@ def _queue(lim: Limiter, waiters: list, served: list) -> list[threading.Thread]:
     return threads
 
 
-def _served_order(short_of_admissions: bool, waiters: list, limit: int = 4) -> list[str]:
-    """The order in which a :class:`Limiter` of ``limit`` slots, all held, serves ``waiters``
-    ((label, order)) as one slot is freed (each served waiter frees it for the next)."""
-    lim = Limiter(limit, short_of_admissions=lambda: short_of_admissions)
+def _served_order(short_of_admissions: bool | None, waiters: list, limit: int = 4,
+                  lim: Limiter | None = None) -> list[str]:
+    """The order in which a :class:`Limiter` of ``limit`` slots (``lim``, or a new one told
+    ``short_of_admissions``), all held, serves ``waiters`` ((label, order)) as one slot is
+    freed (each served waiter frees it for the next)."""
+    if lim is None:
+        lim = Limiter(limit, short_of_admissions=lambda: short_of_admissions)
+    limit = lim.limit
     for _ in range(limit):
         lim.acquire()
     served: list[str] = []
@@ -287,6 +292,7 @@ def _served_order(short_of_admissions: bool, waiters: list, limit: int = 4) -> l
     lim.release()
     for t in threads:
         t.join(5)
+    assert not any(t.is_alive() for t in threads), served  # every waiter was woken
     for _ in range(limit - 1):
         lim.release()
     assert lim.in_use == 0 and lim.peak == limit and lim.waiting == 0
@@ -341,6 +347,15 @@ def test_limiter_switches_rule_when_admissions_stop_waiting():
         lim.acquire()
     assert len(served) == 503 and lim.in_use == 4 and lim.waiting == 0
     assert len(lim._finishing) + len(lim._spreading) <= 2 * 64 + 2
+    # and with the rule fixed (flipping, the lazy pops alone kept both heaps small): the
+    # entries served from one heap are dropped from the other, not kept for ever
+    for short[0], rule in ((True, lim._spreading), (False, lim._finishing)):
+        for i in range(300):
+            threads = _queue(lim, [(f"f{i}", (1000 + i, i % 5))], served)
+            lim.release()
+            threads[0].join(5)
+            lim.acquire()
+        assert len(rule) <= 64 + 1, len(rule)
 
 
 def test_trial_slots_yield_admission_ranks_that_call_slots_wait_by():
@@ -484,3 +499,39 @@ def test_admissions_waiting_is_true_only_while_a_trial_waits_for_its_admission()
         assert admissions_waiting() and not entered.is_set()
     t.join(5)
     assert entered.is_set() and not admissions_waiting()
+
+
+def test_a_stage_serves_its_calls_by_its_own_runs_admissions():
+    """The stage's call limiter (created by call_slot) switches rule on its own run's trials
+    blocked in trial_slot, not another run's; a model's limiter, shared by runs, on any run's;
+    a trial admitted at once never counts as waiting."""
+    from tasks.core.concurrency import admissions_waiting
+
+    waiters = [("late-first", (9, 0)), ("old-far", (0, 5))]  # keys at 1 slot: 9, 5; at 2: 9, 10
+    for run in ("own-adm-A", "own-adm-B"):
+        with call_slot(run, 2, "own-adm-m", "http://h/v1", 2):
+            pass  # the limiters, as the stage makes them
+    stage_a, stage_b = (limiter(stage_slot_name(r), 2) for r in ("own-adm-A", "own-adm-B"))
+    model = limiter("querylab-model-own-adm-m@http://h/v1", 2)
+    admitted, done = threading.Event(), threading.Event()
+
+    def second():
+        with trial_slot("own-adm-A", 1):
+            admitted.set()
+            done.wait(5)
+
+    with trial_slot("own-adm-A", 1):
+        assert not admissions_waiting("own-adm-A")  # admitted at once: not waiting
+        t = threading.Thread(target=second, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 5
+        while not admissions_waiting("own-adm-A") and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert admissions_waiting("own-adm-A") and not admissions_waiting("own-adm-B")
+        assert _served_order(None, waiters, lim=stage_a) == ["old-far", "late-first"]
+        assert _served_order(None, waiters, lim=stage_b) == ["late-first", "old-far"]
+        assert _served_order(None, waiters, lim=model) == ["old-far", "late-first"]
+    assert admitted.wait(5) and not admissions_waiting()
+    assert _served_order(None, waiters, lim=stage_a) == ["late-first", "old-far"]
+    done.set()
+    t.join(5)

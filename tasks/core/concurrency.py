@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextvars
+import functools
 import heapq
 import itertools
 import sys
@@ -77,17 +78,24 @@ class Limiter:
     what the stage is short of (``bench/latency_bound.py``, 200 trials of 5 calls at 64
     slots and 128 admitted, shows both):
 
-    - while trials wait to be admitted (:func:`admissions_waiting`: ``--max-trials`` are in
-      flight), the trial with the most calls made, then the oldest: the trials nearest their
-      end finish first and free their admissions for the waiting ones (the last trial was
-      admitted at 4.0-5.4 s, where the rule below alone admitted it at 6.9-7.2 s, leaving it
-      to make its 5 calls after most slots had gone idle);
-    - once every trial is admitted, by ``calls made x N + admission rank``, ``N`` the
-      limiter's slots: a trial's next call ranks behind the first calls of the ``N`` trials
-      admitted after it, so the last-admitted trials catch up with the older ones, while the
-      trials stay staggered. (Fewest calls made first, Hu's highest-level-first rule, moved
-      every trial in step: their sandboxed ``execute_python`` cells all ran in the same second
-      at the end, 300-550 ms each instead of 20-50 ms, and the run ended later.)
+    - while a trial is blocked waiting to be admitted (``short_of_admissions``, by default
+      :func:`admissions_waiting` of any run; a stage's call limiter asks about its own run's
+      trials only, :func:`call_slot`), the trial with the most calls made, then the oldest:
+      with trials of equal length (the bench's 5 calls each) those are the trials nearest
+      their end, which finish first and free their admissions for the waiting ones (the last
+      trial was admitted at 4.0-5.4 s, where the rule below alone admitted it at 6.9-7.2 s,
+      leaving it to make its 5 calls after most slots had gone idle). "Calls made" counts
+      every call that took a slot, retries included, and says nothing of the calls a trial
+      has left: a longer trial keeps its lead over shorter ones (bounded: of the trials
+      admitted after a waiting call's, only those admitted within ``N x`` its calls made, or
+      that had made more calls when it began to wait, can pass it);
+    - while none is blocked (every trial admitted, or ``--max-trials`` not reached), by
+      ``calls made x N + admission rank``, ``N`` the limiter's slots: a trial's next call
+      ranks behind the first calls of the ``N`` trials admitted after it, so the
+      last-admitted trials catch up with the older ones, while the trials stay staggered.
+      (Fewest calls made first, Hu's highest-level-first rule, moved every trial in step:
+      their sandboxed ``execute_python`` cells all ran in the same second at the end,
+      300-550 ms each instead of 20-50 ms, and the run ended later.)
 
     Equal keys, and waiters without an ``order`` (after every ordered one), are served in
     arrival order. A released slot is handed to the chosen waiter directly (only it wakes)."""
@@ -114,6 +122,11 @@ class Limiter:
         """Callers waiting for a slot now."""
         with self._mutex:
             return self._ordered + len(self._unordered)
+
+    def has_waiters(self) -> bool:
+        """Whether a caller waits for a slot now, read without the mutex (safe to call while
+        holding another limiter's: :func:`admissions_waiting` is called so)."""
+        return bool(self._ordered or self._unordered)
 
     def acquire(self, order: tuple[int, int] | None = None) -> None:
         """Wait for a free slot and take it (``order``: ``(admission rank, calls made)``, see
@@ -166,14 +179,20 @@ _LIMITERS: dict[str, Limiter] = {}
 _LIMITERS_LOCK = threading.Lock()
 
 
-def limiter(name: str, limit: int) -> Limiter:
+def limiter(name: str, limit: int,
+            short_of_admissions: Callable[[], bool] | None = None) -> Limiter:
     """This process's :class:`Limiter` called ``name`` with ``limit`` slots (created on first
-    use; the same name and limit always give the same object)."""
+    use; the same name and limit always give the same object). ``short_of_admissions``
+    replaces the default rule switch (:func:`admissions_waiting` of any run) of the limiter,
+    whoever created it."""
     key = f"{name}#{int(limit)}"
     with _LIMITERS_LOCK:
         if key not in _LIMITERS:
-            _LIMITERS[key] = Limiter(limit)
-        return _LIMITERS[key]
+            _LIMITERS[key] = Limiter(limit, short_of_admissions)
+        lim = _LIMITERS[key]
+        if short_of_admissions is not None and lim._short is admissions_waiting:
+            lim._short = short_of_admissions
+        return lim
 
 
 def stage_slot_name(run_id: str, stage: str = "trials") -> str:
@@ -217,9 +236,9 @@ class _ClusterSlot:
 _CLUSTER_SLOTS: dict[str, _ClusterSlot] = {}
 
 
-def _slot(name: str, limit: int):
+def _slot(name: str, limit: int, short_of_admissions: Callable[[], bool] | None = None):
     if not in_dask_worker():
-        return limiter(name, limit)
+        return limiter(name, limit, short_of_admissions)
     key = f"{name}#{int(limit)}"
     with _LIMITERS_LOCK:
         if key not in _CLUSTER_SLOTS:
@@ -254,26 +273,31 @@ def trial_slot(run_id: str, max_trials: int) -> Iterator[None]:
     block (a trial admitted: started, not finished); yields the trial's admission rank (0, 1,
     ... in this process, for :func:`as_trial`). In-process :class:`Limiter`, or the
     scheduler's semaphore inside a Dask worker. ValueError for a limit below 1."""
-    global _ADMISSION_WAITERS
     s = _slot(stage_slot_name(run_id, "trials-admitted"), max_trials)
-    with _LIMITERS_LOCK:
-        _ADMISSION_WAITERS += 1
-    try:
-        s.acquire()
-    finally:
-        with _LIMITERS_LOCK:
-            _ADMISSION_WAITERS -= 1
+    if isinstance(s, Limiter) and s not in _ADMISSION_LIMITERS.get(run_id, ()):
+        with _LIMITERS_LOCK:  # tuples replaced whole: read without the lock
+            mine = _ADMISSION_LIMITERS.get(run_id, ())
+            if s not in mine:
+                _ADMISSION_LIMITERS[run_id] = (*mine, s)
+    s.acquire()
     try:
         yield next(_ADMISSIONS)
     finally:
         s.release()
 
 
-def admissions_waiting() -> bool:
-    """True while a trial of this process waits in :func:`trial_slot` to be admitted (the
-    trials admitted are at their ``--max-trials``): what :class:`Limiter` serves its ordered
-    waiters by."""
-    return _ADMISSION_WAITERS > 0
+def admissions_waiting(run_id: str | None = None) -> bool:
+    """True while a trial of this process (of run ``run_id``; None: of any run) is blocked in
+    :func:`trial_slot` waiting to be admitted (the trials admitted are at their
+    ``--max-trials``; a trial admitted at once never counts): what :class:`Limiter` serves its
+    ordered waiters by. The admission limiters' own queues, read without a lock (it is called
+    under a call limiter's mutex), so nothing is left to count down when a wait is interrupted.
+    In-process trials only (a Dask worker's trials take the scheduler's semaphores, and its
+    call slots are the scheduler's too, which serve their waiters their own way)."""
+    if run_id is not None:
+        return any(lim.has_waiters() for lim in _ADMISSION_LIMITERS.get(run_id, ()))
+    return any(lim.has_waiters() for mine in list(_ADMISSION_LIMITERS.values())
+               for lim in mine)
 
 
 @contextmanager
@@ -295,8 +319,8 @@ def model_trial_slot(model: str, base_url: str | None, slots: int) -> Iterator[N
 
 #: Admission ranks of this process's trials (:func:`trial_slot` yields the next one).
 _ADMISSIONS = itertools.count()
-#: Trials of this process waiting in :func:`trial_slot` now.
-_ADMISSION_WAITERS = 0
+#: This process's trial-admission limiters (:func:`trial_slot`), by run id.
+_ADMISSION_LIMITERS: dict[str, tuple[Limiter, ...]] = {}
 #: ``[admission rank, model calls that took a slot so far]`` of the trial this context runs
 #: (:func:`as_trial`); None outside trials.
 _TRIAL_RANK: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
@@ -319,8 +343,9 @@ def call_slot(
     (when ``model_limit``: the models table's ``max_concurrency``), then the stage's
     (``max_concurrency`` calls across the trials stage of ``run_id``). In-process
     :class:`Limiter`\\ s (waiters served by their trial's admission rank and calls made so
-    far, from :func:`as_trial`: the trials nearest their end first while trials wait to be
-    admitted, then the ones admitted late and behind; see :class:`Limiter`), or the
+    far, from :func:`as_trial`: the most calls made first while trials wait to be admitted,
+    of ``run_id`` for the stage's limiter and of any run for the model's, shared by runs;
+    else the ones admitted late and behind; see :class:`Limiter`), or the
     scheduler's semaphores inside a Dask worker. ValueError for a limit below 1."""
     trial = _TRIAL_RANK.get()
     order = None
@@ -330,7 +355,8 @@ def call_slot(
     slots = []
     if model is not None and model_limit is not None:
         slots.append(_slot(model_slot_name(model, model_base_url), model_limit))
-    slots.append(_slot(stage_slot_name(run_id), max_concurrency))
+    slots.append(_slot(stage_slot_name(run_id), max_concurrency,
+                       functools.partial(admissions_waiting, run_id)))
     with ExitStack() as stack:
         for s in slots:
             if isinstance(s, Limiter):
