@@ -535,3 +535,35 @@ def test_a_stage_serves_its_calls_by_its_own_runs_admissions():
     assert _served_order(None, waiters, lim=stage_a) == ["late-first", "old-far"]
     done.set()
     t.join(5)
+
+
+def test_an_interrupted_wait_for_a_slot_loses_no_slot():
+    """A wait cut short by a signal's exception (Ctrl-C in the main thread) leaves the queue:
+    the slot it would have been handed goes to the next waiter or back to the pool, not to a
+    caller that is gone (found by an adversarial review: the next release handed the slot to
+    the dead waiter and it was lost for good)."""
+    import signal
+
+    class Stop(Exception):
+        pass
+
+    def boom(signum, frame):
+        raise Stop
+
+    for order in ((3, 1), None):
+        lim = Limiter(1, short_of_admissions=lambda: False)
+        lim.acquire()
+        previous = signal.signal(signal.SIGALRM, boom)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.05)
+            with pytest.raises(Stop):
+                lim.acquire(order)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert lim.waiting == 0 and lim.in_use == 1
+        lim.release()
+        assert lim.in_use == 0
+        lim.acquire((0, 0))  # free at once, not handed to the gone waiter
+        assert lim.in_use == 1
+        lim.release()

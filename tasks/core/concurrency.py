@@ -138,6 +138,7 @@ class Limiter:
                 return
             gate = threading.Lock()
             gate.acquire()
+            entry = None
             if order is None:
                 self._unordered.append(gate)
             else:
@@ -146,7 +147,25 @@ class Limiter:
                 heapq.heappush(self._finishing, (-made, rank, n, entry))
                 heapq.heappush(self._spreading, (made * self.limit + rank, 0, n, entry))
                 self._ordered += 1
-        gate.acquire()  # released by release(): the slot was handed over, in_use unchanged
+        try:
+            gate.acquire()  # released by release(): the slot was handed over, in_use unchanged
+        except BaseException:
+            # interrupted while waiting (a signal's exception in the main thread): leave the
+            # queue, or give back the slot handed over meanwhile, so no slot is lost to a
+            # waiter that is gone
+            with self._mutex:
+                if entry is not None and not entry[1]:
+                    entry[1] = True  # skipped in both heaps from now on
+                    self._ordered -= 1
+                    handed = False
+                elif entry is None and gate in self._unordered:
+                    self._unordered.remove(gate)
+                    handed = False
+                else:
+                    handed = True
+            if handed:
+                self.release()
+            raise
 
     def _next_ordered(self) -> threading.Lock:
         use, other = ((self._finishing, self._spreading) if self._short()
